@@ -1,0 +1,39 @@
+# The two commands of the README: `make lab` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: lab test lint typecheck pytest bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.lab: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[lab]'
+	touch $@
+
+$(VENV)/.test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+lab: $(VENV)/.lab
+	$(BIN)/jupyter lab notebooks/
+
+test: $(VENV)/.test lint typecheck pytest
+
+lint: $(VENV)/.test
+	$(BIN)/ruff check labserve widgets tests benchmarks
+	$(BIN)/ruff format --check labserve widgets tests benchmarks
+
+typecheck: $(VENV)/.test
+	$(BIN)/mypy
+
+pytest: $(VENV)/.test
+	$(BIN)/python -m pytest
+
+bench:
+	$(MAKE) -C benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info

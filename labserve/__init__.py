@@ -1,0 +1,69 @@
+"""labserve: an interactive serving lab with adaptive micro-batching you can watch and tune.
+
+>>> import labserve, numpy as np
+>>> class Scorer(labserve.Runnable):
+...     @labserve.method(batchable=True, batch_dim=0, max_batch_size=32, max_latency_ms=10)
+...     def predict(self, x):
+...         return x.sum(axis=1, keepdims=True)
+>>> runner = labserve.Runner(Scorer, name="scorer")
+>>> runner.predict.run(np.ones((1, 4)))
+array([[4.]])
+>>> runner.stop()
+"""
+
+from labserve.batching.policy import REASONS
+from labserve.clock import Clock, MonotonicClock, SimClock
+from labserve.config import STRATEGIES, BatchingConfig
+from labserve.config_file import ConfigFile, load_config_file
+from labserve.containers import TensorSpec
+from labserve.errors import (
+    BatchSizeMismatchError,
+    CancelledRequestError,
+    ConfigError,
+    InputError,
+    LabServeError,
+    LoopThreadError,
+    ModelError,
+    OverloadError,
+    QueueFullError,
+    RunnerStoppedError,
+)
+from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
+from labserve.runnable import Runnable, method
+from labserve.runner import Runner, RunnerMethod
+from labserve.runtime.loop import BackgroundLoop, background_loop
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "REASONS",
+    "STRATEGIES",
+    "BackgroundLoop",
+    "BatchRecord",
+    "BatchSizeMismatchError",
+    "BatchingConfig",
+    "CancelledRequestError",
+    "Clock",
+    "ConfigError",
+    "ConfigFile",
+    "CostFitView",
+    "InputError",
+    "LabServeError",
+    "LoopThreadError",
+    "ModelError",
+    "MonotonicClock",
+    "OverloadError",
+    "Percentiles",
+    "QueueFullError",
+    "Runnable",
+    "Runner",
+    "RunnerMethod",
+    "RunnerStoppedError",
+    "SimClock",
+    "Snapshot",
+    "TensorSpec",
+    "__version__",
+    "background_loop",
+    "load_config_file",
+    "method",
+]

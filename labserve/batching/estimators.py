@@ -1,0 +1,141 @@
+"""Live estimates the adaptive strategy decides from: batch cost against items, arrival rate.
+
+Both are plain, sans-IO objects fed by the queue; neither reads a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["CostFit", "CostModel", "RateEstimator"]
+
+# A batch whose duration is this many robust deviations off the fit is treated as a stall
+# (a GC pause, a descheduled thread) and left out of the refit.
+_OUTLIER_MADS = 3.0
+# Relative floor on the deviation, so a perfectly steady model does not reject its own jitter.
+_MIN_SPREAD = 0.05
+
+
+@dataclass(frozen=True)
+class CostFit:
+    """The fitted model cost: ``duration_s = a_s + b_s * items``."""
+
+    a_s: float
+    """Fixed cost of one model call, in seconds (what batching shares out)."""
+    b_s: float
+    """Cost of each extra item, in seconds."""
+    samples: int
+    """Batches in the window the fit was made from."""
+
+    @property
+    def ready(self) -> bool:
+        """True once enough batches were seen for the fit to steer decisions."""
+        return self.samples >= 4
+
+    def predict_s(self, items: int) -> float:
+        """Predicted duration of a batch of ``items``, in seconds."""
+        return self.a_s + self.b_s * items
+
+
+class CostModel:
+    """A robust online fit of batch duration against items over the last ``window`` batches.
+
+    Refits every ``refit_every`` observations: least squares, then again without the
+    batches more than 3 robust deviations (MAD) off the line, so one stalled batch cannot
+    drag the fit. With only one batch size seen, the slope is unknown and taken as 0.
+    Not thread-safe: fed and read by the queue's owner.
+    """
+
+    def __init__(self, window: int = 128, refit_every: int = 8) -> None:
+        self._items = np.zeros(window)
+        self._durations = np.zeros(window)
+        self._count = 0
+        self._refit_every = refit_every
+        self._fit = CostFit(0.0, 0.0, 0)
+
+    @property
+    def fit(self) -> CostFit:
+        """The current fit (refitted lazily)."""
+        return self._fit
+
+    def observe(self, items: int, duration_s: float) -> None:
+        """Record one finished batch."""
+        i = self._count % len(self._items)
+        self._items[i] = items
+        self._durations[i] = duration_s
+        self._count += 1
+        if self._count < 4 or self._count % self._refit_every == 0:
+            self._fit = self._refit()
+
+    def observations(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the windowed (items, duration_s) pairs, oldest first."""
+        n = min(self._count, len(self._items))
+        order = (np.arange(n) + self._count - n) % len(self._items)
+        return self._items[order].copy(), self._durations[order].copy()
+
+    def _refit(self) -> CostFit:
+        x, y = self.observations()
+        a, b = _line(x, y)
+        residuals = y - (a + b * x)
+        mad = float(np.median(np.abs(residuals - np.median(residuals))))
+        spread = max(1.4826 * mad, _MIN_SPREAD * float(np.median(y)))
+        keep = np.abs(residuals) <= _OUTLIER_MADS * spread
+        if 2 <= keep.sum() < len(x):
+            a, b = _line(x[keep], y[keep])
+        return CostFit(a, b, len(x))
+
+
+def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least-squares ``y = a + b x`` with a, b >= 0; falls back to the median at one x."""
+    if len(x) == 0:
+        return 0.0, 0.0
+    if np.ptp(x) == 0:
+        return float(np.median(y)), 0.0
+    b, a = np.polyfit(x, y, 1)
+    if b < 0:
+        return float(np.median(y)), 0.0
+    if a < 0:
+        return 0.0, float(np.median(y / x))
+    return float(a), float(b)
+
+
+class RateEstimator:
+    """Arrival rate (requests and items per second), exponentially weighted over ``tau_s``.
+
+    O(1) per arrival. Corrects for the short history right after start, so the first
+    estimates are not biased low.
+    """
+
+    def __init__(self, tau_s: float = 0.25) -> None:
+        self._tau = tau_s
+        self._requests = 0.0
+        self._items = 0.0
+        self._last: float | None = None
+        self._first: float | None = None
+
+    def observe(self, now: float, items: int) -> None:
+        """Record one arrival of ``items`` at ``now``."""
+        if self._last is None:
+            self._first = now
+        else:
+            decay = math.exp(-(now - self._last) / self._tau)
+            self._requests *= decay
+            self._items *= decay
+        self._requests += 1.0
+        self._items += items
+        self._last = now
+
+    def rates(self, now: float) -> tuple[float, float]:
+        """(requests per second, items per second) as of ``now``."""
+        if self._last is None or self._first is None:
+            return 0.0, 0.0
+        decay = math.exp(-(now - self._last) / self._tau)
+        span = now - self._first
+        # Weight actually covered by the history so far (1 once it is much longer than tau).
+        coverage = 1.0 - math.exp(-span / self._tau) if span > 0 else 0.0
+        # Below a fifth of tau of history, stay biased low: holding on a guess costs latency.
+        norm = self._tau * max(coverage, 0.2)
+        return self._requests * decay / norm, self._items * decay / norm

@@ -1,0 +1,112 @@
+"""The strategies: when to fire the batch at the head of the queue.
+
+A strategy looks at one group of compatible requests while a batch slot is free and
+answers :class:`Fire` (with the reason that will be recorded) or :class:`Hold` (until a
+time; the driver sets one timer for it). Strategies are pure functions of what they are
+shown; the queue forms the batch and keeps the hold state.
+
+Reasons: ``full`` (the cap was reached), ``timeout`` (the oldest request waited
+``max_latency_ms``), ``adaptive`` (the adaptive strategy held the batch open and its
+model says holding longer no longer pays), ``idle`` (a slot was free and holding would
+not pay: fire what is queued), ``drain`` (the runner is stopping).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from labserve.batching.estimators import CostFit
+from labserve.config import BatchingConfig
+
+__all__ = ["REASONS", "Decision", "Fire", "HeadView", "Hold", "decide"]
+
+Reason = Literal["full", "timeout", "adaptive", "idle", "drain"]
+REASONS: tuple[Reason, ...] = ("full", "timeout", "adaptive", "idle", "drain")
+
+# A hold shorter than this is not worth a timer wake-up (seconds).
+_MIN_HOLD_S = 50e-6
+
+
+@dataclass(frozen=True, slots=True)
+class Fire:
+    """Fire the head group's batch now."""
+
+    reason: Reason
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Keep the batch open until ``until_s`` unless something changes first."""
+
+    until_s: float
+
+
+Decision = Fire | Hold
+
+
+@dataclass(slots=True)
+class HeadView:
+    """What a strategy sees of one group of stackable requests. Times in seconds."""
+
+    items: int
+    """Items queued in the group."""
+    requests: int
+    """Requests queued in the group."""
+    oldest_arrival_s: float
+    """Arrival time of the group's oldest queued request."""
+    hold_start_s: float | None
+    """When the current hold began (the first moment the batch could have fired), or None."""
+    hold_until_s: float | None
+    """The hold's end as decided so far, or None."""
+
+
+def decide(
+    view: HeadView,
+    now: float,
+    config: BatchingConfig,
+    fit: CostFit,
+    rates: tuple[float, float],
+) -> Decision:
+    """Decide for one group while a batch slot is free.
+
+    ``rates`` is (requests/s, items/s) arriving. Never holds a request past
+    ``max_latency_ms``: ``fixed`` and ``adaptive`` fire by then with reason ``timeout``.
+    """
+    strategy = config.effective_strategy
+    if strategy == "off" or strategy == "greedy":
+        return Fire("full" if view.items >= config.max_batch_size else "idle")
+    if view.items >= config.max_batch_size:
+        return Fire("full")
+    deadline = view.oldest_arrival_s + config.max_latency_s
+    if now >= deadline:
+        return Fire("timeout")
+    if strategy == "fixed":
+        return Hold(deadline)
+    return _adaptive(view, now, deadline, fit, rates)
+
+
+def _adaptive(
+    view: HeadView, now: float, deadline: float, fit: CostFit, rates: tuple[float, float]
+) -> Decision:
+    """Hold the batch open only while the expected latency saved exceeds the latency spent.
+
+    Holding for d seconds delays the n queued requests by d plus the per-item cost b of
+    the k = rate*d requests that join them; each joiner saves about a - d, the fixed cost
+    of the separate call it would otherwise have waited behind (one batch in flight). The
+    total gain  d * (rate*(a - d) - n*(1 + b*item_rate))  peaks at
+    d* = (rate*a - n*(1 + b*item_rate)) / (2*rate), and is positive only if d* > 0.
+    """
+    req_rate, item_rate = rates
+    holding = view.hold_start_s is not None
+    idle_or_adaptive: Reason = "adaptive" if holding else "idle"
+    if not fit.ready or req_rate <= 0.0:
+        return Fire(idle_or_adaptive)
+    best_s = (req_rate * fit.a_s - view.requests * (1.0 + fit.b_s * item_rate)) / (2.0 * req_rate)
+    start = view.hold_start_s if view.hold_start_s is not None else now
+    until = min(start + best_s, deadline)
+    if view.hold_until_s is not None:
+        until = min(until, view.hold_until_s)  # a hold only ever shortens as requests join
+    if until - now < _MIN_HOLD_S:
+        return Fire(idle_or_adaptive)
+    return Hold(until)

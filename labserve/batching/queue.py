@@ -1,0 +1,479 @@
+"""The sans-IO batch queue: admission, the queue, decisions, and result splitting.
+
+It never reads a clock, sleeps, locks or touches a loop: its owner (the asyncio driver
+or the simulator) feeds it events with their time — :meth:`BatchQueue.admit`,
+:meth:`BatchQueue.cancel`, :meth:`BatchQueue.complete`, :meth:`BatchQueue.fail`,
+:meth:`BatchQueue.release` — and after each one calls :meth:`BatchQueue.poll`, which says
+which batches to fire now, which requests to reject, and when to wake up next.
+
+Every admitted request leaves with exactly one outcome: a result (``complete``), a
+typed error (``fail``, or rejected by ``poll``), or cancelled (``cancel``).
+Not thread-safe: one owner calls everything.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from labserve.batching.estimators import CostModel, RateEstimator
+from labserve.batching.policy import Decision, Fire, HeadView, Reason, decide
+from labserve.config import BatchingConfig
+from labserve.containers import Codec
+from labserve.errors import (
+    LabServeError,
+    ModelError,
+    OverloadError,
+    QueueFullError,
+    RunnerStoppedError,
+)
+from labserve.metrics.recorder import Recorder
+from labserve.metrics.snapshot import BatchRecord, CostFitView, Snapshot
+
+__all__ = ["Batch", "BatchQueue", "Outcome", "Request", "Step"]
+
+_QUEUED, _DONE = 0, 1
+
+
+class Request:
+    """One caller's request as the queue tracks it; ``handle`` is the owner's (a future)."""
+
+    __slots__ = (
+        "args",
+        "arrival_s",
+        "handle",
+        "id",
+        "items",
+        "key",
+        "offset",
+        "parts_pending",
+        "pieces",
+        "start_s",
+        "state",
+    )
+
+    def __init__(self, rid: int, args: tuple[Any, ...], items: int, key: Hashable, handle: Any):
+        self.id = rid
+        self.args = args
+        self.items = items
+        self.key = key
+        self.handle = handle
+        self.arrival_s = 0.0
+        self.start_s: float | None = None  # when its first batch fired
+        self.offset = 0  # items already taken into batches
+        self.parts_pending = 0  # taken parts whose batch has not finished
+        self.pieces: list[tuple[int, Any]] | None = None  # outputs of a split request
+        self.state = _QUEUED
+
+    @property
+    def done(self) -> bool:
+        """True once the request has its outcome."""
+        return self.state == _DONE
+
+
+@dataclass(slots=True)
+class Batch:
+    """A fired batch: parts ``(request, start, stop)`` of one group, stacked by :meth:`stack`."""
+
+    id: int
+    reason: Reason
+    start_s: float
+    parts: list[tuple[Request, int, int]]
+    items: int
+
+    def stack(self, codec: Codec) -> tuple[Any, ...]:
+        """The model's input: the parts stacked along the batch axis (pure; any thread)."""
+        return codec.stack(
+            [
+                r.args if (a == 0 and b == r.items) else codec.slice(r.args, a, b)
+                for r, a, b in self.parts
+            ]
+        )
+
+    @property
+    def counts(self) -> list[int]:
+        """Items of each part, in order (how the output is split)."""
+        return [b - a for _, a, b in self.parts]
+
+    def halves(self) -> tuple[Batch, Batch]:
+        """Two batches with the first and second half of the parts (to isolate an error)."""
+        mid = len(self.parts) // 2
+        left, right = self.parts[:mid], self.parts[mid:]
+        return (
+            Batch(self.id, self.reason, self.start_s, left, sum(b - a for _, a, b in left)),
+            Batch(self.id, self.reason, self.start_s, right, sum(b - a for _, a, b in right)),
+        )
+
+
+Outcome = tuple[Request, Any, BaseException | None]
+"""(request, result, error): exactly one of result and error is meaningful."""
+
+
+@dataclass(slots=True)
+class Step:
+    """What the owner must do after an event."""
+
+    fire: list[Batch] = field(default_factory=list)
+    """Batches to run now (each holds one batch slot until :meth:`BatchQueue.release`)."""
+    rejected: list[Outcome] = field(default_factory=list)
+    """Requests rejected for overload, with their error."""
+    wake_s: float | None = None
+    """Call :meth:`BatchQueue.poll` again at this time, unless another event comes first."""
+
+
+class _Group:
+    """Queued requests that can be stacked together (one signature)."""
+
+    __slots__ = ("hold_start", "hold_until", "items", "key", "queue", "requests")
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        self.queue: deque[Request] = deque()
+        self.items = 0
+        self.requests = 0
+        self.hold_start: float | None = None
+        self.hold_until: float | None = None
+
+    def head(self) -> Request | None:
+        q = self.queue
+        while q and q[0].state == _DONE:
+            q.popleft()
+        return q[0] if q else None
+
+
+class BatchQueue:
+    """The batching state machine of one runner method.
+
+    >>> from labserve.containers import Codec
+    >>> import numpy as np
+    >>> q = BatchQueue("m", Codec("m"), BatchingConfig(strategy="greedy"))
+    >>> r = q.admit((np.ones((2, 3)),), now=0.0)
+    >>> [b.items for b in q.poll(now=0.0).fire]
+    [2]
+    """
+
+    def __init__(
+        self,
+        name: str,
+        codec: Codec,
+        config: BatchingConfig,
+        *,
+        runner: str = "",
+        recorder: Recorder | None = None,
+        cost_model: CostModel | None = None,
+    ) -> None:
+        self.name = name
+        self.runner = runner
+        self.codec = codec
+        self._config = config
+        self._pending_config: BatchingConfig | None = None
+        self.recorder = recorder if recorder is not None else Recorder()
+        self.cost_model = cost_model if cost_model is not None else CostModel()
+        self.rate = RateEstimator()
+        self._groups: dict[Hashable, _Group] = {}
+        self._queued_requests = 0
+        self._queued_items = 0
+        self._in_flight = 0
+        self._next_request = 0
+        self._next_batch = 0
+        self._closed = False
+
+    # -- config -----------------------------------------------------------------------
+
+    @property
+    def config(self) -> BatchingConfig:
+        """The config in force (a change waiting for the next batch boundary is not yet)."""
+        return self._config
+
+    def configure(self, config: BatchingConfig) -> None:
+        """Swap in ``config`` at the next batch boundary (the next :meth:`poll`)."""
+        self._pending_config = config
+
+    # -- events -----------------------------------------------------------------------
+
+    def new_request(self, args: tuple[Any, ...], handle: Any = None) -> Request:
+        """Check a call's arguments and wrap them; raises InputError. Pure: any thread."""
+        args, items, key = self.codec.admit(args)
+        return Request(-1, args, items, key, handle)
+
+    def admit(self, request: Request | tuple[Any, ...], now: float) -> Request:
+        """Queue a request (or raw call arguments); raises if it is refused.
+
+        Raises InputError (bad arguments), QueueFullError, RunnerStoppedError. A refused
+        request is never admitted and gets no other outcome.
+        """
+        if not isinstance(request, Request):
+            request = self.new_request(request)
+        if self._closed:
+            self.recorder.refused(now)
+            raise RunnerStoppedError(self.runner or self.name)
+        cfg = self._config
+        if self._queued_requests >= cfg.max_queue_size:
+            self.recorder.refused(now)
+            raise QueueFullError(
+                self._label, cfg.max_queue_size, retry_after_s=max(cfg.max_latency_s, 0.001)
+            )
+        request.id = self._next_request
+        self._next_request += 1
+        request.arrival_s = now
+        group = self._groups.get(request.key)
+        if group is None:
+            group = self._groups[request.key] = _Group(request.key)
+        group.queue.append(request)
+        group.items += request.items
+        group.requests += 1
+        self._queued_items += request.items
+        self._queued_requests += 1
+        self.rate.observe(now, request.items)
+        self.recorder.arrived(now)
+        return request
+
+    def cancel(self, request: Request, now: float) -> bool:
+        """The caller gave up: withdraw the request. False if it already has its outcome.
+
+        A request whose batch is running is counted cancelled and its result dropped.
+        """
+        if request.state == _DONE:
+            return False
+        self._settle(request)
+        self.recorder.cancelled(now)
+        return True
+
+    def close(self) -> None:
+        """Refuse new requests; :meth:`poll` fires what is queued with reason ``drain``."""
+        self._closed = True
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is queued or running."""
+        return self._queued_requests == 0 and self._in_flight == 0
+
+    def poll(self, now: float) -> Step:
+        """Decide: the batches to fire now, the requests to reject, and when to wake next."""
+        if self._pending_config is not None:
+            self._config, self._pending_config = self._pending_config, None
+        cfg = self._config
+        step = Step()
+        held: list[_Group] = []
+        while self._queued_requests and self._in_flight < cfg.max_concurrent_batches:
+            group = self._oldest_group(held)
+            if group is None:
+                break
+            head = group.head()
+            assert head is not None  # a group with queued requests has a live head
+            decision: Decision
+            if self._closed:
+                decision = Fire("drain")
+            else:
+                view = HeadView(
+                    group.items, group.requests, head.arrival_s, group.hold_start, group.hold_until
+                )
+                adaptive = cfg.effective_strategy == "adaptive"
+                rates = self.rate.rates(now) if adaptive else (0.0, 0.0)
+                decision = decide(view, now, cfg, self.cost_model.fit, rates)
+            if isinstance(decision, Fire):
+                step.fire.append(self._form(group, decision.reason, now))
+                continue
+            if group.hold_start is None:
+                group.hold_start = now
+            group.hold_until = decision.until_s
+            step.wake_s = _earliest(step.wake_s, decision.until_s)
+            held.append(group)
+        if (
+            self._queued_requests
+            and self._in_flight >= cfg.max_concurrent_batches
+            and cfg.on_overload == "reject"
+        ):
+            self._expire(now, step)
+        return step
+
+    def complete(self, batch: Batch, outputs: Sequence[Any], now: float) -> list[Outcome]:
+        """A batch (or half of one) ran: ``outputs`` holds each part's slice, in order."""
+        done: list[Outcome] = []
+        arrivals: list[float] = []
+        starts: list[float] = []
+        for (r, a, _b), out in zip(batch.parts, outputs, strict=True):
+            r.parts_pending -= 1
+            if r.state == _DONE:
+                continue  # cancelled or failed meanwhile
+            if a == 0 and _b == r.items:
+                result = out
+            else:
+                if r.pieces is None:
+                    r.pieces = []
+                r.pieces.append((a, out))
+                if r.offset < r.items or r.parts_pending:
+                    continue
+                r.pieces.sort(key=lambda p: p[0])
+                result = self.codec.join([p[1] for p in r.pieces])
+                r.pieces = None
+            r.state = _DONE
+            done.append((r, result, None))
+            arrivals.append(r.arrival_s)
+            starts.append(r.start_s if r.start_s is not None else now)
+        self.recorder.served(now, arrivals, starts)
+        return done
+
+    def fail(self, batch: Batch, exc: BaseException, now: float) -> list[Outcome]:
+        """A batch (or half of one) failed: each of its requests gets its own typed error."""
+        done: list[Outcome] = []
+        n_requests = len(batch.parts)
+        for r, _a, _b in batch.parts:
+            r.parts_pending -= 1
+            if r.state == _DONE:
+                continue
+            self._settle(r)
+            err = (
+                exc if isinstance(exc, LabServeError) else ModelError(self._label, exc, n_requests)
+            )
+            if err is not exc:
+                err.__cause__ = exc
+            done.append((r, None, err))
+        self.recorder.failed(now, len(done))
+        return done
+
+    def release(self, batch: Batch, now: float, *, ok: bool) -> None:
+        """The batch's slot is free again; record it (and its duration if it ran cleanly)."""
+        self._in_flight -= 1
+        duration = now - batch.start_s
+        if ok:
+            self.cost_model.observe(batch.items, duration)
+        self.recorder.batch(
+            BatchRecord(batch.start_s, duration, batch.items, len(batch.parts), batch.reason)
+        )
+
+    # -- internals --------------------------------------------------------------------
+
+    @property
+    def _label(self) -> str:
+        return f"{self.runner}.{self.name}" if self.runner else self.name
+
+    def _oldest_group(self, skip: list[_Group]) -> _Group | None:
+        best: _Group | None = None
+        best_t = 0.0
+        for key in list(self._groups):
+            group = self._groups[key]
+            head = group.head()
+            if head is None:
+                del self._groups[key]
+                continue
+            if group in skip:
+                continue
+            if best is None or head.arrival_s < best_t:
+                best, best_t = group, head.arrival_s
+        return best
+
+    def _form(self, group: _Group, reason: Reason, now: float) -> Batch:
+        cfg = self._config
+        cap = cfg.max_batch_size
+        one_request = cfg.effective_strategy == "off"
+        parts: list[tuple[Request, int, int]] = []
+        total = 0
+        q = group.queue
+        while q:
+            r = q[0]
+            if r.state == _DONE:
+                q.popleft()
+                continue
+            rest = r.items - r.offset
+            room = cap - total
+            if rest > room and total:
+                break
+            take = min(rest, room)
+            start = r.offset
+            r.offset += take
+            r.parts_pending += 1
+            if r.start_s is None:
+                r.start_s = now
+            parts.append((r, start, start + take))
+            total += take
+            group.items -= take
+            self._queued_items -= take
+            if r.offset < r.items:
+                break  # a request larger than the cap: the rest waits at the head
+            q.popleft()
+            group.requests -= 1
+            self._queued_requests -= 1
+            if one_request or total >= cap:
+                break
+        group.hold_start = group.hold_until = None
+        self._in_flight += 1
+        self._next_batch += 1
+        return Batch(self._next_batch, reason, now, parts, total)
+
+    def _settle(self, r: Request) -> None:
+        """Mark ``r`` done and take whatever of it is still queued off the counts."""
+        if r.offset < r.items:
+            rest = r.items - r.offset
+            group = self._groups.get(r.key)
+            if group is not None:
+                group.items -= rest
+                group.requests -= 1
+            self._queued_items -= rest
+            self._queued_requests -= 1
+            r.offset = r.items
+        r.state = _DONE
+        r.pieces = None
+
+    def _expire(self, now: float, step: Step) -> None:
+        """Reject queued requests whose deadline passed while no batch slot was free."""
+        max_wait = self._config.max_latency_s
+        for group in list(self._groups.values()):
+            group.head()  # drop finished requests off the front
+            for r in group.queue:
+                if r.state == _DONE or r.start_s is not None:
+                    continue  # done, or part of it already runs: it has started
+                deadline = r.arrival_s + max_wait
+                if deadline > now:
+                    step.wake_s = _earliest(step.wake_s, deadline)
+                    break
+                self._settle(r)
+                self.recorder.rejected(now)
+                err = OverloadError(self._label, (now - r.arrival_s) * 1000.0, max_wait * 1000.0)
+                step.rejected.append((r, None, err))
+
+    def snapshot(self, now: float) -> Snapshot:
+        """An immutable picture of this method now (O(window) work)."""
+        rec = self.recorder
+        rates = rec.rates(now)
+        lat_w, wait_w = rec.window_percentiles(now)
+        lat_o, wait_o = rec.overall_percentiles()
+        counts = rec.counters()
+        fit = self.cost_model.fit
+        return Snapshot(
+            runner=self.runner,
+            method=self.name,
+            time_s=now,
+            window_s=rec.window_s,
+            config=self._config.as_dict(),
+            queue_requests=self._queued_requests,
+            queue_items=self._queued_items,
+            in_flight_batches=self._in_flight,
+            admitted=counts["arrived"],
+            served=counts["served"],
+            rejected=counts["rejected"],
+            failed=counts["failed"],
+            cancelled=counts["cancelled"],
+            refused=counts["refused"],
+            arrival_rate=rates["arrived"],
+            served_rate=rates["served"],
+            rejected_rate=rates["rejected"] + rates["refused"],
+            failed_rate=rates["failed"],
+            latency_ms_window=lat_w,
+            latency_ms_overall=lat_o,
+            queue_wait_ms_window=wait_w,
+            queue_wait_ms_overall=wait_o,
+            batches=rec.batches,
+            mean_batch_size=rec.window_mean_batch(now),
+            max_batch_size_seen=max(rec.batch_size_counts, default=0),
+            batch_size_counts=dict(sorted(rec.batch_size_counts.items())),
+            fire_reasons=dict(rec.fire_reasons),
+            recent_batches=tuple(rec.batch_records(last=64)),
+            cost_fit=CostFitView(fit.a_s * 1000.0, fit.b_s * 1000.0, fit.samples),
+        )
+
+
+def _earliest(a: float | None, b: float) -> float:
+    return b if a is None or b < a else a

@@ -1,0 +1,112 @@
+"""The YAML config file, in BentoML's shape, and the precedence of the config layers.
+
+```yaml
+runners:
+  batching:              # global: every runner
+    enabled: true
+    max_batch_size: 64
+    max_latency_ms: 20
+  scorer:                # one runner, by name
+    batching:
+      strategy: fixed
+      max_latency_ms: 5
+```
+
+Precedence, highest first: live ``configure()`` > ``Runner(...)`` arguments > the runner's
+section of the file > the method's decorator > the file's global section > defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from labserve.config import validate_field
+from labserve.errors import ConfigError
+
+__all__ = ["ENV_VAR", "ConfigFile", "load_config_file"]
+
+ENV_VAR = "LABSERVE_CONFIG"
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """A parsed, validated config file: the global batching section and one per runner."""
+
+    source: str | None = None
+    global_batching: Mapping[str, Any] = field(default_factory=dict)
+    runners: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def for_runner(self, name: str) -> Mapping[str, Any]:
+        """The runner's own batching section (empty when the file has none)."""
+        return self.runners.get(name, {})
+
+
+def _mapping(value: Any, key: str, source: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, value, "a mapping (key: value lines)", source=source)
+    return value
+
+
+def _batching_section(value: Any, path: str, source: str) -> dict[str, Any]:
+    section = _mapping(value, path, source)
+    return {
+        str(k): validate_field(str(k), v, source=source, path=f"{path}.")
+        for k, v in section.items()
+    }
+
+
+def parse_config(data: Any, source: str) -> ConfigFile:
+    """Validate an already-loaded YAML document; every error names ``source`` and the key."""
+    top = _mapping(data, "<top level>", source)
+    for key in top:
+        if key != "runners":
+            raise ConfigError(str(key), top[key], "a known section (only 'runners')", source=source)
+    runners_section = _mapping(top.get("runners"), "runners", source)
+    global_batching: dict[str, Any] = {}
+    runners: dict[str, dict[str, Any]] = {}
+    for name, value in runners_section.items():
+        if name == "batching":
+            global_batching = _batching_section(value, "runners.batching", source)
+            continue
+        runner = _mapping(value, f"runners.{name}", source)
+        for key in runner:
+            if key != "batching":
+                raise ConfigError(
+                    f"runners.{name}.{key}",
+                    runner[key],
+                    "a known key (only 'batching')",
+                    source=source,
+                )
+        runners[str(name)] = _batching_section(
+            runner.get("batching"), f"runners.{name}.batching", source
+        )
+    return ConfigFile(source=source, global_batching=global_batching, runners=runners)
+
+
+def load_config_file(path: str | os.PathLike[str] | None = None) -> ConfigFile:
+    """Load ``path``, or the file named by ``$LABSERVE_CONFIG``, or nothing (an empty config).
+
+    Raises ConfigError for a missing file, bad YAML, an unknown key or a bad value.
+    """
+    if path is None:
+        path = os.environ.get(ENV_VAR) or None
+        if path is None:
+            return ConfigFile()
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError("path", source, f"a readable file ({exc.strerror})") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("<document>", "...", f"valid YAML ({exc})", source=source) from exc
+    return parse_config(data, source)

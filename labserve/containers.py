@@ -1,0 +1,266 @@
+"""Stack requests into a batch and split a batch's output back into each caller's part.
+
+A payload is a numpy array, a list, or a dict or tuple of those (several inputs or
+outputs). Items are counted along the batch axis: ``shape[batch_dim]`` for an array,
+``len()`` for a list (whose batch axis is always 0). A request's *signature* (its dtype
+and shape without the batch axis) says which other requests it can be stacked with.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from labserve.errors import InputError
+
+__all__ = ["Codec", "TensorSpec"]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What one input or output holds per item: dtype, and shape without the batch axis.
+
+    ``-1`` in ``shape`` accepts any size on that axis.
+
+    >>> TensorSpec("float32", (4,))
+    TensorSpec(dtype='float32', shape=(4,))
+    """
+
+    dtype: str
+    shape: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        try:
+            canonical = np.dtype(self.dtype).name
+        except TypeError as exc:
+            raise TypeError(
+                f"TensorSpec dtype must name a numpy dtype, got {self.dtype!r}"
+            ) from exc
+        shape = tuple(self.shape)
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
+            raise TypeError(f"TensorSpec shape must hold integers >= -1, got {self.shape!r}")
+        object.__setattr__(self, "dtype", canonical)
+        object.__setattr__(self, "shape", shape)
+
+    def describe(self, batch_dim: int) -> str:
+        """The full shape with the batch axis shown as ``N``, e.g. ``float32[N, 4]``."""
+        dims = ["-1" if d == -1 else str(d) for d in self.shape]
+        dims.insert(batch_dim, "N")
+        return f"{self.dtype}[{', '.join(dims)}]"
+
+
+def _describe(arr: np.ndarray) -> str:
+    return f"{arr.dtype.name}[{', '.join(map(str, arr.shape))}]"
+
+
+def _item_shape(arr: np.ndarray, axis: int) -> tuple[int, ...]:
+    return arr.shape[:axis] + arr.shape[axis + 1 :]
+
+
+def _count(value: Any, axis: int, where: str) -> int:
+    if isinstance(value, np.ndarray):
+        if value.ndim <= axis:
+            raise InputError(
+                f"{where}: an array of shape {value.shape} has no batch axis {axis}; "
+                f"send the items stacked along axis {axis} (a single item as x[None])",
+                sent=value.shape,
+            )
+        return int(value.shape[axis])
+    if isinstance(value, list):
+        return len(value)
+    if isinstance(value, tuple):
+        return _agree([_count(v, axis, f"{where}[{i}]") for i, v in enumerate(value)], where)
+    if isinstance(value, Mapping):
+        return _agree([_count(v, axis, f"{where}[{k!r}]") for k, v in value.items()], where)
+    raise InputError(
+        f"{where}: cannot batch a {type(value).__name__}; expected a numpy array, a list, "
+        "or a dict or tuple of those",
+        sent=type(value).__name__,
+    )
+
+
+def _agree(counts: list[int], where: str) -> int:
+    if not counts:
+        raise InputError(f"{where}: an empty container has nothing to batch")
+    if any(c != counts[0] for c in counts):
+        raise InputError(
+            f"{where}: its parts hold different numbers of items along the batch axis: {counts}",
+            sent=counts,
+        )
+    return counts[0]
+
+
+def _signature(value: Any, axis: int) -> Hashable:
+    if isinstance(value, np.ndarray):
+        return ("a", value.dtype.str, _item_shape(value, axis))
+    if isinstance(value, list):
+        return ("l",)
+    if isinstance(value, tuple):
+        return ("t", *(_signature(v, axis) for v in value))
+    return ("d", *((k, _signature(v, axis)) for k, v in value.items()))
+
+
+def _concat(parts: Sequence[Any], axis: int) -> Any:
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    if isinstance(first, np.ndarray):
+        return np.concatenate(parts, axis=axis)
+    if isinstance(first, list):
+        out: list[Any] = []
+        for p in parts:
+            out.extend(p)
+        return out
+    if isinstance(first, tuple):
+        return tuple(_concat([p[i] for p in parts], axis) for i in range(len(first)))
+    return {k: _concat([p[k] for p in parts], axis) for k in first}
+
+
+def _slice(value: Any, start: int, stop: int, axis: int) -> Any:
+    if isinstance(value, np.ndarray):
+        index = [slice(None)] * value.ndim
+        index[axis] = slice(start, stop)
+        return value[tuple(index)]
+    if isinstance(value, list):
+        return value[start:stop]
+    if isinstance(value, tuple):
+        return tuple(_slice(v, start, stop, axis) for v in value)
+    return {k: _slice(v, start, stop, axis) for k, v in value.items()}
+
+
+def _split(value: Any, offsets: list[int], axis: int) -> list[Any]:
+    if isinstance(value, np.ndarray):
+        return np.split(value, offsets, axis=axis)
+    if isinstance(value, list):
+        bounds = [0, *offsets, len(value)]
+        return [value[a:b] for a, b in itertools.pairwise(bounds)]
+    if isinstance(value, tuple):
+        columns = [_split(v, offsets, axis) for v in value]
+        return [tuple(row) for row in zip(*columns, strict=True)]
+    keys = list(value)
+    columns = [_split(value[k], offsets, axis) for k in keys]
+    return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
+
+
+_BATCH_DIM_RULE = "batch_dim must be an int or (input_dim, output_dim), got {!r}"
+
+
+class Codec:
+    """Counts, checks, stacks and splits one batchable method's payloads.
+
+    ``batch_dim`` is the batch axis of inputs and outputs, or ``(input_dim, output_dim)``.
+    ``input_spec`` optionally declares each positional argument (one TensorSpec, or one per
+    argument); a request that does not match fails alone at admission with both shapes.
+    Pure and thread-safe: it holds no mutable state.
+    """
+
+    def __init__(
+        self,
+        method: str,
+        batch_dim: int | tuple[int, int] = 0,
+        input_spec: TensorSpec | Sequence[TensorSpec] | None = None,
+    ) -> None:
+        if isinstance(batch_dim, tuple):
+            if len(batch_dim) != 2 or not all(isinstance(d, int) for d in batch_dim):
+                raise TypeError(_BATCH_DIM_RULE.format(batch_dim))
+            self.in_dim, self.out_dim = batch_dim
+        elif isinstance(batch_dim, int) and not isinstance(batch_dim, bool):
+            self.in_dim = self.out_dim = batch_dim
+        else:
+            raise TypeError(_BATCH_DIM_RULE.format(batch_dim))
+        if self.in_dim < 0 or self.out_dim < 0:
+            raise ValueError(f"batch_dim must be >= 0, got {batch_dim!r}")
+        self.method = method
+        if isinstance(input_spec, TensorSpec):
+            input_spec = (input_spec,)
+        self.input_spec: tuple[TensorSpec, ...] | None = (
+            tuple(input_spec) if input_spec is not None else None
+        )
+
+    def admit(self, args: tuple[Any, ...]) -> tuple[tuple[Any, ...], int, Hashable]:
+        """Check one request's arguments; return them (cast to the spec), its items and signature.
+
+        Raises InputError, naming what was sent and what was expected.
+        """
+        if not args:
+            raise InputError(f"{self.method}: a batchable call needs at least one argument")
+        if self.input_spec is not None:
+            args = self._check_spec(args)
+        items = _agree(
+            [_count(a, self.in_dim, f"{self.method} argument {i}") for i, a in enumerate(args)],
+            f"{self.method} arguments",
+        )
+        if items < 1:
+            raise InputError(
+                f"{self.method}: the request holds 0 items along batch axis {self.in_dim}; "
+                "send at least one",
+                sent=0,
+            )
+        return args, items, _signature(args, self.in_dim)
+
+    def _check_spec(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        specs = self.input_spec or ()
+        if len(args) != len(specs):
+            raise InputError(
+                f"{self.method}: takes {len(specs)} argument(s), got {len(args)}",
+                sent=len(args),
+                expected=len(specs),
+            )
+        checked = []
+        for i, (arg, spec) in enumerate(zip(args, specs, strict=True)):
+            expected = spec.describe(self.in_dim)
+            arr = arg if isinstance(arg, np.ndarray) else None
+            if arr is None:
+                try:
+                    arr = np.asarray(arg, dtype=spec.dtype)
+                except (TypeError, ValueError) as exc:
+                    raise InputError(
+                        f"{self.method} argument {i}: cannot read it as {expected}: {exc}",
+                        sent=type(arg).__name__,
+                        expected=expected,
+                    ) from exc
+            ok_dtype = np.can_cast(arr.dtype, spec.dtype, casting="same_kind")
+            ok_rank = arr.ndim == len(spec.shape) + 1 and arr.ndim > self.in_dim
+            ok_shape = ok_rank and all(
+                want in (-1, got)
+                for want, got in zip(spec.shape, _item_shape(arr, self.in_dim), strict=True)
+            )
+            if not (ok_dtype and ok_shape):
+                raise InputError(
+                    f"{self.method} argument {i}: sent {_describe(arr)}, expected {expected}",
+                    sent=_describe(arr),
+                    expected=expected,
+                )
+            checked.append(arr.astype(spec.dtype, copy=False))
+        return tuple(checked)
+
+    def slice(self, args: tuple[Any, ...], start: int, stop: int) -> tuple[Any, ...]:
+        """Items ``start:stop`` of a request (to split one larger than the cap)."""
+        return tuple(_slice(a, start, stop, self.in_dim) for a in args)
+
+    def stack(self, requests: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
+        """Stack same-signature requests along the input batch axis, argument by argument."""
+        if len(requests) == 1:
+            return requests[0]
+        return tuple(
+            _concat([r[i] for r in requests], self.in_dim) for i in range(len(requests[0]))
+        )
+
+    def output_items(self, output: Any) -> int:
+        """Items along the output batch axis (raises InputError for an unbatchable output)."""
+        return _count(output, self.out_dim, f"{self.method} output")
+
+    def split(self, output: Any, counts: Sequence[int]) -> list[Any]:
+        """Split a batch's output into one part per request, ``counts[i]`` items each."""
+        if len(counts) == 1:
+            return [output]
+        offsets = np.cumsum(counts[:-1]).tolist()
+        return _split(output, offsets, self.out_dim)
+
+    def join(self, outputs: Sequence[Any]) -> Any:
+        """Rejoin the outputs of one request that was split across batches."""
+        return _concat(outputs, self.out_dim)

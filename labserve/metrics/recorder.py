@@ -1,0 +1,190 @@
+"""The recorder: bounded, O(1)-per-request records of a runner method's traffic.
+
+Writes come from the queue's owner (the loop thread or the simulator), per request only
+for counters and per batch for samples; reads build an immutable :class:`Snapshot`.
+Not thread-safe: take snapshots on the owner's thread (the runner does).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from labserve.metrics.histogram import LogHistogram
+from labserve.metrics.snapshot import BatchRecord, Percentiles
+
+__all__ = ["Recorder"]
+
+_QS = (50.0, 95.0, 99.0, 99.9)
+_KINDS = ("arrived", "served", "rejected", "failed", "cancelled", "refused")
+_ARRIVED, _SERVED, _REJECTED, _FAILED, _CANCELLED, _REFUSED = range(len(_KINDS))
+
+
+class _RateBuckets:
+    """Counts per kind in time buckets covering the sliding window (a ring over time)."""
+
+    def __init__(self, window_s: float, width_s: float = 0.25) -> None:
+        self.width = width_s
+        self.n = math.ceil(window_s / width_s) + 1
+        self.epoch = [-1] * self.n
+        self.counts = [[0] * len(_KINDS) for _ in range(self.n)]
+        self.start_s: float | None = None
+
+    def add(self, now: float, kind: int, n: int = 1) -> None:
+        if self.start_s is None:
+            self.start_s = now
+        b = int(now // self.width)
+        i = b % self.n
+        if self.epoch[i] != b:
+            self.epoch[i] = b
+            row = self.counts[i]
+            for k in range(len(row)):
+                row[k] = 0
+        self.counts[i][kind] += n
+
+    def rates(self, now: float, window_s: float) -> list[float]:
+        b_now = int(now // self.width)
+        first = b_now - self.n + 2  # whole buckets inside the window, plus the current one
+        totals = [0] * len(_KINDS)
+        for i in range(self.n):
+            if first <= self.epoch[i] <= b_now:
+                for k, c in enumerate(self.counts[i]):
+                    totals[k] += c
+        span = min(window_s, now - first * self.width)
+        if self.start_s is not None:
+            span = min(span, now - self.start_s)
+        if span <= 0:
+            return [0.0] * len(_KINDS)
+        return [t / span for t in totals]
+
+
+def _percentiles_ms(samples: np.ndarray) -> Percentiles:
+    if len(samples) == 0:
+        return Percentiles(math.nan, math.nan, math.nan, math.nan)
+    return Percentiles(*(float(v) * 1000.0 for v in np.percentile(samples, _QS)))
+
+
+class Recorder:
+    """Counters, windowed samples and all-time histograms of one runner method."""
+
+    def __init__(
+        self, window_s: float = 10.0, capacity: int = 1 << 16, batch_capacity: int = 4096
+    ) -> None:
+        self.window_s = window_s
+        self._capacity = capacity
+        self._batch_capacity = batch_capacity
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything recorded (counters, samples, histograms)."""
+        self.counts = [0] * len(_KINDS)
+        self._rates = _RateBuckets(self.window_s)
+        self._finish = np.full(self._capacity, -np.inf)
+        self._latency = np.zeros(self._capacity)
+        self._wait = np.zeros(self._capacity)
+        self._pos = 0
+        self.latency_hist = LogHistogram()
+        self.wait_hist = LogHistogram()
+        self._batches: list[BatchRecord | None] = [None] * self._batch_capacity
+        self._batch_pos = 0
+        self.batch_size_counts: dict[int, int] = {}
+        self.fire_reasons: dict[str, int] = {}
+
+    # -- writes (owner thread only) ---------------------------------------------------
+
+    def arrived(self, now: float) -> None:
+        """A request was admitted."""
+        self.counts[_ARRIVED] += 1
+        self._rates.add(now, _ARRIVED)
+
+    def refused(self, now: float) -> None:
+        """A request was refused at admission."""
+        self.counts[_REFUSED] += 1
+        self._rates.add(now, _REFUSED)
+
+    def rejected(self, now: float) -> None:
+        """An admitted request was rejected for overload."""
+        self.counts[_REJECTED] += 1
+        self._rates.add(now, _REJECTED)
+
+    def cancelled(self, now: float) -> None:
+        """An admitted request was withdrawn by its caller."""
+        self.counts[_CANCELLED] += 1
+        self._rates.add(now, _CANCELLED)
+
+    def failed(self, now: float, n: int = 1) -> None:
+        """``n`` admitted requests failed."""
+        self.counts[_FAILED] += n
+        self._rates.add(now, _FAILED, n)
+
+    def served(self, now: float, arrivals: Sequence[float], starts: Sequence[float]) -> None:
+        """Requests answered at ``now``, with their admission and first-batch-start times."""
+        n = len(arrivals)
+        if n == 0:
+            return
+        self.counts[_SERVED] += n
+        self._rates.add(now, _SERVED, n)
+        arr = np.asarray(arrivals, dtype=float)
+        latency = now - arr
+        wait = np.asarray(starts, dtype=float) - arr
+        self.latency_hist.add_many(latency)
+        self.wait_hist.add_many(wait)
+        if n >= self._capacity:
+            latency, wait, n = latency[-self._capacity :], wait[-self._capacity :], self._capacity
+        idx = (self._pos + np.arange(n)) % self._capacity
+        self._finish[idx] = now
+        self._latency[idx] = latency
+        self._wait[idx] = wait
+        self._pos = (self._pos + n) % self._capacity
+
+    def batch(self, record: BatchRecord) -> None:
+        """A batch finished running."""
+        self._batches[self._batch_pos % self._batch_capacity] = record
+        self._batch_pos += 1
+        self.batch_size_counts[record.items] = self.batch_size_counts.get(record.items, 0) + 1
+        self.fire_reasons[record.reason] = self.fire_reasons.get(record.reason, 0) + 1
+
+    # -- reads ------------------------------------------------------------------------
+
+    @property
+    def batches(self) -> int:
+        """Batches recorded since start."""
+        return self._batch_pos
+
+    def batch_records(self, last: int | None = None) -> list[BatchRecord]:
+        """The recorded batches still held, oldest first (at most ``last``)."""
+        held = min(self._batch_pos, self._batch_capacity)
+        if last is not None:
+            held = min(held, last)
+        start = self._batch_pos - held
+        out = [self._batches[i % self._batch_capacity] for i in range(start, self._batch_pos)]
+        return [r for r in out if r is not None]
+
+    def rates(self, now: float) -> dict[str, float]:
+        """Per-second rates over the window, by kind."""
+        return dict(zip(_KINDS, self._rates.rates(now, self.window_s), strict=True))
+
+    def window_percentiles(self, now: float) -> tuple[Percentiles, Percentiles]:
+        """(latency, queue wait) percentiles in ms of requests served in the window."""
+        mask = self._finish >= now - self.window_s
+        return _percentiles_ms(self._latency[mask]), _percentiles_ms(self._wait[mask])
+
+    def overall_percentiles(self) -> tuple[Percentiles, Percentiles]:
+        """(latency, queue wait) percentiles in ms since start, from the histograms."""
+        lat = self.latency_hist.percentiles(_QS)
+        wait = self.wait_hist.percentiles(_QS)
+        return (
+            Percentiles(*(v * 1000.0 for v in lat)),
+            Percentiles(*(v * 1000.0 for v in wait)),
+        )
+
+    def window_mean_batch(self, now: float) -> float:
+        """Mean items per batch that started in the window (NaN without batches)."""
+        items = [r.items for r in self.batch_records() if r.start_s >= now - self.window_s]
+        return float(np.mean(items)) if items else math.nan
+
+    def counters(self) -> dict[str, int]:
+        """Totals since start, by kind."""
+        return dict(zip(_KINDS, self.counts, strict=True))

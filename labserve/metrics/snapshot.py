@@ -1,0 +1,135 @@
+"""Immutable snapshots of a runner method's state: what /stats, /metrics and the UI read."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+__all__ = ["BatchRecord", "CostFitView", "Percentiles", "Snapshot"]
+
+
+class Percentiles(NamedTuple):
+    """Latency percentiles in milliseconds (NaN when there were no samples)."""
+
+    p50: float
+    p95: float
+    p99: float
+    p999: float
+
+
+class BatchRecord(NamedTuple):
+    """One fired batch."""
+
+    start_s: float
+    """When it fired (the runner's clock, seconds)."""
+    duration_s: float
+    """Model call time, seconds (including the hop to the worker thread)."""
+    items: int
+    """Items along the batch axis."""
+    requests: int
+    """Requests (or parts of split requests) in it."""
+    reason: str
+    """Why it fired: full, timeout, adaptive, idle or drain."""
+
+
+class CostFitView(NamedTuple):
+    """The adaptive strategy's cost model as fitted: batch_ms = a_ms + b_ms * items."""
+
+    a_ms: float
+    b_ms: float
+    samples: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything about one runner method at one moment. Immutable; safe to share.
+
+    Rates and ``*_window`` figures cover the last ``window_s`` seconds; ``*_overall``
+    figures cover everything since start (or the last reset).
+    """
+
+    runner: str
+    method: str
+    time_s: float
+    """The runner clock's time when taken."""
+    window_s: float
+    """Width of the sliding window, seconds."""
+    config: dict[str, Any]
+    """The config in force."""
+    queue_requests: int
+    """Requests waiting."""
+    queue_items: int
+    """Items waiting (along the batch axis)."""
+    in_flight_batches: int
+    """Batches running the model."""
+    admitted: int
+    """Requests admitted to the queue since start."""
+    served: int
+    """Requests answered with a result."""
+    rejected: int
+    """Admitted requests rejected for overload (could not start within max_latency_ms)."""
+    failed: int
+    """Requests failed by a model error or a bad model output."""
+    cancelled: int
+    """Requests withdrawn by their caller."""
+    refused: int
+    """Requests refused at admission (queue full or runner stopping); never admitted."""
+    arrival_rate: float
+    """Requests arriving per second (window)."""
+    served_rate: float
+    rejected_rate: float
+    failed_rate: float
+    latency_ms_window: Percentiles
+    """Admission to result, served requests, in the window."""
+    latency_ms_overall: Percentiles
+    queue_wait_ms_window: Percentiles
+    """Admission to the start of its batch, served requests, in the window."""
+    queue_wait_ms_overall: Percentiles
+    batches: int
+    """Batches fired since start."""
+    mean_batch_size: float
+    """Mean items per batch in the window (NaN without batches)."""
+    max_batch_size_seen: int
+    batch_size_counts: dict[int, int]
+    """Batches by items, since start."""
+    fire_reasons: dict[str, int]
+    """Batches by why they fired, since start."""
+    recent_batches: tuple[BatchRecord, ...]
+    """The last batches, oldest first."""
+    cost_fit: CostFitView
+
+    @property
+    def pending(self) -> int:
+        """Admitted requests without an outcome yet (queued or in a running batch)."""
+        return self.admitted - self.served - self.rejected - self.failed - self.cancelled
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (NaN becomes None)."""
+
+        def clean(value: Any) -> Any:
+            if isinstance(value, float) and math.isnan(value):
+                return None
+            if isinstance(value, tuple) and hasattr(value, "_asdict"):
+                return {k: clean(v) for k, v in value._asdict().items()}
+            if isinstance(value, (list, tuple)):
+                return [clean(v) for v in value]
+            if isinstance(value, dict):
+                return {str(k): clean(v) for k, v in value.items()}
+            return value
+
+        out = {f.name: clean(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out["pending"] = self.pending
+        return out
+
+    def __str__(self) -> str:
+        lat = self.latency_ms_window
+        return (
+            f"{self.runner}.{self.method}: {self.served} served, {self.rejected} rejected, "
+            f"{self.failed} failed, {self.cancelled} cancelled | {self.batches} batches, "
+            f"mean {self.mean_batch_size:.1f} items | p50 {lat.p50:.2f} ms, p99 {lat.p99:.2f} ms | "
+            f"queue {self.queue_requests} | {self.config['strategy']}, "
+            f"max_batch_size={self.config['max_batch_size']}, "
+            f"max_latency_ms={self.config['max_latency_ms']:g}"
+        )

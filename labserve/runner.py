@@ -1,0 +1,321 @@
+"""Runner: binds a Runnable to the background loop, one batch queue per batchable method."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from labserve.batching.queue import BatchQueue
+from labserve.config import BatchingConfig, validate_field
+from labserve.config_file import load_config_file
+from labserve.containers import Codec
+from labserve.errors import LoopThreadError, RunnerStoppedError
+from labserve.metrics.snapshot import Snapshot
+from labserve.runnable import MethodSpec, Runnable
+from labserve.runtime.driver import MethodDriver
+from labserve.runtime.loop import BackgroundLoop, background_loop
+
+__all__ = ["Runner", "RunnerMethod"]
+
+
+class RunnerMethod:
+    """One served method: ``run`` (blocking) and ``async_run`` (awaitable).
+
+    Both are thread-safe. Batchable methods go through the method's batch queue on the
+    background loop; others are plain calls.
+    """
+
+    def __init__(self, runner: Runner, spec: MethodSpec, fn: Any, config: BatchingConfig) -> None:
+        self.runner = runner
+        self.spec = spec
+        self.name = spec.name
+        self._fn = fn
+        self._lock = threading.Lock()
+        self._config = config
+        self._driver: MethodDriver | None = None
+        self._queue: BatchQueue | None = None
+        if spec.batchable:
+            codec = Codec(spec.name, spec.batch_dim, spec.input_spec)
+            self._queue = BatchQueue(spec.name, codec, config, runner=runner.name)
+
+    @property
+    def batchable(self) -> bool:
+        """True when calls are batched."""
+        return self.spec.batchable
+
+    @property
+    def config(self) -> BatchingConfig:
+        """The latest config asked for (in force from the next batch)."""
+        return self._config
+
+    def _driver_started(self) -> MethodDriver:
+        if self.runner.stopped:
+            raise RunnerStoppedError(self.runner.name)
+        driver = self._driver
+        if driver is None:
+            with self._lock:
+                if self._driver is None:
+                    assert self._queue is not None
+                    self._driver = MethodDriver(
+                        self._queue, self._fn, is_async=self.spec.is_async, bg=self.runner.bg
+                    )
+                    self.runner._started()
+                driver = self._driver
+        return driver
+
+    def run(self, *args: Any) -> Any:
+        """Send one request and block for its own result. Not from labserve's loop thread.
+
+        Raises the request's typed error (InputError, OverloadError, ModelError, ...).
+        An interrupt while waiting (KeyboardInterrupt) withdraws the request.
+        """
+        if not self.batchable:
+            return self._call_plain_sync(*args)
+        driver = self._driver_started()
+        if self.runner.bg.in_loop_thread():
+            raise LoopThreadError(
+                f"{self.runner.name}.{self.name}.run() blocks, and was called from labserve's "
+                "loop thread; use `await ...async_run()` there"
+            )
+        assert self._queue is not None
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        request = self._queue.new_request(args, future)
+        driver.submit_threadsafe(request)
+        try:
+            return future.result()
+        except BaseException:
+            if not future.done():  # interrupted while waiting, not the request's own error
+                future.cancel()
+                driver.cancel_threadsafe(request)
+            raise
+
+    async def async_run(self, *args: Any) -> Any:
+        """Send one request and await its own result, from any running event loop.
+
+        Raises the request's typed error. Cancelling the awaiting task withdraws it.
+        """
+        if not self.batchable:
+            return await self._call_plain_async(*args)
+        driver = self._driver_started()
+        assert self._queue is not None
+        if self.runner.bg.in_loop_thread():
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            request = self._queue.new_request(args, future)
+            driver.submit(request)
+            try:
+                return await future
+            except asyncio.CancelledError:
+                driver.cancel(request)
+                raise
+        cfuture: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        request = self._queue.new_request(args, cfuture)
+        driver.submit_threadsafe(request)
+        try:
+            return await asyncio.wrap_future(cfuture)
+        except asyncio.CancelledError:
+            driver.cancel_threadsafe(request)
+            raise
+
+    def _call_plain_sync(self, *args: Any) -> Any:
+        if self.spec.is_async:
+            return self.runner.bg.run(self._fn(*args))
+        return self._fn(*args)
+
+    async def _call_plain_async(self, *args: Any) -> Any:
+        if self.spec.is_async:
+            return await self._fn(*args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, functools.partial(self._fn, *args))
+
+    def configure(self, **changes: Any) -> BatchingConfig:
+        """Change settings live; validated first (ConfigError changes nothing). Thread-safe.
+
+        Applied atomically: the next batch fired uses all of the new settings.
+        """
+        if not self.batchable:
+            raise TypeError(f"{self.runner.name}.{self.name} is not batchable: nothing to set")
+        with self._lock:
+            new = self._config.replace(**changes)
+            self._config = new
+        if self._driver is not None:
+            self._driver.configure(new)
+        else:
+            assert self._queue is not None
+            self._queue.configure(new)  # nothing runs it yet: the first poll applies it
+        return new
+
+    def stats(self) -> Snapshot:
+        """An immutable snapshot of the method's queue, batches and latencies. Thread-safe."""
+        if self._queue is None:
+            raise TypeError(f"{self.runner.name}.{self.name} is not batchable: it has no queue")
+        if self._driver is None:
+            return self._queue.snapshot(0.0)
+        return self._driver.snapshot()
+
+    def reset_stats(self) -> None:
+        """Forget recorded traffic (counters, samples, batches). Thread-safe."""
+        if self._queue is not None:
+            queue = self._queue
+            if self._driver is None:
+                queue.recorder.reset()
+            else:
+                self.runner.bg.call(queue.recorder.reset)
+
+    async def _aclose(self) -> None:
+        if self._driver is not None:
+            await self._driver.aclose()
+        elif self._queue is not None:
+            self._queue.close()
+
+    def __repr__(self) -> str:
+        kind = "batchable" if self.batchable else "plain"
+        return f"<RunnerMethod {self.runner.name}.{self.name} ({kind})>"
+
+
+class Runner:
+    """Serve a Runnable: each batchable method gets a batch queue on the background loop.
+
+    ``runnable`` is a Runnable class (instantiated once, with no arguments) or an
+    instance. Config layers, highest first: :meth:`configure` > these arguments
+    (``max_batch_size=...`` etc. for every batchable method, ``method_configs`` per
+    method) > the config file's runner section > the decorator > the file's global
+    section > defaults. ``config`` is a YAML path; without it ``$LABSERVE_CONFIG`` is read.
+
+    >>> import labserve, numpy as np
+    >>> class Doubler(labserve.Runnable):
+    ...     @labserve.method(batchable=True, max_batch_size=32, max_latency_ms=10)
+    ...     def predict(self, x):
+    ...         return x * 2
+    >>> runner = labserve.Runner(Doubler, name="doubler")
+    >>> runner.predict.run(np.ones((1, 3)))
+    array([[2., 2., 2.]])
+    >>> runner.stop()
+    """
+
+    def __init__(
+        self,
+        runnable: type[Runnable] | Runnable,
+        *,
+        name: str | None = None,
+        config: str | os.PathLike[str] | None = None,
+        method_configs: Mapping[str, Mapping[str, Any]] | None = None,
+        loop: BackgroundLoop | None = None,
+        **batching: Any,
+    ) -> None:
+        cls = runnable if isinstance(runnable, type) else type(runnable)
+        if not issubclass(cls, Runnable):
+            raise TypeError(f"Runner needs a labserve.Runnable class or instance, got {runnable!r}")
+        if not cls.methods:
+            raise TypeError(f"{cls.__name__} has no @labserve.method methods to serve")
+        self.name = name or cls.__name__.lower()
+        self.instance: Runnable = runnable() if isinstance(runnable, type) else runnable
+        self._bg = loop
+        self._stopped = False
+        self._lock = threading.Lock()
+        self._hooked = False
+        file = load_config_file(config)
+        for key, value in batching.items():
+            validate_field(key, value, path="Runner ")
+        method_configs = dict(method_configs or {})
+        for method_name in method_configs:
+            if method_name not in cls.methods:
+                raise ValueError(
+                    f"method_configs names {method_name!r}, which {cls.__name__} does not have "
+                    f"(it has: {', '.join(cls.methods)})"
+                )
+        self.methods: dict[str, RunnerMethod] = {}
+        for method_name, spec in cls.methods.items():
+            per_method = dict(method_configs.get(method_name, {}))
+            for key, value in per_method.items():
+                validate_field(key, value, path=f"method_configs[{method_name!r}] ")
+            cfg = BatchingConfig.from_layers(
+                file.global_batching,
+                spec.batching,
+                file.for_runner(self.name),
+                batching,
+                per_method,
+            )
+            fn = getattr(self.instance, method_name)
+            self.methods[method_name] = RunnerMethod(self, spec, fn, cfg)
+
+    @property
+    def bg(self) -> BackgroundLoop:
+        """The background loop this runner lives on (labserve's own unless one was given)."""
+        if self._bg is None:
+            self._bg = background_loop()
+        return self._bg
+
+    @property
+    def stopped(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stopped
+
+    def __getattr__(self, name: str) -> RunnerMethod:
+        methods = self.__dict__.get("methods", {})
+        if name in methods:
+            return methods[name]  # type: ignore[no-any-return]
+        raise AttributeError(f"runner {self.__dict__.get('name')!r} has no method {name!r}")
+
+    def _method(self, name: str) -> RunnerMethod:
+        try:
+            return self.methods[name]
+        except KeyError:
+            raise KeyError(
+                f"runner {self.name!r} has no method {name!r} (it has: {', '.join(self.methods)})"
+            ) from None
+
+    def configure(self, method: str, **changes: Any) -> BatchingConfig:
+        """Change a batchable method's settings live, from any thread; see RunnerMethod.configure.
+
+        >>> runner.configure("predict", max_batch_size=64, strategy="fixed")  # doctest: +SKIP
+        """
+        return self._method(method).configure(**changes)
+
+    def stats(self, method: str) -> Snapshot:
+        """An immutable snapshot of one batchable method. Thread-safe."""
+        return self._method(method).stats()
+
+    def _started(self) -> None:
+        with self._lock:
+            if not self._hooked:
+                self.bg.add_shutdown_hook(self._aclose)
+                self._hooked = True
+
+    async def _aclose(self) -> None:
+        await asyncio.gather(*(m._aclose() for m in self.methods.values()))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Refuse new requests, finish the queued ones (reason ``drain``). Idempotent.
+
+        From the loop thread, use ``await runner.aclose()``.
+        """
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            hooked = self._hooked
+        if hooked and self.bg.running:
+            self.bg.remove_shutdown_hook(self._aclose)
+            self.bg.run(self._aclose(), timeout=timeout)
+
+    async def aclose(self) -> None:
+        """Like :meth:`stop`, awaitable on labserve's loop."""
+        self._stopped = True
+        if self._hooked:
+            self.bg.remove_shutdown_hook(self._aclose)
+            await self._aclose()
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else "ready"
+        return f"<Runner {self.name!r} methods={list(self.methods)} {state}>"

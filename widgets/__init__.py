@@ -1,0 +1,1 @@
+"""The notebook UI layer: imported as ``labserve.widgets``."""
