@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import os
 import platform
@@ -52,7 +53,7 @@ POOL_WORKERS = 4
 DRAIN_TIMEOUT_S = 30.0
 DEFAULT_RATES = (200, 1000, 2000, 4000, 6000, 8000)
 LABSERVE_STRATEGIES = ("off", "fixed", "greedy", "adaptive")
-SYSTEMS = (*(f"labserve-{s}" for s in LABSERVE_STRATEGIES), "bentoml", "ray")
+SYSTEMS = (*(f"labserve-{s}" for s in LABSERVE_STRATEGIES), "bentoml", "ray", "null")
 HERE = Path(__file__).resolve().parent
 
 OK, REJECTED, ERROR, WRONG, LOST = range(5)
@@ -70,6 +71,9 @@ RAY_BYPASS = (
 
 class Rejected(Exception):
     """The system under test refused the request because it is overloaded."""
+
+
+REJECTION = Rejected("overloaded")  # what a rejected request's reply slot keeps
 
 
 def log(message: str) -> None:
@@ -230,6 +234,15 @@ def ray_target(model: Model) -> Target:
     return Target(call=RayBench().predict, run=asyncio.run, close=pool.shutdown)
 
 
+def null_target(model: Model) -> Target:
+    """Harness calibration: replies at once on the loop; no batching, no model call."""
+
+    async def call(x: np.ndarray) -> np.ndarray:
+        return model.expected(x)
+
+    return Target(call=call, run=asyncio.run, close=lambda: None)
+
+
 def build_target(system: str, model: Model) -> Target:
     if system.startswith("labserve-"):
         return labserve_target(system.removeprefix("labserve-"), model)
@@ -237,10 +250,22 @@ def build_target(system: str, model: Model) -> Target:
         return bentoml_target(model)
     if system == "ray":
         return ray_target(model)
+    if system == "null":
+        return null_target(model)
     raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
 
 
 # --------------------------------------------------------------------------- open-loop load
+
+
+def settle_heap() -> None:
+    """Collect, then freeze what survives (imports, the system, the trace) out of the GC's scans.
+
+    Done before every measured phase, the same for every system, so that full collections scan
+    only the objects of the run itself and not, say, Ray's or BentoML's import-time heap.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 @dataclass
@@ -266,47 +291,66 @@ def poisson_trace(rate: int, warmup: float, duration: float, seed: int) -> Trace
     return Trace(rate, offsets, rows, warmup, duration)
 
 
+_PENDING = object()  # the reply slot of a request that never finished
+
+
 @dataclass
 class Outcomes:
-    """Per-request launch time, completion time and outcome code (monotonic seconds)."""
+    """Per-request launch time, completion time and reply (monotonic seconds).
+
+    Replies are kept and checked after the run, so the check costs the event loop nothing.
+    """
 
     launched: np.ndarray
     done: np.ndarray
-    status: np.ndarray
-    first_problem: str | None = None
+    replies: list[Any]
 
     @classmethod
     def empty(cls, n: int) -> Outcomes:
         nan = np.full(n, np.nan)
-        return cls(nan.copy(), nan.copy(), np.full(n, LOST, dtype=np.int8))
+        return cls(nan.copy(), nan.copy(), [_PENDING] * n)
+
+    def classify(self, rows: np.ndarray, model: Model) -> tuple[np.ndarray, str | None]:
+        """Outcome code of every request, and the first error or wrong reply, verbatim."""
+        codes = np.full(len(self.replies), LOST, dtype=np.int8)
+        first_problem = None
+        for i, reply in enumerate(self.replies):
+            if reply is _PENDING:
+                continue
+            codes[i] = classify(reply, rows[i], model)
+            if codes[i] in (ERROR, WRONG) and first_problem is None:
+                first_problem = describe(reply, rows[i])
+        return codes, first_problem
 
 
-async def send(call: Callable, x: np.ndarray, i: int, out: Outcomes, model: Model) -> None:
+async def send(call: Callable, x: np.ndarray, i: int, out: Outcomes) -> None:
     try:
         reply = await call(x)
+    except Rejected:
+        reply = REJECTION  # drop the traceback: thousands of them would load the GC
     except Exception as exc:
         reply = exc
     out.done[i] = time.monotonic()
-    code = classify(reply, x, model)
-    out.status[i] = code
-    if code in (ERROR, WRONG) and out.first_problem is None:
-        out.first_problem = describe(reply, x)
+    out.replies[i] = reply
 
 
-async def run_open_loop(call: Callable, trace: Trace, model: Model) -> tuple[float, Outcomes]:
+async def run_open_loop(call: Callable, trace: Trace) -> tuple[float, Outcomes]:
     """Launch each request at its intended time, never waiting for replies; then drain."""
     out = Outcomes.empty(len(trace.offsets))
-    tasks = []
+    in_flight: set[asyncio.Task] = set()  # done tasks are dropped at once, to spare the GC
     start = time.monotonic() + 0.01
     for i, offset in enumerate(trace.offsets):
         delay = start + offset - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
         out.launched[i] = time.monotonic()
-        tasks.append(asyncio.create_task(send(call, trace.rows[i], i, out, model)))
-    _, pending = await asyncio.wait(tasks, timeout=DRAIN_TIMEOUT_S)
-    for task in pending:
-        task.cancel()
+        task = asyncio.create_task(send(call, trace.rows[i], i, out))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+    if in_flight:
+        _, pending = await asyncio.wait(in_flight, timeout=DRAIN_TIMEOUT_S)
+        for task in pending:
+            task.cancel()
     return start, out
 
 
@@ -314,18 +358,19 @@ def percentile(values: np.ndarray, q: float) -> float | None:
     return round(float(np.percentile(values, q)), 3) if len(values) else None
 
 
-def summarize(trace: Trace, start: float, out: Outcomes, batches: list) -> dict[str, Any]:
+def summarize(trace: Trace, start: float, out: Outcomes, model: Model) -> dict[str, Any]:
     """Statistics over the requests whose intended arrival falls in the measured window."""
+    status, first_problem = out.classify(trace.rows, model)
     w0 = start + trace.warmup
     w1 = w0 + trace.duration
     intended = start + trace.offsets
     measured = (intended >= w0) & (intended < w1)
     n = int(measured.sum())
-    codes = out.status[measured]
-    ok = measured & (out.status == OK)
+    codes = status[measured]
+    ok = measured & (status == OK)
     latency_ms = (out.done[ok] - intended[ok]) * 1000
-    served = (out.status == OK) & (out.done >= w0) & (out.done < w1)
-    sizes = [size for t, size in batches if w0 <= t < w1]
+    served = (status == OK) & (out.done >= w0) & (out.done < w1)
+    sizes = [size for t, size in list(model.batches) if w0 <= t < w1]
     lag_ms = (out.launched[measured] - intended[measured]) * 1000
     return {
         "rate": trace.rate,
@@ -346,14 +391,15 @@ def summarize(trace: Trace, start: float, out: Outcomes, batches: list) -> dict[
         "lost": int((codes == LOST).sum()),
         "launch_lag_p99_ms": percentile(lag_ms, 99),
         "launch_lag_max_ms": percentile(lag_ms, 100),
-        "first_problem": out.first_problem,
+        "first_problem": first_problem,
     }
 
 
 async def run_rate(target: Target, model: Model, trace: Trace) -> dict[str, Any]:
     model.batches.clear()
-    start, out = await run_open_loop(target.call, trace, model)
-    return summarize(trace, start, out, list(model.batches))
+    settle_heap()
+    start, out = await run_open_loop(target.call, trace)
+    return summarize(trace, start, out, model)
 
 
 # --------------------------------------------------------------------------- overhead
@@ -371,6 +417,7 @@ async def run_overhead(target: Target, model: Model, waves: int, seed: int) -> d
     for _ in range(max(10, waves // 20)):  # warm-up waves, not reported
         await wave(target.call, xs)
     model.batches.clear()
+    settle_heap()
     wall = 0.0
     counts = np.zeros(5, dtype=np.int64)
     first_problem = None

@@ -28,6 +28,7 @@ from labserve.errors import (
     QueueFullError,
     RunnerStoppedError,
 )
+from labserve.metrics.prometheus import SnapshotCollector
 from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
 from labserve.runnable import Runnable, method
 from labserve.runner import Runner, RunnerMethod
@@ -61,6 +62,7 @@ __all__ = [
     "RunnerStoppedError",
     "SimClock",
     "Snapshot",
+    "SnapshotCollector",
     "TensorSpec",
     "__version__",
     "background_loop",

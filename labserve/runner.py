@@ -280,6 +280,10 @@ class Runner:
         """An immutable snapshot of one batchable method. Thread-safe."""
         return self._method(method).stats()
 
+    def snapshots(self) -> list[Snapshot]:
+        """Snapshots of every batchable method (for /stats, /metrics and dashboards)."""
+        return [m.stats() for m in self.methods.values() if m.batchable]
+
     def _started(self) -> None:
         with self._lock:
             if not self._hooked:

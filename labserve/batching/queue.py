@@ -442,6 +442,7 @@ class BatchQueue:
         lat_o, wait_o = rec.overall_percentiles()
         counts = rec.counters()
         fit = self.cost_model.fit
+        lat_buckets, wait_buckets = rec.buckets()
         return Snapshot(
             runner=self.runner,
             method=self.name,
@@ -472,6 +473,10 @@ class BatchQueue:
             fire_reasons=dict(rec.fire_reasons),
             recent_batches=tuple(rec.batch_records(last=64)),
             cost_fit=CostFitView(fit.a_s * 1000.0, fit.b_s * 1000.0, fit.samples),
+            latency_buckets=lat_buckets,
+            latency_sum_s=rec.latency_sum_s,
+            queue_wait_buckets=wait_buckets,
+            queue_wait_sum_s=rec.wait_sum_s,
         )
 
 

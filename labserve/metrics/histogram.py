@@ -67,6 +67,16 @@ class LogHistogram:
             out.append(self.low * self.GROWTH ** (i - 0.5) if i > 0 else self.low)
         return tuple(out)
 
+    def cumulative(self, bounds: tuple[float, ...]) -> tuple[int, ...]:
+        """How many values are <= each bound (to within a bucket's 1%), for Prometheus."""
+        cum = np.cumsum(self.counts)
+        upper = self.upper_bounds()
+        out = []
+        for bound in bounds:
+            i = int(np.searchsorted(upper, bound, side="right")) - 1
+            out.append(int(cum[i]) if i >= 0 else 0)
+        return tuple(out)
+
     def copy(self) -> LogHistogram:
         """An independent copy (for a snapshot)."""
         other = LogHistogram.__new__(LogHistogram)

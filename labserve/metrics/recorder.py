@@ -18,6 +18,8 @@ from labserve.metrics.snapshot import BatchRecord, Percentiles
 __all__ = ["Recorder"]
 
 _QS = (50.0, 95.0, 99.0, 99.9)
+# Histogram bounds (seconds) exported to Prometheus.
+LATENCY_BOUNDS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _KINDS = ("arrived", "served", "rejected", "failed", "cancelled", "refused")
 _ARRIVED, _SERVED, _REJECTED, _FAILED, _CANCELLED, _REFUSED = range(len(_KINDS))
 
@@ -87,6 +89,8 @@ class Recorder:
         self._pos = 0
         self.latency_hist = LogHistogram()
         self.wait_hist = LogHistogram()
+        self.latency_sum_s = 0.0
+        self.wait_sum_s = 0.0
         self._batches: list[BatchRecord | None] = [None] * self._batch_capacity
         self._batch_pos = 0
         self.batch_size_counts: dict[int, int] = {}
@@ -131,6 +135,8 @@ class Recorder:
         wait = np.asarray(starts, dtype=float) - arr
         self.latency_hist.add_many(latency)
         self.wait_hist.add_many(wait)
+        self.latency_sum_s += float(latency.sum())
+        self.wait_sum_s += float(wait.sum())
         if n >= self._capacity:
             latency, wait, n = latency[-self._capacity :], wait[-self._capacity :], self._capacity
         idx = (self._pos + np.arange(n)) % self._capacity
@@ -184,6 +190,15 @@ class Recorder:
         """Mean items per batch that started in the window (NaN without batches)."""
         items = [r.items for r in self.batch_records() if r.start_s >= now - self.window_s]
         return float(np.mean(items)) if items else math.nan
+
+    def buckets(self) -> tuple[tuple[tuple[float, int], ...], tuple[tuple[float, int], ...]]:
+        """Cumulative (bound, count) pairs of latency and queue wait at LATENCY_BOUNDS_S."""
+        lat = self.latency_hist.cumulative(LATENCY_BOUNDS_S)
+        wait = self.wait_hist.cumulative(LATENCY_BOUNDS_S)
+        return (
+            tuple(zip(LATENCY_BOUNDS_S, lat, strict=True)),
+            tuple(zip(LATENCY_BOUNDS_S, wait, strict=True)),
+        )
 
     def counters(self) -> dict[str, int]:
         """Totals since start, by kind."""

@@ -99,6 +99,11 @@ class Snapshot:
     recent_batches: tuple[BatchRecord, ...]
     """The last batches, oldest first."""
     cost_fit: CostFitView
+    latency_buckets: tuple[tuple[float, int], ...] = ()
+    """Cumulative (upper bound in seconds, served requests at or under it), since start."""
+    latency_sum_s: float = 0.0
+    queue_wait_buckets: tuple[tuple[float, int], ...] = ()
+    queue_wait_sum_s: float = 0.0
 
     @property
     def pending(self) -> int:

@@ -1,0 +1,104 @@
+"""A prometheus-client collector over runner snapshots (the server exposes it at /metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from labserve.metrics.snapshot import Snapshot
+
+__all__ = ["SnapshotCollector"]
+
+_LABELS = ["runner", "method"]
+_BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_OUTCOMES = ("served", "rejected", "failed", "cancelled", "refused")
+
+
+class SnapshotCollector(Collector):
+    """Exports labserve metrics from ``source()``, a callable returning current snapshots.
+
+    Pulls a fresh snapshot per scrape; holds no state of its own. Register it with a
+    ``prometheus_client.CollectorRegistry``.
+    """
+
+    def __init__(self, source: Callable[[], Iterable[Snapshot]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
+        """Yield one family per metric, one sample per runner method."""
+        snaps = list(self._source())
+        gauge = GaugeMetricFamily
+        queue_req = gauge("labserve_queue_requests", "Requests waiting.", labels=_LABELS)
+        queue_items = gauge("labserve_queue_items", "Items waiting.", labels=_LABELS)
+        in_flight = gauge("labserve_batches_in_flight", "Batches running.", labels=_LABELS)
+        cap = gauge("labserve_max_batch_size_items", "max_batch_size in force.", labels=_LABELS)
+        wait_cap = gauge(
+            "labserve_max_latency_seconds", "max_latency_ms in force, seconds.", labels=_LABELS
+        )
+        fit_a = gauge(
+            "labserve_cost_model_fixed_seconds", "Fitted fixed cost per batch.", labels=_LABELS
+        )
+        fit_b = gauge(
+            "labserve_cost_model_per_item_seconds", "Fitted cost per item.", labels=_LABELS
+        )
+        requests = CounterMetricFamily(
+            "labserve_requests", "Requests by outcome.", labels=[*_LABELS, "outcome"]
+        )
+        batches = CounterMetricFamily(
+            "labserve_batches", "Batches fired, by reason.", labels=[*_LABELS, "reason"]
+        )
+        batch_size = HistogramMetricFamily(
+            "labserve_batch_size_items", "Items per batch.", labels=_LABELS
+        )
+        latency = HistogramMetricFamily(
+            "labserve_request_latency_seconds",
+            "Admission to result, served requests.",
+            labels=_LABELS,
+        )
+        wait = HistogramMetricFamily(
+            "labserve_queue_wait_seconds",
+            "Admission to the start of the request's batch, served requests.",
+            labels=_LABELS,
+        )
+        for s in snaps:
+            labels = [s.runner, s.method]
+            queue_req.add_metric(labels, s.queue_requests)
+            queue_items.add_metric(labels, s.queue_items)
+            in_flight.add_metric(labels, s.in_flight_batches)
+            cap.add_metric(labels, s.config["max_batch_size"])
+            wait_cap.add_metric(labels, s.config["max_latency_ms"] / 1000.0)
+            fit_a.add_metric(labels, s.cost_fit.a_ms / 1000.0)
+            fit_b.add_metric(labels, s.cost_fit.b_ms / 1000.0)
+            for outcome in _OUTCOMES:
+                requests.add_metric([*labels, outcome], getattr(s, outcome))
+            for reason, count in sorted(s.fire_reasons.items()):
+                batches.add_metric([*labels, reason], count)
+            batch_size.add_metric(labels, *_batch_buckets(s))
+            latency.add_metric(labels, *_time_buckets(s.latency_buckets, s.latency_sum_s, s))
+            wait.add_metric(labels, *_time_buckets(s.queue_wait_buckets, s.queue_wait_sum_s, s))
+        yield from (queue_req, queue_items, in_flight, cap, wait_cap, fit_a, fit_b)
+        yield from (requests, batches, batch_size, latency, wait)
+
+
+def _batch_buckets(s: Snapshot) -> tuple[list[tuple[str, float]], float]:
+    counts = s.batch_size_counts
+    buckets = [
+        (str(bound), float(sum(c for size, c in counts.items() if size <= bound)))
+        for bound in _BATCH_BOUNDS
+    ]
+    buckets.append(("+Inf", float(sum(counts.values()))))
+    return buckets, float(sum(size * c for size, c in counts.items()))
+
+
+def _time_buckets(
+    cumulative: tuple[tuple[float, int], ...], total_s: float, s: Snapshot
+) -> tuple[list[tuple[str, float]], float]:
+    buckets = [(repr(bound), float(count)) for bound, count in cumulative]
+    buckets.append(("+Inf", float(s.served)))
+    return buckets, total_s
