@@ -134,7 +134,11 @@ def _slice(value: Any, start: int, stop: int, axis: int) -> Any:
 
 def _split(value: Any, offsets: list[int], axis: int) -> list[Any]:
     if isinstance(value, np.ndarray):
-        return np.split(value, offsets, axis=axis)
+        bounds = [0, *offsets, value.shape[axis]]
+        if axis == 0:
+            return [value[a:b] for a, b in itertools.pairwise(bounds)]
+        lead = (slice(None),) * axis
+        return [value[(*lead, slice(a, b))] for a, b in itertools.pairwise(bounds)]
     if isinstance(value, list):
         bounds = [0, *offsets, len(value)]
         return [value[a:b] for a, b in itertools.pairwise(bounds)]
@@ -188,6 +192,13 @@ class Codec:
         """
         if not args:
             raise InputError(f"{self.method}: a batchable call needs at least one argument")
+        if self.input_spec is None and len(args) == 1:
+            # The common case, kept lean: it runs once per request on the loop.
+            arg = args[0]
+            if type(arg) is np.ndarray and arg.ndim > self.in_dim and arg.shape[self.in_dim] > 0:
+                shape = arg.shape
+                key = ("a", arg.dtype.str, shape[: self.in_dim] + shape[self.in_dim + 1 :])
+                return args, int(shape[self.in_dim]), ("t", key)  # as _signature(args)
         if self.input_spec is not None:
             args = self._check_spec(args)
         items = _agree(

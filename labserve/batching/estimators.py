@@ -94,7 +94,9 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         return 0.0, 0.0
     if np.ptp(x) == 0:
         return float(np.median(y)), 0.0
-    b, a = np.polyfit(x, y, 1)
+    dx = x - x.mean()
+    b = float(dx @ (y - y.mean()) / (dx @ dx))
+    a = float(y.mean() - b * x.mean())
     if b < 0:
         return float(np.median(y)), 0.0
     if a < 0:

@@ -256,6 +256,8 @@ class BatchQueue:
             self._config, self._pending_config = self._pending_config, None
         cfg = self._config
         step = Step()
+        if not self._queued_requests:
+            return step
         held: list[_Group] = []
         while self._queued_requests and self._in_flight < cfg.max_concurrent_batches:
             group = self._oldest_group(held)
@@ -351,6 +353,10 @@ class BatchQueue:
         return f"{self.runner}.{self.name}" if self.runner else self.name
 
     def _oldest_group(self, skip: list[_Group]) -> _Group | None:
+        if len(self._groups) == 1 and not skip:
+            group = next(iter(self._groups.values()))
+            if group.head() is not None:
+                return group
         best: _Group | None = None
         best_t = 0.0
         for key in list(self._groups):
@@ -421,7 +427,12 @@ class BatchQueue:
         """Reject queued requests whose deadline passed while no batch slot was free."""
         max_wait = self._config.max_latency_s
         for group in list(self._groups.values()):
-            group.head()  # drop finished requests off the front
+            head = group.head()  # drops finished requests off the front
+            if head is None:
+                continue
+            if head.start_s is None and head.arrival_s + max_wait > now:
+                step.wake_s = _earliest(step.wake_s, head.arrival_s + max_wait)
+                continue  # the usual case: nothing expired (FIFO, so nothing behind it either)
             for r in group.queue:
                 if r.state == _DONE or r.start_s is not None:
                     continue  # done, or part of it already runs: it has started

@@ -48,7 +48,7 @@ class LogHistogram:
         idx = (np.log(clipped / self.low) * self._inv_log_growth).astype(np.int64) + 1
         idx[values <= self.low] = 0
         np.minimum(idx, self._n - 1, out=idx)
-        self.counts += np.bincount(idx, minlength=self._n)
+        np.add.at(self.counts, idx, 1)
         self.total += len(values)
 
     def upper_bounds(self) -> np.ndarray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -59,12 +60,24 @@ class MethodDriver:
         self._timer_at: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle: asyncio.Event | None = None
+        # Arrivals from other threads wait here; one loop callback admits all that came.
+        self._inbox: deque[Request] = deque()
+        self._inbox_scheduled = False
+        self._pump_scheduled = False
 
     # -- thread-safe doors --------------------------------------------------------------
 
     def submit_threadsafe(self, request: Request) -> None:
-        """Admit ``request`` (its handle a concurrent Future) from any thread."""
-        self._bg.call_soon(self.submit, request)
+        """Admit ``request`` (its handle a concurrent Future) from any thread.
+
+        Requests arriving together from many threads cost the loop one wake-up, not one
+        each. The flag is cleared before the inbox is emptied, so an arrival racing with
+        the drain either is drained or schedules a new one: none is left behind.
+        """
+        self._inbox.append(request)
+        if not self._inbox_scheduled:
+            self._inbox_scheduled = True
+            self._bg.call_soon(self._drain_inbox)
 
     def cancel_threadsafe(self, request: Request) -> None:
         """Withdraw ``request`` from any thread."""
@@ -84,14 +97,32 @@ class MethodDriver:
         self.queue.configure(config)
         self._pump()
 
+    def _drain_inbox(self) -> None:
+        self._inbox_scheduled = False
+        inbox = self._inbox
+        while inbox:
+            self._admit(inbox.popleft())
+        self._schedule_pump()
+
     def submit(self, request: Request) -> None:
-        """Admit a request; a refusal is set on its handle. Loop-only."""
+        """Admit a request; a refusal is set on its handle. Loop-only.
+
+        The decision runs once per loop iteration, after every arrival of that iteration
+        (a burst of callers is seen whole, and costs one decision).
+        """
+        self._admit(request)
+        self._schedule_pump()
+
+    def _admit(self, request: Request) -> None:
         try:
             self.queue.admit(request, self._clock.now())
         except LabServeError as exc:
             _settle(request.handle, None, exc)
-            return
-        self._pump()
+
+    def _schedule_pump(self) -> None:
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            self._bg.loop.call_soon(self._pump)
 
     def cancel(self, request: Request) -> None:
         """Withdraw a request whose caller gave up. Loop-only."""
@@ -99,6 +130,7 @@ class MethodDriver:
             self._pump()
 
     def _pump(self) -> None:
+        self._pump_scheduled = False
         now = self._clock.now()
         step = self.queue.poll(now)
         for r, value, error in step.rejected:
