@@ -461,7 +461,10 @@ async def run_all_rates(target: Target, model: Model, args: argparse.Namespace) 
 
 
 def own_stats(target: Target) -> str:
-    """The system's own view (labserve's Snapshot), kept as text for cross-checking."""
+    """labserve's own Snapshot after this rate, as text, to cross-check our batch count.
+
+    The runner lives across all rates, so its figure covers every rate run so far (warm-ups too).
+    """
     try:
         snap = target.stats() if target.stats else None
         return f"mean_batch_size={getattr(snap, 'mean_batch_size', '?')}"

@@ -137,8 +137,7 @@ def _split(value: Any, offsets: list[int], axis: int) -> list[Any]:
         bounds = [0, *offsets, value.shape[axis]]
         if axis == 0:
             return [value[a:b] for a, b in itertools.pairwise(bounds)]
-        lead = (slice(None),) * axis
-        return [value[(*lead, slice(a, b))] for a, b in itertools.pairwise(bounds)]
+        return [_slice(value, a, b, axis) for a, b in itertools.pairwise(bounds)]
     if isinstance(value, list):
         bounds = [0, *offsets, len(value)]
         return [value[a:b] for a, b in itertools.pairwise(bounds)]
