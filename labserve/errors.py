@@ -27,10 +27,22 @@ class LabServeError(Exception):
 
     status: int = 500
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuild without calling the subclass __init__ (its arguments differ from
+        # ``args``), so errors copy and pickle.
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
     @property
     def kind(self) -> str:
         """A short machine-readable name, e.g. ``"overload"``; the server's ``error`` field."""
         return type(self).__name__
+
+
+def _rebuild(cls: type[LabServeError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
 
 
 class InputError(LabServeError, ValueError):

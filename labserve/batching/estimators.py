@@ -67,7 +67,7 @@ class CostModel:
         self._items[i] = items
         self._durations[i] = duration_s
         self._count += 1
-        if self._count < 4 or self._count % self._refit_every == 0:
+        if self._count <= 4 or self._count % self._refit_every == 0:
             self._fit = self._refit()
 
     def observations(self) -> tuple[np.ndarray, np.ndarray]:
@@ -82,7 +82,7 @@ class CostModel:
         residuals = y - (a + b * x)
         mad = float(np.median(np.abs(residuals - np.median(residuals))))
         spread = max(1.4826 * mad, _MIN_SPREAD * float(np.median(y)))
-        keep = np.abs(residuals) <= _OUTLIER_MADS * spread
+        keep = np.abs(residuals - np.median(residuals)) <= _OUTLIER_MADS * spread
         if 2 <= keep.sum() < len(x):
             a, b = _line(x[keep], y[keep])
         return CostFit(a, b, len(x))

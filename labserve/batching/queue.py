@@ -13,6 +13,7 @@ Not thread-safe: one owner calls everything.
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -327,10 +328,13 @@ class BatchQueue:
             if r.state == _DONE:
                 continue
             self._settle(r)
-            err = (
-                exc if isinstance(exc, LabServeError) else ModelError(self._label, exc, n_requests)
-            )
-            if err is not exc:
+            # Each caller gets its own exception object: they may raise it on different threads.
+            err: BaseException
+            if isinstance(exc, LabServeError):
+                err = copy.copy(exc)
+                err.__cause__ = exc.__cause__
+            else:
+                err = ModelError(self._label, exc, n_requests)
                 err.__cause__ = exc
             done.append((r, None, err))
         self.recorder.failed(now, len(done))

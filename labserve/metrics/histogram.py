@@ -62,7 +62,8 @@ class LogHistogram:
         cum = np.cumsum(self.counts)
         out = []
         for q in qs:
-            rank = max(1, math.ceil(q / 100.0 * self.total))
+            # Rounded first: 99.9 / 100 * 10000 is 9990.000000000002 in floats, one rank too far.
+            rank = max(1, math.ceil(round(q * self.total / 100.0, 9)))
             i = int(np.searchsorted(cum, rank))
             out.append(self.low * self.GROWTH ** (i - 0.5) if i > 0 else self.low)
         return tuple(out)

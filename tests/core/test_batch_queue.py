@@ -1,0 +1,800 @@
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+
+from labserve.batching.queue import BatchQueue
+from labserve.clock import SimClock
+from labserve.config import STRATEGIES, BatchingConfig
+from labserve.containers import Codec, TensorSpec
+from labserve.errors import (
+    InputError,
+    ModelError,
+    OverloadError,
+    QueueFullError,
+    RunnerStoppedError,
+)
+
+MS = 1e-3
+
+
+def make_queue(codec=None, **settings):
+    return BatchQueue("m", codec or Codec("m"), BatchingConfig(**settings))
+
+
+def rows(n, width=3, start=0, dtype=np.float64):
+    """``n`` distinct rows, so every row is recognisable in an output."""
+    return (np.arange(n * width).reshape(n, width) + start).astype(dtype)
+
+
+def model(x):
+    return x * 2 + 1
+
+
+def run(q, batch, now, fn=model):
+    """Run ``batch`` like a driver does: stack, call, split, complete, release."""
+    output = fn(*batch.stack(q.codec))
+    outcomes = q.complete(batch, q.codec.split(output, batch.counts), now)
+    q.release(batch, now, ok=True)
+    return outcomes
+
+
+def results(outcomes):
+    """{request id: result} of a list of outcomes, checking none is an error."""
+    assert all(err is None for _, _, err in outcomes)
+    return {r.id: value for r, value, _ in outcomes}
+
+
+def part_ids(batch):
+    return [r.id for r, _, _ in batch.parts]
+
+
+# -- fixed ---------------------------------------------------------------------------
+
+
+def test_fixed_holds_until_the_oldest_request_has_waited_max_latency_then_fires_timeout():
+    q = make_queue(strategy="fixed", max_batch_size=8, max_latency_ms=10)
+    t0 = 0.5
+    r = q.admit((rows(2),), now=t0)
+    step = q.poll(t0)
+    assert step.fire == []
+    deadline = t0 + 10 * MS
+    assert step.wake_s == pytest.approx(deadline)
+    assert q.poll(t0 + 4 * MS).fire == []
+    assert q.poll(np.nextafter(step.wake_s, 0.0)).fire == []
+    fired = q.poll(step.wake_s).fire
+    assert [b.reason for b in fired] == ["timeout"]
+    assert part_ids(fired[0]) == [r.id]
+
+
+def test_fixed_deadline_follows_the_oldest_request_not_the_newest():
+    q = make_queue(strategy="fixed", max_batch_size=8, max_latency_ms=10)
+    q.admit((rows(1),), now=0.0)
+    q.poll(0.0)
+    q.admit((rows(1),), now=0.007)
+    assert q.poll(0.007).wake_s == pytest.approx(0.010)
+    fired = q.poll(0.010).fire
+    assert [(b.reason, b.items) for b in fired] == [("timeout", 2)]
+
+
+def test_fixed_fires_full_when_queued_items_reach_the_cap():
+    q = make_queue(strategy="fixed", max_batch_size=4, max_latency_ms=10)
+    for i in range(3):
+        q.admit((rows(1, start=i),), now=i * MS)
+        assert q.poll(i * MS).fire == []
+    q.admit((rows(1, start=3),), now=3 * MS)
+    fired = q.poll(3 * MS).fire
+    assert [(b.reason, b.items, len(b.parts)) for b in fired] == [("full", 4, 4)]
+
+
+def test_max_batch_size_counts_items_not_requests():
+    q = make_queue(strategy="fixed", max_batch_size=6, max_latency_ms=10)
+    q.admit((rows(2),), now=0.0)
+    q.admit((rows(2),), now=0.0)
+    assert q.poll(0.0).fire == []  # 4 items in 2 requests: not full
+    q.admit((rows(2),), now=0.0)
+    fired = q.poll(0.0).fire
+    assert [(b.reason, b.items, len(b.parts)) for b in fired] == [("full", 6, 3)]
+
+
+def test_a_batch_never_holds_more_items_than_the_cap():
+    q = make_queue(strategy="greedy", max_batch_size=5)
+    for _ in range(3):
+        q.admit((rows(2),), now=0.0)
+    first = q.poll(0.0).fire
+    assert [b.items for b in first] == [4]  # the third request (2 items) would make 6
+    run(q, first[0], 0.001)
+    assert [b.items for b in q.poll(0.001).fire] == [2]
+
+
+# -- greedy and off ------------------------------------------------------------------
+
+
+def test_greedy_fires_whatever_is_queued_when_a_slot_is_free():
+    q = make_queue(strategy="greedy", max_batch_size=8, max_latency_ms=10)
+    ids = [q.admit((rows(1),), now=0.0).id for _ in range(3)]
+    step = q.poll(0.0)
+    assert [(b.reason, part_ids(b)) for b in step.fire] == [("idle", ids)]
+    assert step.wake_s is None
+
+
+def test_greedy_fires_full_at_the_cap_and_the_rest_after_release():
+    q = make_queue(strategy="greedy", max_batch_size=8)
+    for _ in range(11):
+        q.admit((rows(1),), now=0.0)
+    first = q.poll(0.0).fire
+    assert [(b.reason, b.items) for b in first] == [("full", 8)]
+    assert q.poll(0.001).fire == []  # the only slot is busy
+    run(q, first[0], 0.002)
+    assert [(b.reason, b.items) for b in q.poll(0.002).fire] == [("idle", 3)]
+
+
+def test_off_runs_one_request_per_batch():
+    q = make_queue(strategy="off", max_batch_size=32, max_concurrent_batches=3)
+    ids = [q.admit((rows(2),), now=0.0).id for _ in range(3)]
+    fired = q.poll(0.0).fire
+    assert [part_ids(b) for b in fired] == [[i] for i in ids]
+    assert [b.items for b in fired] == [2, 2, 2]
+
+
+def test_disabled_batching_runs_one_request_per_batch():
+    q = make_queue(enabled=False, strategy="fixed", max_concurrent_batches=4)
+    for _ in range(4):
+        q.admit((rows(1),), now=0.0)
+    fired = q.poll(0.0).fire
+    assert [len(b.parts) for b in fired] == [1, 1, 1, 1]
+
+
+# -- adaptive ------------------------------------------------------------------------
+
+
+A_S, B_S = 5 * MS, 0.05 * MS
+
+
+def fit_cost(q, a_s=A_S, b_s=B_S, batches=64):
+    for items in range(1, batches + 1):
+        q.cost_model.observe(items, a_s + b_s * items)
+
+
+def arrivals_at_rate(q, rate, until_s):
+    """Feed the queue's rate estimator a steady stream of arrivals up to ``until_s``."""
+    for t in np.arange(0.0, until_s, 1.0 / rate):
+        q.rate.observe(float(t), 1)
+
+
+def test_adaptive_holds_when_busy_then_fires_adaptive():
+    q = make_queue(strategy="adaptive", max_batch_size=64, max_latency_ms=10)
+    fit_cost(q)
+    assert q.cost_model.fit.ready
+    arrivals_at_rate(q, 2000.0, 1.0)
+    first = q.admit((rows(1),), now=1.0)
+    step = q.poll(1.0)
+    assert step.fire == []
+    assert 1.0 < step.wake_s <= 1.0 + 10 * MS
+    joiner_t = 1.0 + (step.wake_s - 1.0) / 4
+    joiner = q.admit((rows(1),), now=joiner_t)
+    step = q.poll(joiner_t)
+    assert step.fire == []
+    fired = q.poll(step.wake_s).fire
+    assert [b.reason for b in fired] == ["adaptive"]
+    assert part_ids(fired[0]) == [first.id, joiner.id]
+
+
+def test_adaptive_fires_at_once_when_arrivals_are_rare():
+    q = make_queue(strategy="adaptive", max_batch_size=64, max_latency_ms=10)
+    fit_cost(q)
+    arrivals_at_rate(q, 5.0, 4.0)
+    q.admit((rows(1),), now=4.0)
+    assert [b.reason for b in q.poll(4.0).fire] == ["idle"]
+
+
+def test_adaptive_fires_at_once_until_its_cost_fit_is_ready():
+    q = make_queue(strategy="adaptive", max_batch_size=64, max_latency_ms=10)
+    fit_cost(q, batches=3)
+    assert not q.cost_model.fit.ready
+    arrivals_at_rate(q, 2000.0, 1.0)
+    q.admit((rows(1),), now=1.0)
+    assert [b.reason for b in q.poll(1.0).fire] == ["idle"]
+
+
+def test_adaptive_never_fires_later_than_max_latency_after_arrival():
+    """Random scenarios: with a free slot, no request's batch fires past its deadline."""
+    rng = np.random.default_rng(12345)
+    reasons = Counter()
+    for _ in range(120):
+        cap = int(rng.integers(1, 65))
+        q = make_queue(
+            strategy="adaptive",
+            max_batch_size=cap,
+            max_latency_ms=float(rng.uniform(0.2, 30)),
+            max_concurrent_batches=100_000,  # a slot is always free: only the policy decides
+        )
+        a_s, b_s = float(10 ** rng.uniform(-4, -1)), float(rng.uniform(0, 1e-3))
+        for items in rng.integers(1, cap + 1, size=16):
+            q.cost_model.observe(int(items), (a_s + b_s * items) * rng.uniform(0.9, 1.1))
+        rate = float(10 ** rng.uniform(1, 4.5))
+        arrivals = np.cumsum(rng.exponential(1.0 / rate, size=150))
+        max_wait = q.config.max_latency_s
+        fired = {}
+        admitted = []
+        wake = None
+        i = 0
+        while True:
+            if wake is not None and (i == len(arrivals) or wake <= arrivals[i]):
+                now = wake
+            elif i < len(arrivals):
+                now = float(arrivals[i])
+                items = int(rng.integers(1, cap + 1))
+                admitted.append(q.admit((rows(items),), now=now))
+                i += 1
+            else:
+                break
+            step = q.poll(now)
+            assert step.rejected == []
+            for batch in step.fire:
+                reasons[batch.reason] += 1
+                for r, _, _ in batch.parts:
+                    assert batch.start_s <= r.arrival_s + max_wait, (r.arrival_s, batch)
+                    fired[r.id] = batch.start_s
+            assert step.wake_s is None or step.wake_s > now
+            wake = step.wake_s
+        assert sorted(fired) == [r.id for r in admitted]
+    # The scenarios exercised holding (adaptive), the deadline (timeout) and firing at once.
+    assert reasons["adaptive"] > 0
+    assert reasons["timeout"] > 0
+    assert reasons["idle"] > 0
+
+
+# -- splitting large requests --------------------------------------------------------
+
+
+def test_a_request_bigger_than_the_cap_is_split_and_rejoined_in_order():
+    q = make_queue(strategy="greedy", max_batch_size=4)
+    x = rows(10)
+    r = q.admit((x,), now=0.0)
+    sizes = []
+    outcomes = []
+    now = 0.0
+    while not q.idle:
+        fired = q.poll(now).fire
+        assert len(fired) == 1
+        sizes.append(fired[0].items)
+        now += MS
+        outcomes += run(q, fired[0], now)
+    assert sizes == [4, 4, 2]
+    assert len(outcomes) == 1
+    np.testing.assert_array_equal(results(outcomes)[r.id], model(x))
+
+
+def test_split_parts_finishing_out_of_order_are_rejoined_in_order():
+    q = make_queue(strategy="greedy", max_batch_size=3, max_concurrent_batches=4)
+    x = rows(10)
+    r = q.admit((x,), now=0.0)
+    fired = q.poll(0.0).fire
+    assert [b.items for b in fired] == [3, 3, 3, 1]
+    outcomes = []
+    for k, batch in enumerate(reversed(fired)):
+        outcomes += run(q, batch, 0.001 * (k + 1))
+    assert len(outcomes) == 1
+    np.testing.assert_array_equal(results(outcomes)[r.id], model(x))
+
+
+def test_a_split_request_shares_batches_with_its_neighbours():
+    q = make_queue(strategy="greedy", max_batch_size=4)
+    a, big, b = rows(1, start=0), rows(6, start=100), rows(2, start=900)
+    ra, rbig, rb = (q.admit((x,), now=0.0) for x in (a, big, b))
+    outcomes = []
+    now = 0.0
+    while not q.idle:
+        (batch,) = q.poll(now).fire
+        assert batch.items <= 4
+        now += MS
+        outcomes += run(q, batch, now)
+    got = results(outcomes)
+    np.testing.assert_array_equal(got[ra.id], model(a))
+    np.testing.assert_array_equal(got[rbig.id], model(big))
+    np.testing.assert_array_equal(got[rb.id], model(b))
+
+
+def test_a_split_request_is_rejoined_along_the_output_axis():
+    q = make_queue(Codec("m", batch_dim=(0, 1)), strategy="greedy", max_batch_size=2)
+    x = rows(5)
+    r = q.admit((x,), now=0.0)
+    outcomes = []
+    now = 0.0
+    while not q.idle:
+        (batch,) = q.poll(now).fire
+        now += MS
+        outcomes += run(q, batch, now, fn=lambda x: x.T)
+    np.testing.assert_array_equal(results(outcomes)[r.id], x.T)
+
+
+# -- slots, queue bound, overload ----------------------------------------------------
+
+
+def test_max_concurrent_batches_bounds_batches_in_flight():
+    q = make_queue(strategy="greedy", max_batch_size=1, max_concurrent_batches=2)
+    for _ in range(5):
+        q.admit((rows(1),), now=0.0)
+    first = q.poll(0.0).fire
+    assert len(first) == 2
+    assert q.poll(0.001).fire == []
+    assert q.snapshot(0.001).in_flight_batches == 2
+    run(q, first[0], 0.002)
+    assert len(q.poll(0.002).fire) == 1
+    assert q.snapshot(0.002).in_flight_batches == 2
+
+
+def test_max_queue_size_refuses_at_admission():
+    q = make_queue(strategy="greedy", max_queue_size=2)
+    q.admit((rows(1),), now=0.0)
+    q.admit((rows(1),), now=0.0)
+    with pytest.raises(QueueFullError) as info:
+        q.admit((rows(1),), now=0.0)
+    assert info.value.status == 503
+    snap = q.snapshot(0.0)
+    assert (snap.admitted, snap.refused, snap.queue_requests) == (2, 1, 2)
+    q.poll(0.0)  # both leave the queue for a batch: room again
+    q.admit((rows(1),), now=0.001)
+    assert q.snapshot(0.001).admitted == 3
+
+
+def test_overload_reject_rejects_a_request_still_queued_at_its_deadline():
+    q = make_queue(strategy="greedy", max_latency_ms=10, on_overload="reject")
+    q.admit((rows(1),), now=0.0)
+    (running,) = q.poll(0.0).fire
+    late = q.admit((rows(1),), now=0.002)
+    step = q.poll(0.002)
+    assert step.fire == [] and step.rejected == []
+    assert step.wake_s == pytest.approx(0.012)
+    assert q.poll(0.011).rejected == []
+    step = q.poll(step.wake_s)
+    assert [r.id for r, _, _ in step.rejected] == [late.id]
+    (_, value, err) = step.rejected[0]
+    assert value is None
+    assert isinstance(err, OverloadError)
+    assert err.status == 503
+    assert err.waited_ms == pytest.approx(10.0)
+    snap = q.snapshot(0.012)
+    assert (snap.rejected, snap.queue_requests) == (1, 0)
+    run(q, running, 0.013)
+    assert q.poll(0.013).fire == []  # the rejected request never runs
+    assert q.idle
+
+
+def test_overload_wait_keeps_the_request_until_a_slot_frees():
+    q = make_queue(strategy="fixed", max_batch_size=1, max_latency_ms=10, on_overload="wait")
+    q.admit((rows(1),), now=0.0)
+    (running,) = q.poll(0.0).fire
+    waiting = q.admit((rows(1),), now=0.002)
+    step = q.poll(0.050)
+    assert step.rejected == [] and step.fire == []
+    run(q, running, 0.060)
+    fired = q.poll(0.060).fire
+    assert [part_ids(b) for b in fired] == [[waiting.id]]
+
+
+def test_overload_reject_spares_requests_within_their_deadline():
+    q = make_queue(strategy="greedy", max_latency_ms=10, on_overload="reject")
+    q.admit((rows(1),), now=0.0)
+    q.poll(0.0)
+    old = q.admit((rows(1),), now=0.001)
+    young = q.admit((rows(1),), now=0.008)
+    step = q.poll(0.0115)
+    assert [r.id for r, _, _ in step.rejected] == [old.id]
+    assert step.wake_s == pytest.approx(0.018)
+    assert q.snapshot(0.0115).queue_requests == 1
+    assert not young.done
+
+
+# -- live configure ------------------------------------------------------------------
+
+
+def test_configure_applies_at_the_next_poll_not_to_a_fired_batch():
+    q = make_queue(strategy="greedy", max_batch_size=4)
+    for _ in range(12):
+        q.admit((rows(1),), now=0.0)
+    (first,) = q.poll(0.0).fire
+    new = q.config.replace(max_batch_size=8)
+    q.configure(new)
+    assert q.config.max_batch_size == 4  # not yet: no batch boundary passed
+    assert first.items == 4  # the fired batch keeps its cap
+    assert q.snapshot(0.0).config["max_batch_size"] == 4
+    run(q, first, 0.001)
+    (second,) = q.poll(0.001).fire
+    assert q.config is new
+    assert second.items == 8
+
+
+def test_configure_can_switch_strategy_for_queued_requests():
+    q = make_queue(strategy="fixed", max_batch_size=8, max_latency_ms=100)
+    q.admit((rows(1),), now=0.0)
+    assert q.poll(0.0).fire == []
+    q.configure(q.config.replace(strategy="greedy"))
+    assert [b.reason for b in q.poll(0.001).fire] == ["idle"]
+
+
+# -- grouping by signature -----------------------------------------------------------
+
+
+def test_requests_of_other_shapes_or_dtypes_never_share_a_batch():
+    q = make_queue(strategy="greedy", max_batch_size=32, max_concurrent_batches=4)
+    payloads = {
+        "a": rows(2),
+        "wide": rows(2, width=4),
+        "f32": rows(2, dtype=np.float32),
+        "d": rows(1, start=50),
+    }
+    reqs = {name: q.admit((x,), now=0.0) for name, x in payloads.items()}
+    fired = q.poll(0.0).fire
+    groups = sorted(sorted(part_ids(b)) for b in fired)
+    ids = {name: r.id for name, r in reqs.items()}
+    assert groups == sorted([sorted([ids["a"], ids["d"]]), [ids["wide"]], [ids["f32"]]])
+    got = {}
+    for batch in fired:
+        got.update(results(run(q, batch, 0.001)))
+    for name, x in payloads.items():
+        np.testing.assert_array_equal(got[ids[name]], model(x))
+        assert got[ids[name]].dtype == x.dtype
+
+
+def test_each_shape_group_is_served_with_one_slot():
+    q = make_queue(strategy="greedy", max_batch_size=32, max_concurrent_batches=1)
+    payloads = [rows(1, width=w, start=10 * i) for i, w in enumerate([3, 4, 3, 5, 4])]
+    reqs = [q.admit((x,), now=0.0) for x in payloads]
+    got = {}
+    now = 0.0
+    while not q.idle:
+        (batch,) = q.poll(now).fire
+        assert len({r.args[0].shape[1:] for r, _, _ in batch.parts}) == 1
+        now += MS
+        got.update(results(run(q, batch, now)))
+    for r, x in zip(reqs, payloads, strict=True):
+        np.testing.assert_array_equal(got[r.id], model(x))
+
+
+def test_input_spec_mismatch_fails_alone_at_admission():
+    codec = Codec("m", input_spec=TensorSpec("float64", (3,)))
+    q = make_queue(codec, strategy="greedy")
+    good = [q.admit((rows(1, start=i),), now=0.0) for i in range(2)]
+    with pytest.raises(InputError) as info:
+        q.admit((rows(2, width=4),), now=0.0)
+    assert "float64[2, 4]" in str(info.value)
+    assert "float64[N, 3]" in str(info.value)
+    good.append(q.admit((rows(1, start=9),), now=0.0))
+    assert q.snapshot(0.0).admitted == 3
+    (batch,) = q.poll(0.0).fire
+    got = results(run(q, batch, 0.001))
+    assert sorted(got) == sorted(r.id for r in good)
+
+
+# -- failures, cancellation, close ---------------------------------------------------
+
+
+def test_fail_gives_each_request_a_model_error_carrying_the_message():
+    q = make_queue(strategy="greedy")
+    reqs = [q.admit((rows(1),), now=0.0) for _ in range(3)]
+    (batch,) = q.poll(0.0).fire
+    boom = ValueError("weights are not loaded")
+    outcomes = q.fail(batch, boom, 0.001)
+    q.release(batch, 0.001, ok=False)
+    assert [r.id for r, _, _ in outcomes] == [r.id for r in reqs]
+    errors = [err for _, _, err in outcomes]
+    assert all(isinstance(e, ModelError) for e in errors)
+    assert all("weights are not loaded" in str(e) and "ValueError" in str(e) for e in errors)
+    assert all(e.__cause__ is boom for e in errors)
+    assert all(e.status == 500 for e in errors)
+    assert len({id(e) for e in errors}) == 3
+    snap = q.snapshot(0.001)
+    assert (snap.failed, snap.served, snap.pending) == (3, 0, 0)
+
+
+def test_a_failed_part_fails_the_whole_split_request_once():
+    q = make_queue(strategy="greedy", max_batch_size=2, max_concurrent_batches=3)
+    r = q.admit((rows(5),), now=0.0)
+    first, second, third = q.poll(0.0).fire
+    outcomes = q.fail(second, RuntimeError("bad"), 0.001)
+    assert [(o[0].id, type(o[2])) for o in outcomes] == [(r.id, ModelError)]
+    assert run(q, first, 0.002) == [] and run(q, third, 0.002) == []
+    q.release(second, 0.001, ok=False)
+    assert q.idle
+    snap = q.snapshot(0.002)
+    assert (snap.failed, snap.served, snap.pending) == (1, 0, 0)
+
+
+def test_bisecting_a_failed_batch_fails_only_the_poisoned_request():
+    q = make_queue(strategy="greedy", isolate_errors=True)
+    reqs = [q.admit((rows(1, start=10 * i),), now=0.0) for i in range(5)]
+    poisoned = reqs[3].id
+    (batch,) = q.poll(0.0).fire
+    outcomes = []
+
+    def isolate(b):
+        if poisoned not in part_ids(b):
+            outcomes.extend(run_half(b))
+        elif len(b.parts) == 1:
+            outcomes.extend(q.fail(b, ValueError("NaN in row"), 0.001))
+        else:
+            for half in b.halves():
+                isolate(half)
+
+    def run_half(b):
+        out = model(*b.stack(q.codec))
+        return q.complete(b, q.codec.split(out, b.counts), 0.001)
+
+    isolate(batch)
+    q.release(batch, 0.001, ok=False)
+    by_id = {r.id: (value, err) for r, value, err in outcomes}
+    assert sorted(by_id) == [r.id for r in reqs]
+    assert isinstance(by_id[poisoned][1], ModelError)
+    for i, r in enumerate(reqs):
+        if r.id != poisoned:
+            np.testing.assert_array_equal(by_id[r.id][0], model(rows(1, start=10 * i)))
+
+
+def test_a_cancelled_queued_request_is_never_run_or_delivered():
+    q = make_queue(strategy="greedy")
+    keep, drop = q.admit((rows(1),), now=0.0), q.admit((rows(1),), now=0.0)
+    assert q.cancel(drop, now=0.0)
+    snap = q.snapshot(0.0)
+    assert (snap.queue_requests, snap.queue_items, snap.cancelled) == (1, 1, 1)
+    (batch,) = q.poll(0.0).fire
+    assert part_ids(batch) == [keep.id]
+    assert list(results(run(q, batch, 0.001))) == [keep.id]
+
+
+def test_a_request_cancelled_while_its_batch_runs_gets_no_result():
+    q = make_queue(strategy="greedy")
+    keep, drop = q.admit((rows(1),), now=0.0), q.admit((rows(1),), now=0.0)
+    (batch,) = q.poll(0.0).fire
+    assert q.cancel(drop, now=0.0005)
+    assert list(results(run(q, batch, 0.001))) == [keep.id]
+    snap = q.snapshot(0.001)
+    assert (snap.served, snap.cancelled, snap.pending) == (1, 1, 0)
+
+
+def test_cancelling_a_split_request_withdraws_its_queued_rest():
+    q = make_queue(strategy="greedy", max_batch_size=4)
+    r = q.admit((rows(10),), now=0.0)
+    (batch,) = q.poll(0.0).fire
+    assert q.snapshot(0.0).queue_items == 6
+    assert q.cancel(r, now=0.0005)
+    snap = q.snapshot(0.0005)
+    assert (snap.queue_requests, snap.queue_items) == (0, 0)
+    assert run(q, batch, 0.001) == []
+    assert q.poll(0.001).fire == []
+    assert q.idle
+
+
+def test_cancel_after_the_outcome_returns_false():
+    q = make_queue(strategy="greedy")
+    r = q.admit((rows(1),), now=0.0)
+    (batch,) = q.poll(0.0).fire
+    run(q, batch, 0.001)
+    assert not q.cancel(r, now=0.002)
+    assert q.snapshot(0.002).cancelled == 0
+    other = q.admit((rows(1),), now=0.003)
+    assert q.cancel(other, now=0.003)
+    assert not q.cancel(other, now=0.003)
+    assert q.snapshot(0.003).cancelled == 1
+
+
+def test_close_drains_what_is_queued_with_reason_drain():
+    q = make_queue(strategy="fixed", max_batch_size=8, max_latency_ms=1000)
+    ids = [q.admit((rows(1),), now=0.0).id for _ in range(3)]
+    assert q.poll(0.0).fire == []
+    q.close()
+    fired = q.poll(0.001).fire
+    assert [(b.reason, part_ids(b)) for b in fired] == [("drain", ids)]
+    run(q, fired[0], 0.002)
+    assert q.idle
+
+
+def test_admit_after_close_raises_runner_stopped():
+    q = BatchQueue("predict", Codec("predict"), BatchingConfig(), runner="scorer")
+    q.close()
+    with pytest.raises(RunnerStoppedError, match="scorer") as info:
+        q.admit((rows(1),), now=0.0)
+    assert info.value.status == 503
+    snap = q.snapshot(0.0)
+    assert (snap.admitted, snap.refused) == (0, 1)
+
+
+# -- snapshot -------------------------------------------------------------------------
+
+
+def test_snapshot_reports_queue_batches_and_reasons():
+    q = make_queue(strategy="greedy", max_batch_size=4)
+    for _ in range(6):
+        q.admit((rows(1),), now=0.0)
+    (first,) = q.poll(0.0).fire
+    snap = q.snapshot(0.0)
+    assert (snap.queue_requests, snap.queue_items, snap.in_flight_batches) == (2, 2, 1)
+    run(q, first, 0.004)
+    (second,) = q.poll(0.004).fire
+    run(q, second, 0.006)
+    snap = q.snapshot(0.006)
+    assert (snap.served, snap.batches, snap.pending) == (6, 2, 0)
+    assert snap.batch_size_counts == {2: 1, 4: 1}
+    assert snap.fire_reasons == {"full": 1, "idle": 1}
+    assert [b.items for b in snap.recent_batches] == [4, 2]
+    assert snap.recent_batches[0].duration_s == pytest.approx(0.004)
+    assert snap.queue_wait_ms_overall.p99 == pytest.approx(4.0, rel=0.01)
+
+
+# -- the accounting identity ---------------------------------------------------------
+
+SIGNATURES = [((3,), np.float64), ((3,), np.float64), ((3,), np.float32), ((2,), np.int64)]
+
+
+def random_config(rng):
+    return BatchingConfig(
+        enabled=bool(rng.random() < 0.9),
+        strategy=str(rng.choice(STRATEGIES)),
+        max_batch_size=int(rng.integers(1, 17)),
+        max_latency_ms=float(rng.uniform(0, 5)),
+        on_overload=str(rng.choice(["reject", "wait"])),
+        max_queue_size=int(rng.integers(5, 80)),
+        max_concurrent_batches=int(rng.integers(1, 4)),
+        isolate_errors=bool(rng.random() < 0.5),
+    )
+
+
+class Tally:
+    """The test's own ledger: what each admitted request received, independent of the queue."""
+
+    def __init__(self):
+        self.requests = {}
+        self.expected = {}
+        self.poisoned = set()
+        self.outcomes = defaultdict(list)
+        self.refused = 0
+
+    def record(self, outcomes):
+        for r, value, err in outcomes:
+            assert r.id in self.requests
+            if err is None:
+                assert r.id not in self.poisoned
+                np.testing.assert_array_equal(value, self.expected[r.id])
+                assert value.dtype == self.expected[r.id].dtype
+                self.outcomes[r.id].append("served")
+            elif isinstance(err, OverloadError):
+                self.outcomes[r.id].append("rejected")
+            elif isinstance(err, ModelError):
+                self.outcomes[r.id].append("failed")
+            else:
+                raise AssertionError(f"unexpected error {err!r}")
+
+    def kinds(self):
+        return Counter(kind for kinds in self.outcomes.values() for kind in kinds)
+
+    def pending(self):
+        return sum(1 for rid in self.requests if not self.outcomes[rid])
+
+    def check(self, q, now):
+        snap = q.snapshot(now)
+        kinds = self.kinds()
+        assert snap.admitted == len(self.requests)
+        assert snap.refused == self.refused
+        assert snap.served == kinds["served"]
+        assert snap.rejected == kinds["rejected"]
+        assert snap.failed == kinds["failed"]
+        assert snap.cancelled == kinds["cancelled"]
+        assert snap.pending == self.pending()
+        assert snap.admitted == (
+            snap.served + snap.rejected + snap.failed + snap.cancelled + self.pending()
+        )
+        queued = [r for r in self.requests.values() if not r.done and r.offset < r.items]
+        assert snap.queue_requests == len(queued)
+        assert snap.queue_items == sum(r.items - r.offset for r in queued)
+        return snap
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_every_admitted_request_gets_exactly_one_outcome(seed):
+    rng = np.random.default_rng(seed)
+    q = BatchQueue("m", Codec("m"), random_config(rng))
+    ledger = Tally()
+    running = []
+    clock = SimClock()  # virtual time: it only moves forward, when the test says so
+    closed = False
+
+    def finish(batch):
+        poisoned = any(r.id in ledger.poisoned for r, _, _ in batch.parts)
+        isolate = q.config.isolate_errors
+
+        def attempt(b):
+            if not any(r.id in ledger.poisoned for r, _, _ in b.parts):
+                out = model(*b.stack(q.codec))
+                ledger.record(q.complete(b, q.codec.split(out, b.counts), clock.now()))
+            elif isolate and len(b.parts) > 1:
+                for half in b.halves():
+                    attempt(half)
+            else:
+                ledger.record(q.fail(b, RuntimeError("poisoned input"), clock.now()))
+
+        attempt(batch)
+        q.release(batch, clock.now(), ok=not poisoned)
+
+    def step(at):
+        s = q.poll(at)
+        cfg = q.config
+        for batch in s.fire:
+            assert batch.items <= cfg.max_batch_size
+            if cfg.effective_strategy == "off":
+                assert len(batch.parts) == 1
+            if closed:
+                assert batch.reason == "drain"
+            signatures = {(r.args[0].dtype, r.args[0].shape[1:]) for r, _, _ in batch.parts}
+            assert len(signatures) == 1
+            for r, _, _ in batch.parts:
+                assert not ledger.outcomes[r.id], "a request with an outcome was fired"
+            running.append(batch)
+        if s.fire:
+            assert len(running) <= cfg.max_concurrent_batches
+        ledger.record(s.rejected)
+        return s.wake_s
+
+    wake = None
+    for event in range(6000):
+        u = rng.random()
+        if u < 0.42:
+            items = int(rng.integers(1, 5)) if rng.random() < 0.85 else int(rng.integers(5, 40))
+            trailing, dtype = SIGNATURES[int(rng.integers(len(SIGNATURES)))]
+            if rng.random() < 0.02:
+                items = 0  # refused at admission: never admitted
+            x = (np.arange(items * trailing[0]).reshape(items, *trailing) + event).astype(dtype)
+            try:
+                r = q.admit((x,), clock.now())
+            except QueueFullError:
+                ledger.refused += 1
+            except InputError:
+                assert items == 0
+            else:
+                ledger.requests[r.id] = r
+                ledger.expected[r.id] = model(x)
+                if rng.random() < 0.03:
+                    ledger.poisoned.add(r.id)
+        elif u < 0.52 and ledger.requests:
+            r = ledger.requests[int(rng.integers(len(ledger.requests)))]
+            had_outcome = bool(ledger.outcomes[r.id])
+            if q.cancel(r, clock.now()):
+                assert not had_outcome
+                ledger.outcomes[r.id].append("cancelled")
+            else:
+                assert had_outcome
+        elif u < 0.78 and running:
+            finish(running.pop(int(rng.integers(len(running)))))
+        elif u < 0.80:
+            q.configure(random_config(rng))
+        else:
+            clock.advance(float(rng.exponential(2 * MS)))
+        wake = step(clock.now())
+        if wake is not None and rng.random() < 0.3:
+            clock.advance_to(max(clock.now(), wake))  # the driver's timer fires
+            wake = step(clock.now())
+        if event % 250 == 0:
+            ledger.check(q, clock.now())
+
+    q.close()
+    closed = True
+    with pytest.raises(RunnerStoppedError):
+        q.admit((rows(1),), clock.now())
+    ledger.refused += 1
+    for _ in range(100_000):
+        if q.idle and not running:
+            break
+        while running:
+            finish(running.pop(0))
+        clock.advance(MS)
+        step(clock.now())
+    snap = ledger.check(q, clock.now())
+    assert snap.pending == 0
+    assert snap.queue_requests == snap.in_flight_batches == 0
+    for rid in ledger.requests:
+        assert len(ledger.outcomes[rid]) == 1, (rid, ledger.outcomes[rid])
+    kinds = ledger.kinds()
+    # The run exercised every outcome, so the identity above was not vacuous.
+    assert min(kinds[k] for k in ("served", "rejected", "failed", "cancelled")) > 0, kinds
+    assert ledger.refused > 1
+    assert sum(kinds.values()) == len(ledger.requests) > 1000

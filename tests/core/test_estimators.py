@@ -1,0 +1,137 @@
+import numpy as np
+import pytest
+
+from labserve.batching.estimators import CostModel, RateEstimator
+
+A_S, B_S = 0.002, 0.0001  # 2 ms per call + 0.1 ms per item
+
+
+def feed_linear(model, rng, n, a_s=A_S, b_s=B_S, noise_s=5e-5, max_items=64):
+    """Observe ``n`` batches of random sizes costing ``a_s + b_s * items`` plus noise."""
+    for items in rng.integers(1, max_items + 1, size=n):
+        model.observe(int(items), a_s + b_s * items + rng.normal(0.0, noise_s))
+
+
+def test_cost_model_recovers_intercept_and_slope_from_noisy_linear_data():
+    model = CostModel()
+    feed_linear(model, np.random.default_rng(0), 128)
+    fit = model.fit
+    assert fit.samples == 128
+    assert fit.a_s == pytest.approx(A_S, rel=0.03)
+    assert fit.b_s == pytest.approx(B_S, rel=0.03)
+    assert fit.predict_s(32) == pytest.approx(A_S + B_S * 32, rel=0.01)
+
+
+@pytest.mark.parametrize("stall_items", [1, 32, 64])
+def test_one_stalled_batch_barely_moves_the_fit(stall_items):
+    rng = np.random.default_rng(stall_items)
+    model = CostModel()
+    feed_linear(model, rng, 60)
+    model.observe(stall_items, 0.5)  # a 500 ms GC pause among ~5 ms batches
+    feed_linear(model, rng, 67)  # 128 observations: a refit includes the stall
+    fit = model.fit
+    assert fit.samples == 128
+    assert fit.a_s == pytest.approx(A_S, rel=0.05)
+    assert fit.b_s == pytest.approx(B_S, rel=0.05)
+
+
+def test_a_single_batch_size_gives_slope_zero_and_the_median_cost():
+    model = CostModel()
+    durations = [0.004, 0.005, 0.0045, 0.006, 0.0042, 0.0051, 0.0048, 0.0047]
+    for d in durations:
+        model.observe(16, d)
+    assert model.fit.b_s == 0.0
+    assert model.fit.a_s == pytest.approx(float(np.median(durations)))
+
+
+def test_fit_is_ready_only_after_enough_batches():
+    model = CostModel()
+    for i in range(3):
+        model.observe(i + 1, A_S + B_S * (i + 1))
+        assert not model.fit.ready
+    model.observe(4, A_S + B_S * 4)
+    assert model.fit.ready
+
+
+def test_fit_never_goes_negative():
+    model = CostModel()
+    for items in range(1, 17):
+        model.observe(items, 0.01 - 0.0005 * items)  # cost falling with items
+    assert model.fit.b_s >= 0.0
+    assert model.fit.a_s >= 0.0
+
+
+def test_cost_model_forgets_batches_older_than_its_window():
+    rng = np.random.default_rng(3)
+    model = CostModel(window=64)
+    feed_linear(model, rng, 64, a_s=0.010, b_s=0.001)
+    feed_linear(model, rng, 64)  # the model got faster: a full window of new data
+    assert model.fit.a_s == pytest.approx(A_S, rel=0.05)
+    assert model.fit.b_s == pytest.approx(B_S, rel=0.05)
+    items, durations = model.observations()
+    assert len(items) == len(durations) == 64
+
+
+def test_observations_are_oldest_first():
+    model = CostModel(window=4)
+    for i in range(1, 7):
+        model.observe(i, i / 1000)
+    items, durations = model.observations()
+    np.testing.assert_array_equal(items, [3, 4, 5, 6])
+    np.testing.assert_allclose(durations, [0.003, 0.004, 0.005, 0.006])
+
+
+def poisson_arrivals(rng, rate, duration_s):
+    times = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * duration_s * 1.5)))
+    return times[times < duration_s]
+
+
+@pytest.mark.parametrize("rate", [200.0, 2000.0])
+def test_rate_estimator_converges_to_a_constant_poisson_rate(rate):
+    rng = np.random.default_rng(int(rate))
+    est = RateEstimator()
+    arrivals = poisson_arrivals(rng, rate, 6.0)
+    checkpoints = iter(np.arange(1.0, 6.0, 0.5))
+    check = next(checkpoints)
+    for t in arrivals:
+        while check is not None and t > check:
+            requests, items = est.rates(check)
+            assert requests == pytest.approx(rate, rel=0.10 if rate > 1000 else 0.25)
+            assert items == pytest.approx(requests * 3)
+            check = next(checkpoints, None)
+        est.observe(float(t), 3)
+
+
+def test_rate_estimate_averages_to_the_true_rate():
+    rng = np.random.default_rng(11)
+    rate = 500.0
+    est = RateEstimator()
+    arrivals = poisson_arrivals(rng, rate, 20.0)
+    samples = []
+    checkpoints = list(np.arange(1.0, 20.0, 0.1))
+    i = 0
+    for t in arrivals:
+        while i < len(checkpoints) and t > checkpoints[i]:
+            samples.append(est.rates(checkpoints[i])[0])
+            i += 1
+        est.observe(float(t), 1)
+    assert np.mean(samples) == pytest.approx(rate, rel=0.03)
+
+
+def test_rate_estimate_is_not_biased_low_soon_after_start():
+    est = RateEstimator(tau_s=0.25)
+    for i in range(100):  # 1000 req/s for 0.1 s
+        est.observe(i / 1000, 1)
+    assert est.rates(0.1)[0] == pytest.approx(1000.0, rel=0.1)
+
+
+def test_rate_estimate_decays_when_arrivals_stop():
+    est = RateEstimator(tau_s=0.25)
+    for i in range(2000):
+        est.observe(i / 1000, 1)
+    busy = est.rates(2.0)[0]
+    assert est.rates(3.0)[0] < busy * 0.05
+
+
+def test_rate_is_zero_before_any_arrival():
+    assert RateEstimator().rates(5.0) == (0.0, 0.0)
