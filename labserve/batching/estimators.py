@@ -53,12 +53,17 @@ class CostModel:
         self._items = np.zeros(window)
         self._durations = np.zeros(window)
         self._count = 0
+        self._fitted_at = 0
         self._refit_every = refit_every
         self._fit = CostFit(0.0, 0.0, 0)
 
     @property
     def fit(self) -> CostFit:
-        """The current fit (refitted lazily)."""
+        """The current fit, refitted on read once enough batches came in since the last one."""
+        new = self._count - self._fitted_at
+        if new and (self._count <= 4 or new >= self._refit_every):
+            self._fit = self._refit()
+            self._fitted_at = self._count
         return self._fit
 
     def observe(self, items: int, duration_s: float) -> None:
@@ -67,8 +72,6 @@ class CostModel:
         self._items[i] = items
         self._durations[i] = duration_s
         self._count += 1
-        if self._count <= 4 or self._count % self._refit_every == 0:
-            self._fit = self._refit()
 
     def observations(self) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the windowed (items, duration_s) pairs, oldest first."""

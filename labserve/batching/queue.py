@@ -209,10 +209,12 @@ class BatchQueue:
             request = self.new_request(request)
         if self._closed:
             self.recorder.refused(now)
+            request.state = _DONE  # refused: never admitted, so a later cancel is a no-op
             raise RunnerStoppedError(self.runner or self.name)
         cfg = self._config
         if self._queued_requests >= cfg.max_queue_size:
             self.recorder.refused(now)
+            request.state = _DONE
             raise QueueFullError(
                 self._label, cfg.max_queue_size, retry_after_s=max(cfg.max_latency_s, 0.001)
             )

@@ -162,8 +162,19 @@ class MethodDriver:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
-        future = self._bg.loop.run_in_executor(self._bg.executor, self._work, batch)
-        future.add_done_callback(lambda f: self._finished(batch, f))
+        # Straight to the pool and one callback back: run_in_executor's future chaining
+        # would cost the loop an extra iteration per batch.
+        self._bg.executor.submit(self._work_and_report, batch, self._bg.loop)
+
+    def _work_and_report(self, batch: Batch, loop: asyncio.AbstractEventLoop) -> None:
+        """Worker thread: run the batch, then hand the outcome to the loop."""
+        parts: list[Any] | None = None
+        error: BaseException | None = None
+        try:
+            parts = self._work(batch)
+        except BaseException as exc:  # handed to the loop, which gives it to the callers
+            error = exc
+        loop.call_soon_threadsafe(self._finished, batch, parts, error)
 
     def _work(self, batch: Batch) -> list[Any]:
         """Worker thread: stack, call the model, split. Pure with respect to the queue."""
@@ -181,16 +192,14 @@ class MethodDriver:
             raise BatchSizeMismatchError(self.queue.name, batch.items, returned)
         return codec.split(output, batch.counts)
 
-    def _finished(self, batch: Batch, future: asyncio.Future[list[Any]]) -> None:
-        if future.cancelled():
-            self._outcomes(
-                self.queue.fail(batch, asyncio.CancelledError("batch cancelled"), self._now())
-            )
-            self._release(batch, ok=False)
-            return
-        exc = future.exception()
+    def _finished(self, batch: Batch, parts: list[Any] | None, exc: BaseException | None) -> None:
         if exc is None:
-            self._outcomes(self.queue.complete(batch, future.result(), self._now()))
+            assert parts is not None
+            try:
+                outcomes = self.queue.complete(batch, parts, self._now())
+            except Exception as bug:  # e.g. parts that will not rejoin: callers must still hear
+                outcomes = self.queue.fail(batch, bug, self._now())
+            self._outcomes(outcomes)
             self._release(batch, ok=True)
         elif self._should_isolate(batch, exc):
             task = asyncio.ensure_future(self._isolate_then_release(batch))

@@ -339,6 +339,18 @@ def test_max_queue_size_refuses_at_admission():
     assert q.snapshot(0.001).admitted == 3
 
 
+def test_cancelling_a_refused_request_changes_nothing():
+    # A caller can give up after its request was refused (the refusal is still on its way).
+    q = make_queue(strategy="greedy", max_queue_size=1)
+    q.admit((rows(1),), now=0.0)
+    refused = q.new_request((rows(1),))
+    with pytest.raises(QueueFullError):
+        q.admit(refused, now=0.0)
+    assert q.cancel(refused, now=0.0) is False
+    snap = q.snapshot(0.0)
+    assert (snap.admitted, snap.cancelled, snap.queue_requests, snap.pending) == (1, 0, 1, 1)
+
+
 def test_overload_reject_rejects_a_request_still_queued_at_its_deadline():
     q = make_queue(strategy="greedy", max_latency_ms=10, on_overload="reject")
     q.admit((rows(1),), now=0.0)
