@@ -2,9 +2,10 @@
 """Side-by-side micro-batching benchmark, in-process, one seeded open-loop trace for everyone.
 
 Systems: labserve's strategies (off, fixed, greedy, adaptive), BentoML's CorkDispatcher (wired
-the way a BentoML runner wires it) and Ray Serve's ``@serve.batch``. The driver (no ``--worker``)
-runs each system in its own subprocess, one after the other, collects their JSON, prints markdown
-tables and writes the JSON report.
+the way a BentoML runner wires it), Ray Serve's ``@serve.batch`` (one replica-context check
+bypassed, see RAY_BYPASS) and ``null``, which replies at once and shows what the harness itself
+sustains. The driver (no ``--worker``) runs each system in its own subprocess, one after the
+other, collects their JSON, prints markdown tables and writes the JSON report.
 
 Workload: every request is one float32 row of shape (1, 16); the model records ``len(batch)``,
 sleeps ``0.002 + 0.0001 * items`` seconds in a worker thread and returns ``batch * 2``, so each
@@ -15,6 +16,7 @@ at their intended times on the system's event loop without waiting for replies (
 request's latency runs from its intended arrival time, so a late launch counts against the system
 (no coordinated omission). Each rate runs ``warmup + duration`` seconds on one warm instance of the
 system; only requests whose intended arrival falls in the last ``duration`` seconds are reported.
+Before each measured phase the heap is collected and frozen (``gc.freeze``), for every system.
 
 Overhead: a no-op model (records the batch size, returns its input), waves of 64 concurrent
 requests (``asyncio.gather``), one wave after the other; the reported figure is the summed wall
@@ -555,8 +557,26 @@ def package_version(name: str) -> str:
         return "not installed"
 
 
+def git_describe() -> str:
+    """The commit labserve ran from, "+dirty" if labserve/ has uncommitted changes (editable)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "../labserve"],
+            cwd=HERE,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return f"{head}{'+dirty' if dirty else ''}" or "unknown"
+
+
 def environment() -> dict[str, Any]:
     return {
+        "labserve_commit": git_describe(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "python": platform.python_version(),
@@ -625,10 +645,11 @@ def problems(results: list[dict[str, Any]]) -> list[str]:
 
 
 def driver_main(args: argparse.Namespace) -> None:
-    started = time.monotonic()
+    started, load_before = time.monotonic(), os.getloadavg()
     results = [run_worker(system, args) for system in args.systems]
     report = {"environment": environment(), "params": params(args), "results": results}
     report["environment"]["wall_s"] = round(time.monotonic() - started, 1)
+    report["environment"]["loadavg_1_5_15_before_after"] = [load_before, os.getloadavg()]
     Path(args.json).write_text(json.dumps(report, indent=2))
     print(rates_table(results, args.rates))
     print()

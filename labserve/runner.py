@@ -75,6 +75,8 @@ class RunnerMethod:
         An interrupt while waiting (KeyboardInterrupt) withdraws the request.
         """
         if not self.batchable:
+            if self.runner.stopped:
+                raise RunnerStoppedError(self.runner.name)
             return self._call_plain_sync(*args)
         driver = self._driver_started()
         if self.runner.bg.in_loop_thread():
@@ -100,6 +102,8 @@ class RunnerMethod:
         Raises the request's typed error. Cancelling the awaiting task withdraws it.
         """
         if not self.batchable:
+            if self.runner.stopped:
+                raise RunnerStoppedError(self.runner.name)
             return await self._call_plain_async(*args)
         driver = self._driver_started()
         assert self._queue is not None
@@ -291,6 +295,7 @@ class Runner:
                 self._hooked = True
 
     async def _aclose(self) -> None:
+        self._stopped = True
         await asyncio.gather(*(m._aclose() for m in self.methods.values()))
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -298,6 +303,8 @@ class Runner:
 
         From the loop thread, use ``await runner.aclose()``.
         """
+        if self._bg is not None and self._bg.in_loop_thread():
+            raise LoopThreadError("Runner.stop() blocks; on labserve's loop use `await aclose()`")
         with self._lock:
             if self._stopped:
                 return

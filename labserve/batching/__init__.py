@@ -1,1 +1,3 @@
-"""."""
+"""The sans-IO batching core: the queue, its strategies and the estimates they use."""
+
+__all__: list[str] = []

@@ -1,1 +1,3 @@
-"""."""
+"""Recording traffic and reading it back: the recorder, snapshots, Prometheus export."""
+
+__all__: list[str] = []

@@ -182,7 +182,16 @@ class BackgroundLoop:
                 loop.call_soon_threadsafe(loop.stop)
                 thread.join(timeout)
             if executor is not None:
-                executor.shutdown(wait=False, cancel_futures=True)
+                # Join the workers, but never longer than timeout: a hung model must not
+                # hang the kernel's exit (the workers are daemon threads).
+                closer = threading.Thread(
+                    target=executor.shutdown,
+                    kwargs={"wait": True, "cancel_futures": True},
+                    name=f"{self.name}-closer",
+                    daemon=True,
+                )
+                closer.start()
+                closer.join(timeout)
             self._thread = self._loop = self._executor = None
 
 
