@@ -83,14 +83,19 @@ class OverloadError(LabServeError):
     status = 503
 
     def __init__(self, method: str, waited_ms: float, max_latency_ms: float) -> None:
-        super().__init__(
-            f"{method}: overloaded, the request waited {waited_ms:.1f} ms without a free "
-            f"batch slot (max_latency_ms={max_latency_ms:g}); retry later or set "
-            f'on_overload="wait"'
-        )
+        # Built in bulk under overload, on the batching path: the message is made when read.
+        super().__init__(method, waited_ms, max_latency_ms)
+        self.method = method
         self.waited_ms = waited_ms
         self.max_latency_ms = max_latency_ms
         self.retry_after_s = max(max_latency_ms / 1000.0, 0.001)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.method}: overloaded, the request waited {self.waited_ms:.1f} ms without a "
+            f"free batch slot (max_latency_ms={self.max_latency_ms:g}); retry later or set "
+            'on_overload="wait"'
+        )
 
 
 class ModelError(LabServeError):

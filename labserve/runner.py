@@ -164,11 +164,10 @@ class RunnerMethod:
     def reset_stats(self) -> None:
         """Forget recorded traffic (counters, samples, batches). Thread-safe."""
         if self._queue is not None:
-            queue = self._queue
             if self._driver is None:
-                queue.recorder.reset()
+                self._queue.recorder.reset()
             else:
-                self.runner.bg.call(queue.recorder.reset)
+                self._driver.reset_stats()
 
     async def _aclose(self) -> None:
         if self._driver is not None:

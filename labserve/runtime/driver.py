@@ -1,20 +1,29 @@
-"""The asyncio driver: runs one BatchQueue on the background loop.
+"""The asyncio driver: runs one BatchQueue on the background loop and its worker threads.
 
-It feeds the queue events (arrivals, batch completions, its one timer) and carries out
-the queue's decisions (run a batch, reject a request, set the timer). There is no
-polling tick. Everything here is loop-only except :meth:`MethodDriver.submit_threadsafe`,
-:meth:`MethodDriver.cancel_threadsafe` and :meth:`MethodDriver.snapshot`.
+It feeds the queue events (arrivals, cancellations, batch completions, its one timer)
+and carries out the queue's decisions (run a batch, reject a request, set the timer).
+There is no polling tick.
+
+Ownership: the queue is sans-IO and not thread-safe, so the driver guards it with one
+lock, held only for queue calls (microseconds). Arrivals, cancellations and timers are
+handled on the loop. A worker thread that finishes a synchronous batch records it and,
+if another batch is ready, starts it at once in the same thread: the model is not left
+idle waiting for the loop to be scheduled (on a busy loop, with the GIL, that wait is
+milliseconds). The finished batch's results are split out and delivered by another
+worker meanwhile: callers on other threads are answered from there directly, callers
+awaiting on the loop on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from labserve.batching.queue import Batch, BatchQueue, Outcome, Request
+from labserve.batching.queue import Batch, BatchQueue, Outcome, Request, Step
 from labserve.clock import Clock, MonotonicClock
 from labserve.config import BatchingConfig
 from labserve.errors import BatchSizeMismatchError, LabServeError
@@ -40,7 +49,12 @@ def _settle(handle: AnyFuture, value: Any, error: BaseException | None) -> None:
 
 
 class MethodDriver:
-    """Drives one method's BatchQueue on a BackgroundLoop, with a model function."""
+    """Drives one method's BatchQueue with a model function.
+
+    Thread-safe: :meth:`submit_threadsafe`, :meth:`cancel_threadsafe`, :meth:`configure`,
+    :meth:`snapshot`, :meth:`reset_stats`. Loop-only: :meth:`submit`, :meth:`cancel`,
+    :meth:`aclose`.
+    """
 
     def __init__(
         self,
@@ -56,6 +70,7 @@ class MethodDriver:
         self._is_async = is_async
         self._bg = bg
         self._clock = clock or MonotonicClock()
+        self._lock = threading.Lock()  # guards every call into self.queue
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -64,6 +79,7 @@ class MethodDriver:
         self._inbox: deque[Request] = deque()
         self._inbox_scheduled = False
         self._pump_scheduled = False
+        self._delivering = 0  # batches released whose results are still being delivered
 
     # -- thread-safe doors --------------------------------------------------------------
 
@@ -84,18 +100,22 @@ class MethodDriver:
         self._bg.call_soon(self.cancel, request)
 
     def snapshot(self) -> Snapshot:
-        """A snapshot taken on the loop thread (consistent). Thread-safe; blocks briefly."""
-        return self._bg.call(lambda: self.queue.snapshot(self._clock.now()))
+        """A consistent snapshot of the queue. Thread-safe."""
+        with self._lock:
+            return self.queue.snapshot(self._clock.now())
+
+    def reset_stats(self) -> None:
+        """Forget recorded traffic. Thread-safe."""
+        with self._lock:
+            self.queue.recorder.reset()
 
     def configure(self, config: BatchingConfig) -> None:
-        """Apply ``config`` at the next batch boundary. Thread-safe; returns once queued."""
-        self._bg.call(self._configure, config)
+        """Apply ``config`` at the next batch boundary. Thread-safe."""
+        with self._lock:
+            self.queue.configure(config)
+        self._bg.call_soon(self._pump)
 
-    # -- loop-only -----------------------------------------------------------------------
-
-    def _configure(self, config: BatchingConfig) -> None:
-        self.queue.configure(config)
-        self._pump()
+    # -- the loop side -------------------------------------------------------------------
 
     def _drain_inbox(self) -> None:
         self._inbox_scheduled = False
@@ -115,31 +135,39 @@ class MethodDriver:
 
     def _admit(self, request: Request) -> None:
         try:
-            self.queue.admit(request, self._clock.now())
+            with self._lock:
+                self.queue.admit(request, self._clock.now())
         except LabServeError as exc:
             _settle(request.handle, None, exc)
+
+    def cancel(self, request: Request) -> None:
+        """Withdraw a request whose caller gave up. Loop-only."""
+        with self._lock:
+            withdrawn = self.queue.cancel(request, self._clock.now())
+        if withdrawn:
+            self._pump()
 
     def _schedule_pump(self) -> None:
         if not self._pump_scheduled:
             self._pump_scheduled = True
             self._bg.loop.call_soon(self._pump)
 
-    def cancel(self, request: Request) -> None:
-        """Withdraw a request whose caller gave up. Loop-only."""
-        if self.queue.cancel(request, self._clock.now()):
-            self._pump()
-
     def _pump(self) -> None:
         self._pump_scheduled = False
         now = self._clock.now()
-        step = self.queue.poll(now)
+        with self._lock:
+            step = self.queue.poll(now)
+            idle = self.queue.idle and not self._delivering
+        self._carry_out(step)
+        self._set_timer(step.wake_s, now)
+        if idle and self._idle is not None:
+            self._idle.set()
+
+    def _carry_out(self, step: Step) -> None:
         for r, value, error in step.rejected:
             _settle(r.handle, value, error)
         for batch in step.fire:
             self._launch(batch)
-        self._set_timer(step.wake_s, now)
-        if self._idle is not None and self.queue.idle:
-            self._idle.set()
 
     def _set_timer(self, wake_s: float | None, now: float) -> None:
         if wake_s == self._timer_at:
@@ -161,69 +189,122 @@ class MethodDriver:
             task = asyncio.ensure_future(self._run_async(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-            return
-        # Straight to the pool and one callback back: run_in_executor's future chaining
-        # would cost the loop an extra iteration per batch.
-        self._bg.executor.submit(self._work_and_report, batch, self._bg.loop)
+        else:
+            self._bg.executor.submit(self._worker, batch)
 
-    def _work_and_report(self, batch: Batch, loop: asyncio.AbstractEventLoop) -> None:
-        """Worker thread: run the batch, then hand the outcome to the loop."""
+    def _answer_on_loop(self, outcomes: list[Outcome]) -> None:
+        for r, value, error in outcomes:
+            _settle(r.handle, value, error)
+        self._pump()  # fresh decision and timer from the current state
+
+    # -- worker threads (synchronous models) ---------------------------------------------
+
+    def _worker(self, batch: Batch | None) -> None:
+        """Run ``batch``, free its slot, and go straight on to whatever fires next.
+
+        Recording and delivering the finished batch's results is handed to another
+        worker, so that the next model call does not wait for it.
+        """
+        executor = self._bg.executor
+        while batch is not None:
+            output, error, outcomes = self._run_sync(batch)
+            with self._lock:
+                now = self._clock.now()
+                self.queue.release(batch, now, ok=error is None and outcomes is None)
+                step = self.queue.poll(now)
+                self._delivering += 1
+            executor.submit(self._deliver, batch, output, error, outcomes, step.rejected)
+            batch = step.fire[0] if step.fire else None
+            for extra in step.fire[1:]:
+                executor.submit(self._worker, extra)
+
+    def _deliver(
+        self,
+        batch: Batch,
+        output: Any,
+        error: BaseException | None,
+        outcomes: list[Outcome] | None,
+        rejected: list[Outcome],
+    ) -> None:
+        """Worker thread: record a finished batch's outcomes and hand them to the callers."""
         parts: list[Any] | None = None
-        error: BaseException | None = None
+        if outcomes is None and error is None:
+            try:
+                parts = self.queue.codec.split(output, batch.counts)
+            except Exception as exc:  # an output that will not split: its callers must hear
+                error = exc
+        with self._lock:
+            now = self._clock.now()
+            if outcomes is None:
+                if error is None:
+                    assert parts is not None
+                    outcomes = self._complete(batch, parts)
+                else:
+                    outcomes = self.queue.fail(batch, error, now)
+            self._delivering -= 1
+        on_loop: list[Outcome] = []
+        for outcome in (*outcomes, *rejected):
+            handle = outcome[0].handle
+            if isinstance(handle, concurrent.futures.Future):
+                _settle(handle, outcome[1], outcome[2])
+            else:
+                on_loop.append(outcome)
         try:
-            parts = self._work(batch)
-        except BaseException as exc:  # handed to the loop, which gives it to the callers
-            error = exc
-        loop.call_soon_threadsafe(self._finished, batch, parts, error)
+            self._bg.loop.call_soon_threadsafe(self._answer_on_loop, on_loop)
+        except RuntimeError:
+            pass  # the loop is closed: stop() gave up waiting for this batch
 
-    def _work(self, batch: Batch) -> list[Any]:
-        """Worker thread: stack, call the model, split. Pure with respect to the queue."""
-        codec = self.queue.codec
-        output = self._fn(*batch.stack(codec))
-        return self._split(batch, output)
+    def _run_sync(self, batch: Batch) -> tuple[Any, BaseException | None, list[Outcome] | None]:
+        """Call the model: (output, None, None), (None, error, None), or bisected outcomes."""
+        try:
+            # Only the count is checked here; splitting waits for _deliver, off this path.
+            output = self._fn(*batch.stack(self.queue.codec))
+            self._check_count(batch, output)
+            return output, None, None
+        except Exception as exc:
+            if self._should_isolate(batch, exc):
+                return None, exc, self._isolate_sync(batch)
+            return None, exc, None
+
+    def _isolate_sync(self, batch: Batch) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        for half in batch.halves():
+            try:
+                parts = self._call(half)
+            except Exception as exc:
+                if self._should_isolate(half, exc):
+                    outcomes += self._isolate_sync(half)
+                else:
+                    with self._lock:
+                        outcomes += self.queue.fail(half, exc, self._clock.now())
+            else:
+                with self._lock:
+                    outcomes += self._complete(half, parts)
+        return outcomes
+
+    def _call(self, batch: Batch) -> list[Any]:
+        """Stack, call the model, split. Touches no queue state (any thread)."""
+        return self._split(batch, self._fn(*batch.stack(self.queue.codec)))
 
     def _split(self, batch: Batch, output: Any) -> list[Any]:
-        codec = self.queue.codec
+        self._check_count(batch, output)
+        return self.queue.codec.split(output, batch.counts)
+
+    def _check_count(self, batch: Batch, output: Any) -> None:
+        """Raise BatchSizeMismatchError unless ``output`` has one item per input item."""
         try:
-            returned = codec.output_items(output)
+            returned = self.queue.codec.output_items(output)
         except LabServeError as exc:
             raise BatchSizeMismatchError(self.queue.name, batch.items, -1) from exc
         if returned != batch.items:
             raise BatchSizeMismatchError(self.queue.name, batch.items, returned)
-        return codec.split(output, batch.counts)
 
-    def _finished(self, batch: Batch, parts: list[Any] | None, exc: BaseException | None) -> None:
-        if exc is None:
-            assert parts is not None
-            try:
-                outcomes = self.queue.complete(batch, parts, self._now())
-            except Exception as bug:  # e.g. parts that will not rejoin: callers must still hear
-                outcomes = self.queue.fail(batch, bug, self._now())
-            self._outcomes(outcomes)
-            self._release(batch, ok=True)
-        elif self._should_isolate(batch, exc):
-            task = asyncio.ensure_future(self._isolate_then_release(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        else:
-            self._outcomes(self.queue.fail(batch, exc, self._now()))
-            self._release(batch, ok=False)
-
-    async def _run_async(self, batch: Batch) -> None:
-        ok = False
+    def _complete(self, batch: Batch, parts: list[Any]) -> list[Outcome]:
+        """queue.complete, lock held; a failure to rejoin fails the callers instead."""
         try:
-            output = await self._fn(*batch.stack(self.queue.codec))
-            parts = self._split(batch, output)
-        except Exception as exc:
-            if self._should_isolate(batch, exc):
-                await self._isolate(batch)
-            else:
-                self._outcomes(self.queue.fail(batch, exc, self._now()))
-        else:
-            self._outcomes(self.queue.complete(batch, parts, self._now()))
-            ok = True
-        finally:
-            self._release(batch, ok=ok)
+            return self.queue.complete(batch, parts, self._clock.now())
+        except Exception as bug:  # e.g. parts that will not rejoin: callers must still hear
+            return self.queue.fail(batch, bug, self._clock.now())
 
     def _should_isolate(self, batch: Batch, exc: BaseException) -> bool:
         return (
@@ -232,45 +313,58 @@ class MethodDriver:
             and not isinstance(exc, BatchSizeMismatchError)
         )
 
-    async def _isolate_then_release(self, batch: Batch) -> None:
-        try:
-            await self._isolate(batch)
-        finally:
-            self._release(batch, ok=False)
+    # -- async models (on the loop) ------------------------------------------------------
 
-    async def _isolate(self, batch: Batch) -> None:
-        """Bisect a failed batch, rerunning each half, until only poisoned requests fail."""
+    async def _run_async(self, batch: Batch) -> None:
+        ok = False
+        outcomes: list[Outcome] = []
+        try:
+            try:
+                parts = self._split(batch, await self._fn(*batch.stack(self.queue.codec)))
+            except Exception as exc:
+                if self._should_isolate(batch, exc):
+                    outcomes = await self._isolate_async(batch)
+                else:
+                    with self._lock:
+                        outcomes = self.queue.fail(batch, exc, self._clock.now())
+            except asyncio.CancelledError as exc:  # the loop is stopping under the model
+                with self._lock:
+                    outcomes = self.queue.fail(batch, exc, self._clock.now())
+                raise
+            else:
+                with self._lock:
+                    outcomes = self._complete(batch, parts)
+                ok = True
+        finally:
+            with self._lock:
+                self.queue.release(batch, self._clock.now(), ok=ok)
+            self._answer_on_loop(outcomes)
+
+    async def _isolate_async(self, batch: Batch) -> list[Outcome]:
+        outcomes: list[Outcome] = []
         for half in batch.halves():
             try:
-                if self._is_async:
-                    parts = self._split(half, await self._fn(*half.stack(self.queue.codec)))
-                else:
-                    parts = await self._bg.loop.run_in_executor(self._bg.executor, self._work, half)
+                parts = self._split(half, await self._fn(*half.stack(self.queue.codec)))
             except Exception as exc:
-                if len(half.parts) > 1 and not isinstance(exc, BatchSizeMismatchError):
-                    await self._isolate(half)
+                if self._should_isolate(half, exc):
+                    outcomes += await self._isolate_async(half)
                 else:
-                    self._outcomes(self.queue.fail(half, exc, self._now()))
+                    with self._lock:
+                        outcomes += self.queue.fail(half, exc, self._clock.now())
             else:
-                self._outcomes(self.queue.complete(half, parts, self._now()))
-
-    def _outcomes(self, outcomes: list[Outcome]) -> None:
-        for r, value, error in outcomes:
-            _settle(r.handle, value, error)
-
-    def _release(self, batch: Batch, *, ok: bool) -> None:
-        self.queue.release(batch, self._now(), ok=ok)
-        self._pump()
-
-    def _now(self) -> float:
-        return self._clock.now()
+                with self._lock:
+                    outcomes += self._complete(half, parts)
+        return outcomes
 
     async def aclose(self) -> None:
         """Refuse new requests, fire what is queued (reason ``drain``), wait until idle."""
-        self.queue.close()
+        with self._lock:
+            self.queue.close()
         self._idle = asyncio.Event()
         self._pump()
-        if not self.queue.idle:
+        with self._lock:
+            idle = self.queue.idle and not self._delivering
+        if not idle:
             await self._idle.wait()
         if self._timer is not None:
             self._timer.cancel()
