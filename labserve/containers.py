@@ -96,7 +96,7 @@ def _agree(counts: list[int], where: str) -> int:
 
 def _signature(value: Any, axis: int) -> Hashable:
     if isinstance(value, np.ndarray):
-        return ("a", value.dtype.str, _item_shape(value, axis))
+        return ("a", value.dtype, _item_shape(value, axis))
     if isinstance(value, list):
         return ("l",)
     if isinstance(value, tuple):
@@ -196,7 +196,7 @@ class Codec:
             arg = args[0]
             if type(arg) is np.ndarray and arg.ndim > self.in_dim and arg.shape[self.in_dim] > 0:
                 shape = arg.shape
-                key = ("a", arg.dtype.str, shape[: self.in_dim] + shape[self.in_dim + 1 :])
+                key = ("a", arg.dtype, shape[: self.in_dim] + shape[self.in_dim + 1 :])
                 return args, int(shape[self.in_dim]), ("t", key)  # as _signature(args)
         if self.input_spec is not None:
             args = self._check_spec(args)

@@ -121,15 +121,15 @@ class RateEstimator:
         self._last: float | None = None
         self._first: float | None = None
 
-    def observe(self, now: float, items: int) -> None:
-        """Record one arrival of ``items`` at ``now``."""
+    def observe(self, now: float, items: int, requests: int = 1) -> None:
+        """Record ``requests`` arrivals holding ``items`` in all, at ``now``."""
         if self._last is None:
             self._first = now
         else:
             decay = math.exp(-(now - self._last) / self._tau)
             self._requests *= decay
             self._items *= decay
-        self._requests += 1.0
+        self._requests += requests
         self._items += items
         self._last = now
 

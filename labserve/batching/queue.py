@@ -179,6 +179,9 @@ class BatchQueue:
         self._in_flight = 0
         self._next_request = 0
         self._next_batch = 0
+        self._new_requests = 0
+        self._new_items = 0
+        self._new_at = 0.0
         self._closed = False
 
     # -- config -----------------------------------------------------------------------
@@ -229,9 +232,18 @@ class BatchQueue:
         group.requests += 1
         self._queued_items += request.items
         self._queued_requests += 1
-        self.rate.observe(now, request.items)
-        self.recorder.arrived(now)
+        # Arrivals are counted in bulk at the next poll or snapshot: they come in bursts
+        # (one loop iteration's worth), and this runs once per request.
+        self._new_requests += 1
+        self._new_items += request.items
+        self._new_at = now
         return request
+
+    def _count_arrivals(self) -> None:
+        if self._new_requests:
+            self.rate.observe(self._new_at, self._new_items, self._new_requests)
+            self.recorder.arrived(self._new_at, self._new_requests)
+            self._new_requests = self._new_items = 0
 
     def cancel(self, request: Request, now: float) -> bool:
         """The caller gave up: withdraw the request. False if it already has its outcome.
@@ -255,6 +267,7 @@ class BatchQueue:
 
     def poll(self, now: float) -> Step:
         """Decide: the batches to fire now, the requests to reject, and when to wake next."""
+        self._count_arrivals()
         if self._pending_config is not None:
             self._config, self._pending_config = self._pending_config, None
         cfg = self._config
@@ -453,6 +466,7 @@ class BatchQueue:
 
     def snapshot(self, now: float) -> Snapshot:
         """An immutable picture of this method now (O(window) work)."""
+        self._count_arrivals()
         rec = self.recorder
         rates = rec.rates(now)
         lat_w, wait_w = rec.window_percentiles(now)

@@ -98,10 +98,10 @@ class Recorder:
 
     # -- writes (owner thread only) ---------------------------------------------------
 
-    def arrived(self, now: float) -> None:
-        """A request was admitted."""
-        self.counts[_ARRIVED] += 1
-        self._rates.add(now, _ARRIVED)
+    def arrived(self, now: float, n: int = 1) -> None:
+        """``n`` requests were admitted."""
+        self.counts[_ARRIVED] += n
+        self._rates.add(now, _ARRIVED, n)
 
     def refused(self, now: float) -> None:
         """A request was refused at admission."""
