@@ -10,6 +10,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from labserve.metrics.snapshot import Snapshot
 
@@ -89,7 +90,7 @@ class SnapshotCollector(Collector):
 def _batch_buckets(s: Snapshot) -> tuple[list[tuple[str, float]], float]:
     counts = s.batch_size_counts
     buckets = [
-        (str(bound), float(sum(c for size, c in counts.items() if size <= bound)))
+        (floatToGoString(bound), float(sum(c for size, c in counts.items() if size <= bound)))
         for bound in _BATCH_BOUNDS
     ]
     buckets.append(("+Inf", float(sum(counts.values()))))
@@ -99,6 +100,6 @@ def _batch_buckets(s: Snapshot) -> tuple[list[tuple[str, float]], float]:
 def _time_buckets(
     cumulative: tuple[tuple[float, int], ...], total_s: float, s: Snapshot
 ) -> tuple[list[tuple[str, float]], float]:
-    buckets = [(repr(bound), float(count)) for bound, count in cumulative]
+    buckets = [(floatToGoString(bound), float(count)) for bound, count in cumulative]
     buckets.append(("+Inf", float(s.served)))
     return buckets, total_s
