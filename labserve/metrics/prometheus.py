@@ -10,7 +10,6 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from labserve.metrics.snapshot import Snapshot
 
@@ -87,10 +86,15 @@ class SnapshotCollector(Collector):
         yield from (requests, batches, batch_size, latency, wait)
 
 
+def _le(bound: float) -> str:
+    """A bucket bound as prometheus-client writes it ("4.0", "0.005")."""
+    return repr(float(bound))
+
+
 def _batch_buckets(s: Snapshot) -> tuple[list[tuple[str, float]], float]:
     counts = s.batch_size_counts
     buckets = [
-        (floatToGoString(bound), float(sum(c for size, c in counts.items() if size <= bound)))
+        (_le(bound), float(sum(c for size, c in counts.items() if size <= bound)))
         for bound in _BATCH_BOUNDS
     ]
     buckets.append(("+Inf", float(sum(counts.values()))))
@@ -100,6 +104,6 @@ def _batch_buckets(s: Snapshot) -> tuple[list[tuple[str, float]], float]:
 def _time_buckets(
     cumulative: tuple[tuple[float, int], ...], total_s: float, s: Snapshot
 ) -> tuple[list[tuple[str, float]], float]:
-    buckets = [(floatToGoString(bound), float(count)) for bound, count in cumulative]
+    buckets = [(_le(bound), float(count)) for bound, count in cumulative]
     buckets.append(("+Inf", float(s.served)))
     return buckets, total_s
