@@ -59,6 +59,8 @@ class HeadView:
     """When the current hold began (the first moment the batch could have fired), or None."""
     hold_until_s: float | None
     """The hold's end as decided so far, or None."""
+    in_flight: int = 0
+    """Batches running now (before this one fires)."""
 
 
 def decide(
@@ -83,26 +85,46 @@ def decide(
         return Fire("timeout")
     if strategy == "fixed":
         return Hold(deadline)
-    return _adaptive(view, now, deadline, fit, rates)
+    last_slot = view.in_flight + 1 >= config.max_concurrent_batches
+    return _adaptive(view, now, deadline, fit, rates, last_slot)
 
 
 def _adaptive(
-    view: HeadView, now: float, deadline: float, fit: CostFit, rates: tuple[float, float]
+    view: HeadView,
+    now: float,
+    deadline: float,
+    fit: CostFit,
+    rates: tuple[float, float],
+    last_slot: bool,
 ) -> Decision:
-    """Hold the batch open only while the expected latency saved exceeds the latency spent.
+    """Hold the batch open only while the latency it saves exceeds the latency it costs.
 
-    Holding for d seconds delays the n queued requests by d plus the per-item cost b of
-    the k = rate*d requests that join them; each joiner saves about a - d, the fixed cost
-    of the separate call it would otherwise have waited behind (one batch in flight). The
-    total gain  d * (rate*(a - d) - n*(1 + b*item_rate))  peaks at
-    d* = (rate*a - n*(1 + b*item_rate)) / (2*rate), and is positive only if d* > 0.
+    With the fitted cost T(n) = a + b*n items, arrival rates r (requests/s), r_i (items/s):
+    when this batch takes the last free slot (otherwise holding only delays: joiners
+    would find a slot), firing now makes the k = r*d requests arriving in the next d
+    seconds wait for a second batch, which also carries the F = r*T(n) requests
+    arriving while the first one runs.
+    Holding for d instead puts the k joiners in this batch: each saves a + b*r_i*T(n) - d,
+    the second batch it skips; the n queued requests each lose d + b*r_i*d; the F
+    followers each lose d. The gain is  d * (G - r*d)  with
+    G = r*(a + b*r_i*T(n)) - r*T(n) - n*(1 + b*r_i); it peaks at d* = G / (2*r) and is
+    positive only if G > 0.
+    Under steady load (F >= n) that is rarely so and adaptive fires at once like greedy;
+    it holds at the start of a burst, when few are queued and many are arriving.
     """
     req_rate, item_rate = rates
     holding = view.hold_start_s is not None
     idle_or_adaptive: Reason = "adaptive" if holding else "idle"
-    if not fit.ready or req_rate <= 0.0:
+    if not fit.ready or req_rate <= 0.0 or not last_slot:
+        # With a slot still free after this batch, joiners would start at once anyway.
         return Fire(idle_or_adaptive)
-    best_s = (req_rate * fit.a_s - view.requests * (1.0 + fit.b_s * item_rate)) / (2.0 * req_rate)
+    busy_s = fit.predict_s(view.items)  # how long the batch fired now would run
+    gain_rate = (
+        req_rate * (fit.a_s + fit.b_s * item_rate * busy_s)  # joiners skip the 2nd batch
+        - req_rate * busy_s  # followers wait the hold out
+        - view.requests * (1.0 + fit.b_s * item_rate)  # the queued wait it and the joiners
+    )
+    best_s = gain_rate / (2.0 * req_rate)
     start = view.hold_start_s if view.hold_start_s is not None else now
     until = min(start + best_s, deadline)
     if view.hold_until_s is not None:

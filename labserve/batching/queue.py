@@ -286,7 +286,12 @@ class BatchQueue:
                 decision = Fire("drain")
             else:
                 view = HeadView(
-                    group.items, group.requests, head.arrival_s, group.hold_start, group.hold_until
+                    group.items,
+                    group.requests,
+                    head.arrival_s,
+                    group.hold_start,
+                    group.hold_until,
+                    self._in_flight,
                 )
                 adaptive = cfg.effective_strategy == "adaptive"
                 rates = self.rate.rates(now) if adaptive else (0.0, 0.0)

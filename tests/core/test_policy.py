@@ -97,9 +97,32 @@ def test_adaptive_hold_only_shortens_as_requests_join():
     assert isinstance(later, Fire) or later.until_s <= first.until_s
 
 
+def test_adaptive_fires_at_once_under_steady_load():
+    # 20 queued at 2000/s: the requests behind would lose more than the joiners save.
+    cfg = config("adaptive", max_batch_size=64)
+    assert decide(view(items=20, requests=20, oldest=1.0), 1.0, cfg, READY, BUSY) == Fire("idle")
+
+
+def test_adaptive_never_holds_for_a_model_without_per_item_cost():
+    # b = 0: joiners save the fixed cost, but every follower loses the hold; never pays.
+    flat = CostFit(a_s=0.005, b_s=0.0, samples=64)
+    assert decide(view(oldest=1.0), 1.0, config("adaptive"), flat, BUSY) == Fire("idle")
+
+
+def test_adaptive_never_holds_while_another_slot_is_free():
+    # Joiners would find a free slot and start at once: holding only delays.
+    cfg = config("adaptive", max_concurrent_batches=2)
+    free = HeadView(1, 1, 1.0, None, None, in_flight=0)
+    busy = HeadView(1, 1, 1.0, None, None, in_flight=1)
+    assert decide(free, 1.0, cfg, READY, BUSY) == Fire("idle")
+    assert isinstance(decide(busy, 1.0, cfg, READY, BUSY), Hold)
+
+
 def test_adaptive_with_an_expensive_model_holds_exactly_to_the_deadline():
     cfg = config("adaptive")
-    slow = CostFit(a_s=1.0, b_s=0.0, samples=64)  # holding always pays: capped by the deadline
+    # Joiners skip a second batch that costs a second plus a millisecond per follower:
+    # holding pays far longer than the deadline allows.
+    slow = CostFit(a_s=1.0, b_s=1e-3, samples=64)
     deadline = 1.0 + cfg.max_latency_s
     assert decide(view(oldest=1.0), 1.0, cfg, slow, BUSY) == Hold(deadline)
     held = view(oldest=1.0, hold_start=1.0, hold_until=deadline)
