@@ -182,6 +182,7 @@ class BatchQueue:
         self._new_requests = 0
         self._new_items = 0
         self._new_at = 0.0
+        self._expired: list[Outcome] = []  # rejected when a slot freed, reported by poll
         self._closed = False
 
     # -- config -----------------------------------------------------------------------
@@ -272,6 +273,8 @@ class BatchQueue:
             self._config, self._pending_config = self._pending_config, None
         cfg = self._config
         step = Step()
+        if self._expired:
+            step.rejected, self._expired = self._expired, []
         if not self._queued_requests:
             return step
         held: list[_Group] = []
@@ -361,8 +364,18 @@ class BatchQueue:
         return done
 
     def release(self, batch: Batch, now: float, *, ok: bool) -> None:
-        """The batch's slot is free again; record it (and its duration if it ran cleanly)."""
+        """The batch's slot is free again; record it (and its duration if it ran cleanly).
+
+        If every slot was busy, requests whose deadline passed meanwhile could not start in
+        time: with ``on_overload="reject"`` they are rejected now (the next :meth:`poll`
+        reports them) rather than fired late into the freed slot.
+        """
+        all_busy = self._in_flight >= self._config.max_concurrent_batches
         self._in_flight -= 1
+        if all_busy and self._queued_requests and self._config.on_overload == "reject":
+            expired = Step()
+            self._expire(now, expired)
+            self._expired += expired.rejected
         duration = now - batch.start_s
         if ok:
             self.cost_model.observe(batch.items, duration)

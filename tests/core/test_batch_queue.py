@@ -377,6 +377,21 @@ def test_overload_reject_rejects_a_request_still_queued_at_its_deadline():
     assert q.idle
 
 
+def test_overload_reject_does_not_fire_late_requests_into_a_freed_slot():
+    # The slot frees after the queued requests' deadline (the timer that would have
+    # rejected them came late): they could not start in time, so they are rejected.
+    q = make_queue(strategy="greedy", max_batch_size=2, max_latency_ms=10)
+    for _ in range(3):
+        q.admit((rows(1),), now=0.0)
+    (running,) = q.poll(0.0).fire
+    late = q.admit((rows(1),), now=0.008)  # its deadline, 18 ms, is still ahead
+    q.complete(running, [rows(1)] * 2, now=0.015)
+    q.release(running, now=0.015, ok=True)
+    step = q.poll(0.015)
+    assert [type(err) for _, _, err in step.rejected] == [OverloadError]
+    assert [part_ids(b) for b in step.fire] == [[late.id]]
+
+
 def test_overload_wait_keeps_the_request_until_a_slot_frees():
     q = make_queue(strategy="fixed", max_batch_size=1, max_latency_ms=10, on_overload="wait")
     q.admit((rows(1),), now=0.0)
