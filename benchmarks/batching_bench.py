@@ -469,7 +469,14 @@ def own_stats(target: Target) -> str:
     """
     try:
         snap = target.stats() if target.stats else None
-        return f"mean_batch_size={getattr(snap, 'mean_batch_size', '?')}"
+        if snap is None:
+            return ""
+        wait = snap.queue_wait_ms_window
+        return (
+            f"mean_batch_size={snap.mean_batch_size:.2f} "
+            f"queue_wait_ms_p99={wait.p99:.2f} queue_wait_ms_p999={wait.p999:.2f} "
+            f"served={snap.served} rejected={snap.rejected}"
+        )
     except Exception as exc:
         return f"stats() failed: {exc!r}"
 
