@@ -107,8 +107,12 @@ class ModelError(LabServeError):
     status = 500
 
     def __init__(self, method: str, exc: BaseException, batch_requests: int) -> None:
+        try:
+            said = str(exc)
+        except Exception:  # a model's exception whose __str__ fails must not lose the caller
+            said = "<unprintable>"
         super().__init__(
-            f"{method}: model raised {type(exc).__name__}: {exc} "
+            f"{method}: model raised {type(exc).__name__}: {said} "
             f"(in a batch of {batch_requests} request{'s' if batch_requests != 1 else ''})"
         )
         self.batch_requests = batch_requests

@@ -143,14 +143,14 @@ class RunnerMethod:
         """
         if not self.batchable:
             raise TypeError(f"{self.runner.name}.{self.name} is not batchable: nothing to set")
-        with self._lock:
+        with self._lock:  # held until the queue has it: two callers apply in order
             new = self._config.replace(**changes)
             self._config = new
-        if self._driver is not None:
-            self._driver.configure(new)
-        else:
-            assert self._queue is not None
-            self._queue.configure(new)  # nothing runs it yet: the first poll applies it
+            if self._driver is not None:
+                self._driver.configure(new)
+            else:
+                assert self._queue is not None
+                self._queue.configure(new)  # nothing runs it yet: the first poll applies it
         return new
 
     def stats(self) -> Snapshot:
@@ -314,11 +314,14 @@ class Runner:
             self.bg.run(self._aclose(), timeout=timeout)
 
     async def aclose(self) -> None:
-        """Like :meth:`stop`, awaitable on labserve's loop."""
+        """Like :meth:`stop`, awaitable from any running event loop."""
         self._stopped = True
         if self._hooked:
             self.bg.remove_shutdown_hook(self._aclose)
-            await self._aclose()
+            if self.bg.in_loop_thread():
+                await self._aclose()
+            else:  # the drivers live on labserve's loop: drain them there
+                await asyncio.wrap_future(self.bg.submit(self._aclose()))
 
     def __enter__(self) -> Runner:
         return self

@@ -257,6 +257,21 @@ class BatchQueue:
         self.recorder.cancelled(now)
         return True
 
+    def abort(self, exc: LabServeError, now: float) -> list[Outcome]:
+        """Fail every queued request with ``exc`` (when stopping cannot wait for them).
+
+        Requests in running batches are left to finish; returns the outcomes to deliver.
+        """
+        done: list[Outcome] = []
+        for group in self._groups.values():
+            for r in group.queue:
+                if r.state != _DONE and r.parts_pending == 0:
+                    self._settle(r)
+                    done.append((r, None, copy.copy(exc)))
+        self._expired, expired = [], self._expired
+        self.recorder.failed(now, len(done))
+        return done + expired
+
     def close(self) -> None:
         """Refuse new requests; :meth:`poll` fires what is queued with reason ``drain``."""
         self._closed = True

@@ -26,7 +26,7 @@ from typing import Any
 from labserve.batching.queue import Batch, BatchQueue, Outcome, Request, Step
 from labserve.clock import Clock, MonotonicClock
 from labserve.config import BatchingConfig
-from labserve.errors import BatchSizeMismatchError, LabServeError
+from labserve.errors import BatchSizeMismatchError, LabServeError, RunnerStoppedError
 from labserve.metrics.snapshot import Snapshot
 from labserve.runtime.loop import BackgroundLoop
 
@@ -80,6 +80,9 @@ class MethodDriver:
         self._inbox_scheduled = False
         self._pump_scheduled = False
         self._delivering = 0  # batches released whose results are still being delivered
+        # Captured once: a late worker must not restart a loop that was stopped.
+        self._loop = bg.loop
+        self._executor = bg.executor
 
     # -- thread-safe doors --------------------------------------------------------------
 
@@ -150,7 +153,7 @@ class MethodDriver:
     def _schedule_pump(self) -> None:
         if not self._pump_scheduled:
             self._pump_scheduled = True
-            self._bg.loop.call_soon(self._pump)
+            self._loop.call_soon(self._pump)
 
     def _pump(self) -> None:
         self._pump_scheduled = False
@@ -177,7 +180,7 @@ class MethodDriver:
             self._timer = None
         self._timer_at = wake_s
         if wake_s is not None:
-            self._timer = self._bg.loop.call_later(max(wake_s - now, 0.0), self._on_timer)
+            self._timer = self._loop.call_later(max(wake_s - now, 0.0), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -185,16 +188,44 @@ class MethodDriver:
         self._pump()
 
     def _launch(self, batch: Batch) -> None:
+        if self._bg.closing:  # a task started now would be destroyed with the loop
+            self._abandon(batch)
+            return
         if self._is_async:
             task = asyncio.ensure_future(self._run_async(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        else:
-            self._bg.executor.submit(self._worker, batch)
+            return
+        try:
+            self._executor.submit(self._worker, batch)
+        except RuntimeError:  # the pool is shut down: the loop is stopping
+            self._abandon(batch)
 
-    def _answer_on_loop(self, outcomes: list[Outcome]) -> None:
+    def _abandon(self, batch: Batch) -> None:
+        """Fail a fired batch that will never run (labserve is stopping). Any thread."""
+        with self._lock:
+            now = self._clock.now()
+            outcomes = self.queue.fail(batch, RunnerStoppedError(self.queue.runner), now)
+            self.queue.release(batch, now, ok=False)
         for r, value, error in outcomes:
-            _settle(r.handle, value, error)
+            if isinstance(r.handle, concurrent.futures.Future):
+                _settle(r.handle, value, error)
+        self._call_loop(self._answer_on_loop, outcomes, False)
+
+    def _call_loop(self, fn: Callable[..., None], *args: Any) -> bool:
+        """Hand ``fn(*args)`` to the loop from any thread; False once the loop is closed."""
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            return False
+        return True
+
+    def _answer_on_loop(self, outcomes: list[Outcome], delivered: bool = False) -> None:
+        for r, value, error in outcomes:
+            _settle(r.handle, value, error)  # no-op for those a worker already answered
+        if delivered:
+            with self._lock:
+                self._delivering -= 1
         self._pump()  # fresh decision and timer from the current state
 
     # -- worker threads (synchronous models) ---------------------------------------------
@@ -205,7 +236,6 @@ class MethodDriver:
         Recording and delivering the finished batch's results is handed to another
         worker, so that the next model call does not wait for it.
         """
-        executor = self._bg.executor
         while batch is not None:
             output, error, outcomes = self._run_sync(batch)
             with self._lock:
@@ -213,10 +243,20 @@ class MethodDriver:
                 self.queue.release(batch, now, ok=error is None and outcomes is None)
                 step = self.queue.poll(now)
                 self._delivering += 1
-            executor.submit(self._deliver, batch, output, error, outcomes, step.rejected)
+            args = (batch, output, error, outcomes, step.rejected)
+            try:
+                self._executor.submit(self._deliver, *args)
+            except RuntimeError:  # the pool is shut down: deliver here, run nothing more
+                self._deliver(*args)
+                for fired in step.fire:
+                    self._abandon(fired)
+                return
             batch = step.fire[0] if step.fire else None
             for extra in step.fire[1:]:
-                executor.submit(self._worker, extra)
+                try:
+                    self._executor.submit(self._worker, extra)
+                except RuntimeError:
+                    self._abandon(extra)
 
     def _deliver(
         self,
@@ -227,41 +267,43 @@ class MethodDriver:
         rejected: list[Outcome],
     ) -> None:
         """Worker thread: record a finished batch's outcomes and hand them to the callers."""
-        parts: list[Any] | None = None
-        if outcomes is None and error is None:
-            try:
-                parts = self.queue.codec.split(output, batch.counts)
-            except Exception as exc:  # an output that will not split: its callers must hear
-                error = exc
-        with self._lock:
-            now = self._clock.now()
-            if outcomes is None:
-                if error is None:
-                    assert parts is not None
-                    outcomes = self._complete(batch, parts)
-                else:
-                    outcomes = self.queue.fail(batch, error, now)
-            self._delivering -= 1
-        on_loop: list[Outcome] = []
-        for outcome in (*outcomes, *rejected):
-            handle = outcome[0].handle
-            if isinstance(handle, concurrent.futures.Future):
-                _settle(handle, outcome[1], outcome[2])
-            else:
-                on_loop.append(outcome)
         try:
-            self._bg.loop.call_soon_threadsafe(self._answer_on_loop, on_loop)
-        except RuntimeError:
-            pass  # the loop is closed: stop() gave up waiting for this batch
+            parts: list[Any] | None = None
+            if outcomes is None and error is None:
+                try:
+                    parts = self.queue.codec.split(output, batch.counts)
+                except Exception as exc:  # an output that will not split: callers must hear
+                    error = exc
+            with self._lock:
+                now = self._clock.now()
+                if outcomes is None:
+                    if error is None:
+                        assert parts is not None
+                        outcomes = self._complete(batch, parts)
+                    else:
+                        outcomes = self.queue.fail(batch, error, now)
+            for r, value, err in (*outcomes, *rejected):
+                if isinstance(r.handle, concurrent.futures.Future):
+                    _settle(r.handle, value, err)
+        finally:
+            # The loop answers the rest and counts the delivery done (so that stop() waits
+            # for it); if the loop is gone, nobody is left to answer on it.
+            if not self._call_loop(self._answer_on_loop, [*(outcomes or ()), *rejected], True):
+                with self._lock:
+                    self._delivering -= 1
 
     def _run_sync(self, batch: Batch) -> tuple[Any, BaseException | None, list[Outcome] | None]:
-        """Call the model: (output, None, None), (None, error, None), or bisected outcomes."""
+        """Call the model: (output, None, None), (None, error, None), or bisected outcomes.
+
+        Catches everything the model raises, KeyboardInterrupt and SystemExit included:
+        they become its callers' errors, never a worker's death with the slot still held.
+        """
         try:
             # Only the count is checked here; splitting waits for _deliver, off this path.
             output = self._fn(*batch.stack(self.queue.codec))
             self._check_count(batch, output)
             return output, None, None
-        except Exception as exc:
+        except BaseException as exc:
             if self._should_isolate(batch, exc):
                 return None, exc, self._isolate_sync(batch)
             return None, exc, None
@@ -271,7 +313,7 @@ class MethodDriver:
         for half in batch.halves():
             try:
                 parts = self._call(half)
-            except Exception as exc:
+            except BaseException as exc:
                 if self._should_isolate(half, exc):
                     outcomes += self._isolate_sync(half)
                 else:
@@ -308,7 +350,8 @@ class MethodDriver:
 
     def _should_isolate(self, batch: Batch, exc: BaseException) -> bool:
         return (
-            self.queue.config.isolate_errors
+            isinstance(exc, Exception)
+            and self.queue.config.isolate_errors
             and len(batch.parts) > 1
             and not isinstance(exc, BatchSizeMismatchError)
         )
@@ -317,44 +360,47 @@ class MethodDriver:
 
     async def _run_async(self, batch: Batch) -> None:
         ok = False
-        outcomes: list[Outcome] = []
+        outcomes: list[Outcome] = []  # filled as halves finish, so none is lost midway
         try:
             try:
                 parts = self._split(batch, await self._fn(*batch.stack(self.queue.codec)))
-            except Exception as exc:
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # SystemExit too: it must not end labserve's loop
                 if self._should_isolate(batch, exc):
-                    outcomes = await self._isolate_async(batch)
+                    await self._isolate_async(batch, outcomes)
                 else:
                     with self._lock:
-                        outcomes = self.queue.fail(batch, exc, self._clock.now())
-            except asyncio.CancelledError as exc:  # the loop is stopping under the model
-                with self._lock:
-                    outcomes = self.queue.fail(batch, exc, self._clock.now())
-                raise
+                        outcomes += self.queue.fail(batch, exc, self._clock.now())
             else:
                 with self._lock:
-                    outcomes = self._complete(batch, parts)
+                    outcomes += self._complete(batch, parts)
                 ok = True
+        except asyncio.CancelledError:  # the loop is stopping under the model
+            with self._lock:
+                stopped = RunnerStoppedError(self.queue.runner)
+                outcomes += self.queue.fail(batch, stopped, self._clock.now())
+            raise
         finally:
             with self._lock:
                 self.queue.release(batch, self._clock.now(), ok=ok)
             self._answer_on_loop(outcomes)
 
-    async def _isolate_async(self, batch: Batch) -> list[Outcome]:
-        outcomes: list[Outcome] = []
+    async def _isolate_async(self, batch: Batch, outcomes: list[Outcome]) -> None:
         for half in batch.halves():
             try:
                 parts = self._split(half, await self._fn(*half.stack(self.queue.codec)))
-            except Exception as exc:
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
                 if self._should_isolate(half, exc):
-                    outcomes += await self._isolate_async(half)
+                    await self._isolate_async(half, outcomes)
                 else:
                     with self._lock:
                         outcomes += self.queue.fail(half, exc, self._clock.now())
             else:
                 with self._lock:
                     outcomes += self._complete(half, parts)
-        return outcomes
 
     async def aclose(self) -> None:
         """Refuse new requests, fire what is queued (reason ``drain``), wait until idle."""
@@ -364,8 +410,18 @@ class MethodDriver:
         self._pump()
         with self._lock:
             idle = self.queue.idle and not self._delivering
-        if not idle:
-            await self._idle.wait()
+        try:
+            if not idle:
+                await self._idle.wait()
+        except asyncio.CancelledError:
+            # stop() gave up waiting (a model still running): nobody queued may be left
+            # without an answer.
+            with self._lock:
+                stopped = RunnerStoppedError(self.queue.runner)
+                outcomes = self.queue.abort(stopped, self._clock.now())
+            for r, value, error in outcomes:
+                _settle(r.handle, value, error)
+            raise
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

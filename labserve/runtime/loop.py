@@ -47,6 +47,8 @@ class BackgroundLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._shutdown_hooks: list[Callable[[], Awaitable[None]]] = []
+        self.closing = False
+        """True while the loop is being stopped: nothing new should start on it."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -78,6 +80,7 @@ class BackgroundLoop:
         with self._lock:
             if self.running:
                 return
+            self.closing = False
             ready: concurrent.futures.Future[asyncio.AbstractEventLoop] = (
                 concurrent.futures.Future()
             )
@@ -96,6 +99,7 @@ class BackgroundLoop:
         try:
             loop.run_forever()
         finally:
+            self.closing = True
             try:
                 pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
                 for task in pending:
