@@ -30,9 +30,11 @@ from labserve.errors import (
 )
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
+from labserve.results import RunResult
 from labserve.runnable import Runnable, method
 from labserve.runner import Runner, RunnerMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
+from labserve.sim import LinearCost, simulate
 
 __version__ = "0.1.0"
 
@@ -50,12 +52,14 @@ __all__ = [
     "CostFitView",
     "InputError",
     "LabServeError",
+    "LinearCost",
     "LoopThreadError",
     "ModelError",
     "MonotonicClock",
     "OverloadError",
     "Percentiles",
     "QueueFullError",
+    "RunResult",
     "Runnable",
     "Runner",
     "RunnerMethod",
@@ -68,4 +72,5 @@ __all__ = [
     "background_loop",
     "load_config_file",
     "method",
+    "simulate",
 ]

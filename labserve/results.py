@@ -1,0 +1,128 @@
+"""RunResult: one result type for real and simulated runs, per request and per batch."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["OUTCOMES", "RunResult"]
+
+OUTCOMES: tuple[str, ...] = ("served", "rejected", "failed", "cancelled", "refused")
+"""Outcome codes, by index: what ``RunResult.outcome`` holds."""
+_REASONS: tuple[str, ...] = ("full", "timeout", "adaptive", "idle", "drain")
+_QS = (50.0, 95.0, 99.0, 99.9)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What happened to every request and every batch of a run, real or simulated.
+
+    Times are seconds from the start of the run. A request never started has NaN start
+    and finish; ``outcome`` holds indexes into :data:`OUTCOMES`, ``reason`` into the
+    batch fire reasons (full, timeout, adaptive, idle, drain).
+    """
+
+    arrival_s: np.ndarray
+    start_s: np.ndarray
+    finish_s: np.ndarray
+    outcome: np.ndarray
+    items: np.ndarray
+    batch_start_s: np.ndarray
+    batch_duration_s: np.ndarray
+    batch_items: np.ndarray
+    batch_requests: np.ndarray
+    batch_reason: np.ndarray
+    duration_s: float
+    """The span the offered load covered (for rates)."""
+    label: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def served(self) -> np.ndarray:
+        """Mask of the requests answered with a result."""
+        return np.asarray(self.outcome == 0)
+
+    @property
+    def latency_s(self) -> np.ndarray:
+        """Arrival to result, served requests."""
+        return np.asarray((self.finish_s - self.arrival_s)[self.served])
+
+    @property
+    def queue_wait_s(self) -> np.ndarray:
+        """Arrival to the start of the request's (first) batch, served requests."""
+        return np.asarray((self.start_s - self.arrival_s)[self.served])
+
+    def summary(self) -> dict[str, Any]:
+        """Rates, outcome shares, latency and queue-wait percentiles, batch sizes, reasons."""
+        n = len(self.arrival_s)
+        span = self.duration_s if self.duration_s > 0 else math.nan
+        served = int(self.served.sum())
+        counts = np.bincount(self.outcome.astype(np.int64), minlength=len(OUTCOMES))
+        out: dict[str, Any] = {
+            "requests": n,
+            "offered_rps": n / span,
+            "served_rps": served / span,
+            "goodput_items_ps": float(self.items[self.served].sum()) / span,
+            "rejected_pct": 100.0 * float(counts[1] + counts[4]) / n if n else 0.0,
+            "failed_pct": 100.0 * float(counts[2]) / n if n else 0.0,
+        }
+        for name, values in (("latency", self.latency_s), ("queue_wait", self.queue_wait_s)):
+            pcts = np.percentile(values, _QS) * 1000.0 if len(values) else [math.nan] * 4
+            for q, v in zip(("p50", "p95", "p99", "p99_9"), pcts, strict=True):
+                out[f"{name}_{q}_ms"] = float(v)
+        batches = len(self.batch_items)
+        out["batches"] = batches
+        out["mean_batch"] = float(self.batch_items.mean()) if batches else math.nan
+        out["max_batch"] = int(self.batch_items.max()) if batches else 0
+        reasons = np.bincount(self.batch_reason.astype(np.int64), minlength=len(_REASONS))
+        out["fire_reasons"] = {r: int(c) for r, c in zip(_REASONS, reasons, strict=True) if c}
+        return out
+
+    def table(self) -> str:
+        """The summary as a readable two-column table."""
+        rows = []
+        for key, value in self.summary().items():
+            if isinstance(value, float):
+                text = f"{value:,.2f}"
+            elif isinstance(value, dict):
+                text = ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
+            else:
+                text = f"{value:,}"
+            rows.append((key, text))
+        width = max(len(k) for k, _ in rows)
+        head = f"{self.label}\n" if self.label else ""
+        return head + "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_csv(self, path: str | os.PathLike[str]) -> None:
+        """Write one row per request (arrival, start, finish, outcome, items)."""
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(["arrival_s", "start_s", "finish_s", "outcome", "items"])
+            for a, s, fin, o, k in zip(
+                self.arrival_s, self.start_s, self.finish_s, self.outcome, self.items, strict=True
+            ):
+                writer.writerow([repr(float(a)), repr(float(s)), repr(float(fin)), OUTCOMES[o], k])
+
+    def to_pandas(self) -> Any:
+        """The per-request table as a pandas DataFrame (pandas is not a dependency)."""
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise ImportError("RunResult.to_pandas() needs pandas: pip install pandas") from exc
+        return pd.DataFrame(
+            {
+                "arrival_s": self.arrival_s,
+                "start_s": self.start_s,
+                "finish_s": self.finish_s,
+                "outcome": [OUTCOMES[o] for o in self.outcome],
+                "items": self.items,
+            }
+        )

@@ -1,0 +1,96 @@
+import math
+
+import numpy as np
+import pytest
+
+from labserve.results import OUTCOMES
+from labserve.sim import LinearCost, simulate
+
+MS = 1e-3
+
+
+def poisson(rate, n, seed=0):
+    return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, n))
+
+
+def test_the_same_inputs_give_bit_identical_results():
+    times = poisson(3000, 5000)
+    runs = [
+        simulate(times, cost=LinearCost(2.0, 0.1, jitter=0.2), seed=7, max_batch_size=32)
+        for _ in range(2)
+    ]
+    for name in ("start_s", "finish_s", "outcome", "batch_items", "batch_duration_s"):
+        np.testing.assert_array_equal(getattr(runs[0], name), getattr(runs[1], name))
+    other = simulate(times, cost=LinearCost(2.0, 0.1, jitter=0.2), seed=8, max_batch_size=32)
+    assert not np.array_equal(runs[0].batch_duration_s, other.batch_duration_s)
+
+
+def test_fixed_with_evenly_spaced_arrivals_forms_full_batches():
+    # One request per ms, cap 4, a 1 ms model: each batch fills at its 4th arrival.
+    times = np.arange(400) * MS
+    r = simulate(times, cost=(1.0, 0.0), strategy="fixed", max_batch_size=4, max_latency_ms=100)
+    assert set(r.batch_items.tolist()) == {4}
+    assert r.summary()["fire_reasons"] == {"full": 100}
+    # The first of each four waited 3 ms for the batch to fill, the last none; +1 ms model.
+    np.testing.assert_allclose(np.sort(np.unique(np.round(r.latency_s / MS, 6))), [1, 2, 3, 4])
+
+
+def test_greedy_runs_each_request_alone_when_arrivals_are_far_apart():
+    times = np.arange(100) * 10 * MS  # 10 ms apart, a 2 ms model: never two in the queue
+    r = simulate(times, cost=(2.0, 0.0), strategy="greedy", max_batch_size=64)
+    assert r.batch_items.tolist() == [1] * 100
+    np.testing.assert_allclose(r.latency_s, 2 * MS)
+
+
+def test_every_request_gets_exactly_one_outcome_under_overload():
+    cap, wait_ms = 16, 5
+    r = simulate(poisson(20000, 20000), cost=(2.0, 0.2), max_batch_size=cap, max_latency_ms=wait_ms)
+    assert set(np.unique(r.outcome).tolist()) <= set(range(len(OUTCOMES)))
+    s = r.summary()
+    assert s["rejected_pct"] > 0
+    # Served requests never waited past the cap (virtual time has no late timers).
+    assert r.queue_wait_s.max() <= wait_ms * MS + 1e-12
+    # Capacity at full batches: cap / (2 + 0.2 * cap) ms.
+    capacity = cap / ((2.0 + 0.2 * cap) * MS)
+    busy_s = np.nanmax(r.finish_s)  # the queue drains after the last arrival
+    served = int(r.served.sum())
+    assert served <= capacity * busy_s * 1.001
+    assert served >= 0.9 * capacity * busy_s
+
+
+def test_simulates_an_arrival_process_with_a_duration():
+    class Every:
+        def times(self, duration_s, seed=0):
+            return np.arange(0.0, duration_s, 0.001)
+
+    r = simulate(Every(), duration_s=1.0, strategy="greedy")
+    assert len(r.arrival_s) == 1000
+    assert math.isclose(r.summary()["offered_rps"], 1000.0)
+    with pytest.raises(TypeError, match="needs duration_s"):
+        simulate(Every())
+
+
+def test_bad_inputs_are_refused_with_the_rule():
+    with pytest.raises(ValueError, match="increasing"):
+        simulate([0.002, 0.001])
+    with pytest.raises(ValueError, match="jitter must be"):
+        LinearCost(1.0, 0.0, jitter=1.5)
+    with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1"):
+        simulate([0.0], max_batch_size=0)
+    with pytest.raises(TypeError, match="cost must be"):
+        simulate([0.0], cost="fast")
+
+
+def test_summary_table_and_csv(tmp_path):
+    r = simulate(poisson(1000, 2000), cost=(2.0, 0.1), label="greedy at 1000/s", strategy="greedy")
+    s = r.summary()
+    assert s["requests"] == 2000
+    assert s["latency_p50_ms"] <= s["latency_p99_ms"] <= s["latency_p99_9_ms"]
+    assert np.isclose(s["latency_p99_ms"], np.percentile(r.latency_s, 99) * 1000)
+    text = r.table()
+    assert text.startswith("greedy at 1000/s") and "mean_batch" in text
+    path = tmp_path / "run.csv"
+    r.to_csv(path)
+    lines = path.read_text().splitlines()
+    assert lines[0] == "arrival_s,start_s,finish_s,outcome,items"
+    assert len(lines) == 2001 and lines[1].endswith(",served,1")
