@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from labserve.batching.policy import REASONS
-from labserve.batching.queue import Batch, BatchQueue, Outcome
+from labserve.batching.queue import Batch, BatchQueue, Outcome, Request
 from labserve.config import BatchingConfig
 from labserve.containers import Codec
 from labserve.errors import LabServeError
@@ -143,7 +143,9 @@ class _Run:
 
     def go(self, label: str) -> RunResult:
         times, heap, queue = self.times, self.heap, self.queue
-        payload = ([None] * self.items,)  # lists: nothing to stack, only items to count
+        # Every simulated request carries the same payload (a list: nothing to stack, only
+        # items to count), so it is checked once, not once per request.
+        args, items, key = queue.codec.admit(([None] * self.items,))
         n = len(times)
         i = 0
         while i < n or heap:
@@ -157,7 +159,7 @@ class _Run:
                     self._finished(what, now)
             else:
                 now = float(times[i])
-                request = queue.new_request(payload, handle=i)
+                request = Request(-1, args, items, key, i)
                 i += 1
                 try:
                     queue.admit(request, now)
