@@ -28,6 +28,17 @@ from labserve.errors import (
     QueueFullError,
     RunnerStoppedError,
 )
+from labserve.load.arrivals import (
+    ARRIVAL_KINDS,
+    Arrivals,
+    BurstArrivals,
+    ConstantArrivals,
+    PoissonArrivals,
+    RampArrivals,
+    StepArrivals,
+    TraceArrivals,
+    arrivals,
+)
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
 from labserve.results import RunResult
@@ -39,16 +50,20 @@ from labserve.sim import LinearCost, simulate
 __version__ = "0.1.0"
 
 __all__ = [
+    "ARRIVAL_KINDS",
     "REASONS",
     "STRATEGIES",
+    "Arrivals",
     "BackgroundLoop",
     "BatchRecord",
     "BatchSizeMismatchError",
     "BatchingConfig",
+    "BurstArrivals",
     "CancelledRequestError",
     "Clock",
     "ConfigError",
     "ConfigFile",
+    "ConstantArrivals",
     "CostFitView",
     "InputError",
     "LabServeError",
@@ -58,7 +73,9 @@ __all__ = [
     "MonotonicClock",
     "OverloadError",
     "Percentiles",
+    "PoissonArrivals",
     "QueueFullError",
+    "RampArrivals",
     "RunResult",
     "Runnable",
     "Runner",
@@ -67,8 +84,11 @@ __all__ = [
     "SimClock",
     "Snapshot",
     "SnapshotCollector",
+    "StepArrivals",
     "TensorSpec",
+    "TraceArrivals",
     "__version__",
+    "arrivals",
     "background_loop",
     "load_config_file",
     "method",
