@@ -309,20 +309,24 @@ class MethodDriver:
             return None, exc, None
 
     def _isolate_sync(self, batch: Batch) -> list[Outcome]:
+        """Rerun each half of a failed batch, bisecting further, until only the poisoned fail."""
         outcomes: list[Outcome] = []
         for half in batch.halves():
-            try:
-                parts = self._call(half)
-            except BaseException as exc:
-                if self._should_isolate(half, exc):
-                    outcomes += self._isolate_sync(half)
-                else:
-                    with self._lock:
-                        outcomes += self.queue.fail(half, exc, self._clock.now())
+            self._attempt_sync(half, outcomes)
+        return outcomes
+
+    def _attempt_sync(self, batch: Batch, outcomes: list[Outcome]) -> None:
+        try:
+            parts = self._call(batch)
+        except BaseException as exc:
+            if self._should_isolate(batch, exc):
+                outcomes += self._isolate_sync(batch)
             else:
                 with self._lock:
-                    outcomes += self._complete(half, parts)
-        return outcomes
+                    outcomes += self.queue.fail(batch, exc, self._clock.now())
+        else:
+            with self._lock:
+                outcomes += self._complete(batch, parts)
 
     def _call(self, batch: Batch) -> list[Any]:
         """Stack, call the model, split. Touches no queue state (any thread)."""
@@ -359,23 +363,10 @@ class MethodDriver:
     # -- async models (on the loop) ------------------------------------------------------
 
     async def _run_async(self, batch: Batch) -> None:
-        ok = False
         outcomes: list[Outcome] = []  # filled as halves finish, so none is lost midway
+        ok = False
         try:
-            try:
-                parts = self._split(batch, await self._fn(*batch.stack(self.queue.codec)))
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # SystemExit too: it must not end labserve's loop
-                if self._should_isolate(batch, exc):
-                    await self._isolate_async(batch, outcomes)
-                else:
-                    with self._lock:
-                        outcomes += self.queue.fail(batch, exc, self._clock.now())
-            else:
-                with self._lock:
-                    outcomes += self._complete(batch, parts)
-                ok = True
+            ok = await self._attempt_async(batch, outcomes)
         except asyncio.CancelledError:  # the loop is stopping under the model
             with self._lock:
                 stopped = RunnerStoppedError(self.queue.runner)
@@ -386,21 +377,23 @@ class MethodDriver:
                 self.queue.release(batch, self._clock.now(), ok=ok)
             self._answer_on_loop(outcomes)
 
-    async def _isolate_async(self, batch: Batch, outcomes: list[Outcome]) -> None:
-        for half in batch.halves():
-            try:
-                parts = self._split(half, await self._fn(*half.stack(self.queue.codec)))
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:
-                if self._should_isolate(half, exc):
-                    await self._isolate_async(half, outcomes)
-                else:
-                    with self._lock:
-                        outcomes += self.queue.fail(half, exc, self._clock.now())
+    async def _attempt_async(self, batch: Batch, outcomes: list[Outcome]) -> bool:
+        """Run ``batch`` (bisecting on error if asked); True if it ran cleanly whole."""
+        try:
+            parts = self._split(batch, await self._fn(*batch.stack(self.queue.codec)))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # SystemExit too: it must not end labserve's loop
+            if self._should_isolate(batch, exc):
+                for half in batch.halves():
+                    await self._attempt_async(half, outcomes)
             else:
                 with self._lock:
-                    outcomes += self._complete(half, parts)
+                    outcomes += self.queue.fail(batch, exc, self._clock.now())
+            return False
+        with self._lock:
+            outcomes += self._complete(batch, parts)
+        return True
 
     async def aclose(self) -> None:
         """Refuse new requests, fire what is queued (reason ``drain``), wait until idle."""
