@@ -41,6 +41,7 @@ from labserve.load.arrivals import (
 )
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
+from labserve.profiling import CostCurve, profile
 from labserve.results import RunResult
 from labserve.runnable import Runnable, method
 from labserve.runner import Runner, RunnerMethod
@@ -64,6 +65,7 @@ __all__ = [
     "ConfigError",
     "ConfigFile",
     "ConstantArrivals",
+    "CostCurve",
     "CostFitView",
     "InputError",
     "LabServeError",
@@ -92,5 +94,6 @@ __all__ = [
     "background_loop",
     "load_config_file",
     "method",
+    "profile",
     "simulate",
 ]
