@@ -39,6 +39,7 @@ from labserve.load.arrivals import (
     TraceArrivals,
     arrivals,
 )
+from labserve.load.generator import LoadWarning, load_test
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
 from labserve.profiling import CostCurve, profile
@@ -70,6 +71,7 @@ __all__ = [
     "InputError",
     "LabServeError",
     "LinearCost",
+    "LoadWarning",
     "LoopThreadError",
     "ModelError",
     "MonotonicClock",
@@ -93,6 +95,7 @@ __all__ = [
     "arrivals",
     "background_loop",
     "load_config_file",
+    "load_test",
     "method",
     "profile",
     "simulate",

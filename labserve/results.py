@@ -41,6 +41,8 @@ class RunResult:
     """The span the offered load covered (for rates)."""
     label: str = ""
     config: dict[str, Any] = field(default_factory=dict)
+    send_lag_s: np.ndarray | None = None
+    """Real open-loop runs: how late each request was sent after its intended time."""
 
     @property
     def served(self) -> np.ndarray:
@@ -75,6 +77,9 @@ class RunResult:
             pcts = np.percentile(values, _QS) * 1000.0 if len(values) else [math.nan] * 4
             for q, v in zip(("p50", "p95", "p99", "p99_9"), pcts, strict=True):
                 out[f"{name}_{q}_ms"] = float(v)
+        if self.send_lag_s is not None and len(self.send_lag_s):
+            out["send_lag_p99_ms"] = float(np.percentile(self.send_lag_s, 99) * 1000.0)
+            out["send_lag_max_ms"] = float(self.send_lag_s.max() * 1000.0)
         batches = len(self.batch_items)
         out["batches"] = batches
         out["mean_batch"] = float(self.batch_items.mean()) if batches else math.nan

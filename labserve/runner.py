@@ -10,12 +10,12 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from labserve.batching.queue import BatchQueue
+from labserve.batching.queue import BatchQueue, Request
 from labserve.config import BatchingConfig, validate_field
 from labserve.config_file import load_config_file
 from labserve.containers import Codec
 from labserve.errors import LoopThreadError, RunnerStoppedError
-from labserve.metrics.snapshot import Snapshot
+from labserve.metrics.snapshot import BatchRecord, Snapshot
 from labserve.runnable import MethodSpec, Runnable
 from labserve.runtime.driver import MethodDriver
 from labserve.runtime.loop import BackgroundLoop, background_loop
@@ -124,6 +124,21 @@ class RunnerMethod:
         except asyncio.CancelledError:
             driver.cancel_threadsafe(request)
             raise
+
+    def _submit_on_loop(self, args: tuple[Any, ...]) -> tuple[Request, asyncio.Future[Any]]:
+        """Submit from labserve's loop; the load generator reads the timings. Loop-only."""
+        driver = self._driver_started()
+        assert self._queue is not None
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        request = self._queue.new_request(args, future)
+        driver.submit(request)
+        return request, future
+
+    def _batch_records(self, last: int) -> list[BatchRecord]:
+        """The last ``last`` batches recorded (at most what the recorder holds). Thread-safe."""
+        if self._driver is None or last <= 0:
+            return []
+        return self._driver.batch_records(last)
 
     def _call_plain_sync(self, *args: Any) -> Any:
         if self.spec.is_async:

@@ -27,7 +27,7 @@ from labserve.batching.queue import Batch, BatchQueue, Outcome, Request, Step
 from labserve.clock import Clock, MonotonicClock
 from labserve.config import BatchingConfig
 from labserve.errors import BatchSizeMismatchError, LabServeError, RunnerStoppedError
-from labserve.metrics.snapshot import Snapshot
+from labserve.metrics.snapshot import BatchRecord, Snapshot
 from labserve.runtime.loop import BackgroundLoop
 
 __all__ = ["MethodDriver"]
@@ -106,6 +106,11 @@ class MethodDriver:
         """A consistent snapshot of the queue. Thread-safe."""
         with self._lock:
             return self.queue.snapshot(self._clock.now())
+
+    def batch_records(self, last: int) -> list[BatchRecord]:
+        """The last ``last`` recorded batches, oldest first. Thread-safe."""
+        with self._lock:
+            return self.queue.recorder.batch_records(last=last)
 
     def reset_stats(self) -> None:
         """Forget recorded traffic. Thread-safe."""

@@ -1,0 +1,80 @@
+import warnings
+
+import numpy as np
+import pytest
+
+import labserve
+from labserve.demo import SleepModel
+from labserve.load.arrivals import ConstantArrivals
+from labserve.load.generator import LoadWarning, _warn_if_behind, load_test
+from labserve.results import OUTCOMES
+
+
+@pytest.fixture
+def runner():
+    r = labserve.Runner(SleepModel(a_ms=0.0, b_ms=0.0), name="gen", on_overload="wait")
+    yield r
+    r.stop()
+
+
+def test_open_loop_sends_on_schedule_and_records_every_request(runner):
+    result = load_test(
+        runner.predict, example=np.ones((1, 2)), duration_s=0.5, arrivals=ConstantArrivals(200)
+    )
+    n = len(result.arrival_s)
+    np.testing.assert_allclose(result.arrival_s, np.arange(n) / 200)  # the intended times
+    assert n == 100
+    assert [OUTCOMES[o] for o in set(result.outcome.tolist())] == ["served"]
+    assert np.all(result.arrival_s <= result.start_s)
+    assert np.all(result.start_s <= result.finish_s)
+    assert result.batch_items.sum() == n  # every request's single row went through a batch
+    assert result.send_lag_s is not None and len(result.send_lag_s) == n
+    assert result.summary()["offered_rps"] == pytest.approx(200)
+
+
+def test_closed_loop_keeps_at_most_its_clients_in_flight(runner):
+    clients = 3
+    result = load_test(runner.predict, example=np.ones((1, 2)), duration_s=0.3, concurrency=3)
+    assert result.served.all()
+    # At each request's send, count the requests sent earlier and not yet finished.
+    for a in result.arrival_s:
+        in_flight = np.sum((result.arrival_s <= a) & (result.finish_s > a))
+        assert in_flight <= clients
+    assert result.batch_items.max() <= clients
+
+
+def test_overload_outcomes_are_recorded_as_rejected():
+    slow = labserve.Runner(SleepModel(a_ms=5.0, b_ms=0.0), name="slow", max_latency_ms=1)
+    try:
+        result = load_test(
+            slow.predict, example=np.ones((1, 2)), duration_s=0.2, arrivals=ConstantArrivals(2000)
+        )
+    finally:
+        slow.stop()
+    kinds = {OUTCOMES[o] for o in result.outcome.tolist()}
+    assert kinds == {"served", "rejected"}
+    assert 0 < result.summary()["rejected_pct"] < 100
+    served = result.served
+    assert np.all(np.isfinite(result.finish_s[served]))
+
+
+def test_bad_arguments_are_refused(runner):
+    x = np.ones((1, 2))
+    with pytest.raises(TypeError, match="exactly one of"):
+        load_test(runner.predict, example=x, duration_s=1)
+    with pytest.raises(TypeError, match="exactly one of"):
+        load_test(
+            runner.predict, example=x, duration_s=1, arrivals=ConstantArrivals(1), concurrency=1
+        )
+    with pytest.raises(ValueError, match="duration_s must be"):
+        load_test(runner.predict, example=x, duration_s=0, concurrency=1)
+    with pytest.raises(ValueError, match="concurrency must be"):
+        load_test(runner.predict, example=x, duration_s=1, concurrency=0)
+
+
+def test_falling_behind_schedule_is_said_not_hidden():
+    with pytest.warns(LoadWarning, match="could not keep 100 req/s"):
+        _warn_if_behind(np.array([0.0] * 98 + [0.02, 0.03]), 100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_if_behind(np.array([0.0, 0.001, 0.002]), 100)
