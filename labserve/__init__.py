@@ -48,6 +48,7 @@ from labserve.runnable import Runnable, method
 from labserve.runner import Runner, RunnerMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.sim import LinearCost, simulate
+from labserve.sweep import sweep
 
 __version__ = "0.1.0"
 
@@ -99,4 +100,5 @@ __all__ = [
     "method",
     "profile",
     "simulate",
+    "sweep",
 ]

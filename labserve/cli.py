@@ -1,0 +1,217 @@
+"""The ``labserve`` command: demo, sweep and profile from a shell, with progress shown.
+
+Bad arguments get a one-line message and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from labserve.config import STRATEGIES
+from labserve.errors import LabServeError
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    """A bad argument, said in one line."""
+
+
+def _numbers(kind: Callable[[str], Any], what: str) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        try:
+            values = [kind(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{what} must be comma-separated numbers, got {text!r}"
+            ) from None
+        if not values or any(v <= 0 for v in values):
+            raise argparse.ArgumentTypeError(f"{what} must be numbers > 0, got {text!r}")
+        return values
+
+    return parse
+
+
+def _strategies(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [n for n in names if n not in STRATEGIES]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(
+            f"strategies must be among {', '.join(STRATEGIES)}, got {text!r}"
+        )
+    return names
+
+
+def _progress(label: str) -> Callable[[int, int], None]:
+    def show(done: int, total: int) -> None:
+        sys.stderr.write(f"\r{label} {done}/{total}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from labserve.demo import SleepModel
+    from labserve.load.arrivals import PoissonArrivals
+    from labserve.load.generator import LoadWarning, load_test
+    from labserve.runner import Runner
+
+    runner = Runner(
+        SleepModel(a_ms=2.0, b_ms=0.1), name="demo", max_batch_size=64, max_latency_ms=20
+    )
+    x = np.ones((1, 16), np.float32)
+    print("embedded sleep model: 2 ms + 0.1 ms x items per call; adaptive, cap 64, wait cap 20 ms")
+    print(f"{'offered':>10} {'served':>10} {'mean batch':>11} {'p50 ms':>8} {'p99 ms':>8} note")
+    try:
+        for step, rate in enumerate(args.rates, start=1):
+            sys.stderr.write(f"\rstep {step}/{len(args.rates)}: {rate:g} req/s ...")
+            sys.stderr.flush()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", LoadWarning)
+                result = load_test(
+                    runner.predict,
+                    example=x,
+                    duration_s=args.step_s,
+                    arrivals=PoissonArrivals(rate),
+                    seed=step,
+                )
+            s = result.summary()
+            note = "generator fell behind" if caught else ""
+            sys.stderr.write("\r" + " " * 40 + "\r")
+            print(
+                f"{s['offered_rps']:>10,.0f} {s['served_rps']:>10,.0f} {s['mean_batch']:>11.1f} "
+                f"{s['latency_p50_ms']:>8.2f} {s['latency_p99_ms']:>8.2f} {note}",
+                flush=True,
+            )
+    finally:
+        runner.stop()
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from labserve.sweep import COLUMNS, format_table, sweep
+
+    rows = sweep(
+        rates=args.rates,
+        strategies=args.strategies,
+        max_batch_size=[int(v) for v in args.max_batch_size],
+        max_latency_ms=args.max_latency_ms,
+        duration_s=args.duration,
+        cost=(args.cost[0], args.cost[1] if len(args.cost) > 1 else 0.0),
+        seed=args.seed,
+        progress=_progress("simulating"),
+    )
+    if args.csv:
+        with open(args.csv, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=list(COLUMNS), extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"wrote {len(rows)} rows to {args.csv}")
+    else:
+        print(format_table(rows))
+
+
+def _load_target(spec: str) -> tuple[Callable[..., Any], Any]:
+    """``module:Class.method`` -> (bound method of a fresh instance, example or None)."""
+    module_name, _, path = spec.partition(":")
+    cls_name, _, method_name = path.partition(".")
+    if not (module_name and cls_name and method_name):
+        raise UsageError(f"a model must be 'memory', 'sleep' or module:Class.method, got {spec!r}")
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+        instance = cls()
+        return getattr(instance, method_name), getattr(instance, "example", None)
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise UsageError(f"cannot load {spec!r}: {exc}") from exc
+
+
+def _profile(args: argparse.Namespace) -> None:
+    from labserve.demo import MemoryBoundModel, SleepModel
+    from labserve.profiling import profile
+
+    if args.model == "memory":
+        model = MemoryBoundModel()
+        fn: Callable[..., Any] = model.predict
+        example = model.example()
+    elif args.model == "sleep":
+        fn, example = SleepModel().predict, np.ones((1, 16), np.float32)
+    else:
+        fn, make_example = _load_target(args.model)
+        if args.width is not None:
+            example = np.ones((1, args.width), np.float32)
+        elif callable(make_example):
+            example = make_example()
+        else:
+            raise UsageError("give --width N (input row width) for a model without example()")
+    sizes = [int(v) for v in args.sizes]
+    sys.stderr.write(f"profiling {args.model} at batch sizes {sizes} ...\n")
+    curve = profile(fn, example=example, sizes=sizes, repeats=args.repeats)
+    print(curve.table())
+
+
+def _load(args: argparse.Namespace) -> None:
+    raise UsageError("labserve load URL needs the in-kernel server, which is not built yet")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``labserve`` command."""
+    parser = argparse.ArgumentParser(prog="labserve", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="ramp a load through an embedded model, live table")
+    demo.add_argument("--rates", type=_numbers(float, "rates"), default=[250, 1000, 2000, 4000])
+    demo.add_argument("--step-s", type=float, default=4.0, help="seconds per rate (default 4)")
+    demo.set_defaults(run=_demo)
+
+    sweep = sub.add_parser("sweep", help="a simulated grid of caps, strategies and rates")
+    sweep.add_argument("--rates", type=_numbers(float, "rates"), required=True)
+    sweep.add_argument("--strategies", type=_strategies, default=["adaptive"])
+    sweep.add_argument("--max-batch-size", type=_numbers(int, "max-batch-size"), default=[32])
+    sweep.add_argument("--max-latency-ms", type=_numbers(float, "max-latency-ms"), default=[10.0])
+    sweep.add_argument("--duration", type=float, default=10.0, help="seconds of load per point")
+    sweep.add_argument(
+        "--cost", type=_numbers(float, "cost"), default=[2.0, 0.1], help="a_ms,b_ms (2,0.1)"
+    )
+    sweep.add_argument("--seed", type=int, default=0)
+    sweep.add_argument("--csv", help="write the table to this CSV file")
+    sweep.set_defaults(run=_sweep)
+
+    prof = sub.add_parser("profile", help="the cost curve of a model against batch size")
+    prof.add_argument("--model", default="memory", help="memory, sleep or module:Class.method")
+    prof.add_argument("--sizes", type=_numbers(int, "sizes"), default=[1, 2, 4, 8, 16, 32, 64])
+    prof.add_argument("--repeats", type=int, default=5)
+    prof.add_argument("--width", type=int, help="input row width, for a model without example()")
+    prof.set_defaults(run=_profile)
+
+    load = sub.add_parser("load", help="load an HTTP endpoint (needs the server)")
+    load.add_argument("url")
+    load.set_defaults(run=_load)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit status (0, or 2 for a usage error)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if getattr(args, "duration", 1.0) <= 0 or getattr(args, "step_s", 1.0) <= 0:
+            raise UsageError("durations must be > 0")
+        args.run(args)
+    except (UsageError, LabServeError, ValueError, TypeError) as exc:
+        parser.exit(2, f"labserve: error: {exc}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, "labserve: interrupted\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

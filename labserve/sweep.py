@@ -1,0 +1,95 @@
+"""Sweeps: one table over strategy x max_batch_size x max_latency_ms x rate, simulated or real."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from labserve.load.arrivals import PoissonArrivals
+from labserve.load.generator import load_test
+from labserve.runner import RunnerMethod
+from labserve.sim.simulate import CostLike, simulate
+
+__all__ = ["format_table", "sweep"]
+
+COLUMNS: tuple[str, ...] = (
+    "strategy",
+    "max_batch_size",
+    "max_latency_ms",
+    "rate",
+    "served_rps",
+    "mean_batch",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "rejected_pct",
+)
+
+
+def sweep(
+    *,
+    rates: Sequence[float],
+    strategies: Sequence[str] = ("adaptive",),
+    max_batch_size: Sequence[int] = (32,),
+    max_latency_ms: Sequence[float] = (10.0,),
+    duration_s: float = 10.0,
+    cost: CostLike = (2.0, 0.1),
+    method: RunnerMethod | None = None,
+    example: Any = None,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every combination; return one row per point (its settings and its summary).
+
+    Simulated on Poisson arrivals with ``cost`` unless ``method`` (a runner method) and
+    ``example`` are given: then each point is a real open-loop run after
+    ``configure()`` (the method's config is restored afterwards). ``progress(done, total)``
+    is called after each point.
+
+    >>> rows = sweep(rates=[1000], max_batch_size=[8, 64], duration_s=1)
+    >>> [r["max_batch_size"] for r in rows]
+    [8, 64]
+    """
+    if method is not None and example is None:
+        raise TypeError("a real sweep needs example= (one request to send)")
+    grid = list(itertools.product(strategies, max_batch_size, max_latency_ms, rates))
+    rows: list[dict[str, Any]] = []
+    before = method.config if method is not None else None
+    try:
+        for done, (strategy, cap, wait_ms, rate) in enumerate(grid, start=1):
+            settings: dict[str, Any] = {
+                "strategy": strategy,
+                "max_batch_size": cap,
+                "max_latency_ms": wait_ms,
+            }
+            arrivals = PoissonArrivals(rate)
+            if method is None:
+                result = simulate(arrivals, duration_s=duration_s, seed=seed, cost=cost, **settings)
+            else:
+                method.configure(**settings)
+                method.reset_stats()
+                result = load_test(
+                    method, example=example, duration_s=duration_s, arrivals=arrivals, seed=seed
+                )
+            rows.append({**settings, "rate": rate, **result.summary()})
+            if progress is not None:
+                progress(done, len(grid))
+    finally:
+        if method is not None and before is not None:
+            method.configure(**before.as_dict())
+    return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
+    """Rows as an aligned text table of ``columns``."""
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    return str(value)

@@ -1,0 +1,67 @@
+import csv
+
+import pytest
+
+from labserve.cli import main
+from labserve.sweep import format_table, sweep
+
+
+def test_sweep_rows_follow_the_grid_and_larger_caps_batch_more():
+    rows = sweep(rates=[4000], max_batch_size=[8, 64], max_latency_ms=[20], duration_s=1)
+    assert [(r["max_batch_size"], r["rate"]) for r in rows] == [(8, 4000), (64, 4000)]
+    # At 4000 req/s a 2 ms + 0.1 ms x items model cannot keep up with batches of 8.
+    assert rows[0]["rejected_pct"] > 0 == rows[1]["rejected_pct"]
+    table = format_table(rows)
+    assert table.splitlines()[0].split()[:4] == [
+        "strategy",
+        "max_batch_size",
+        "max_latency_ms",
+        "rate",
+    ]
+
+
+def test_cli_sweep_writes_csv(tmp_path, capsys):
+    out = tmp_path / "grid.csv"
+    status = main(
+        [
+            "sweep",
+            "--rates",
+            "1000",
+            "--max-batch-size",
+            "4,16",
+            "--duration",
+            "1",
+            "--csv",
+            str(out),
+        ]
+    )
+    assert status == 0
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["max_batch_size"] for r in rows] == ["4", "16"]
+    assert "wrote 2 rows" in capsys.readouterr().out
+
+
+def test_cli_demo_prints_a_row_per_rate(capsys):
+    assert main(["demo", "--rates", "100,300", "--step-s", "0.3"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert len(lines) == 2 + 2  # a title, the header, one row per rate
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sweep", "--rates", "fast"], "rates must be comma-separated numbers"),
+        (["sweep", "--rates", "100", "--strategies", "eager"], "strategies must be among"),
+        (["sweep", "--rates", "100", "--duration", "0"], "durations must be > 0"),
+        (["profile", "--model", "nowhere:Model.predict"], "cannot load 'nowhere:Model.predict'"),
+        (["load", "http://127.0.0.1:1/"], "needs the in-kernel server"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message_not_a_traceback(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
