@@ -124,16 +124,21 @@ async def _open_loop(method: RunnerMethod, example: Any, times: np.ndarray) -> _
     loop = asyncio.get_running_loop()
     rec = _Record()
     rec.t0 = loop.time() + 0.005
-    tasks = []
-    for t in times:
-        due = rec.t0 + float(t)
+    # Finished tasks are dropped at once: thousands kept alive make the GC's pauses long
+    # enough to push the sends behind schedule.
+    in_flight: set[asyncio.Task[None]] = set()
+    for t in times.tolist():
+        due = rec.t0 + t
         delay = due - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        k = _new_slot(rec, float(t))
+        k = _new_slot(rec, t)
         rec.lag.append(max(loop.time() - due, 0.0))
-        tasks.append(asyncio.ensure_future(_one(method, example, rec, k)))
-    await asyncio.gather(*tasks)
+        task = asyncio.ensure_future(_one(method, example, rec, k))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+    while in_flight:
+        await asyncio.wait(set(in_flight))
     return rec
 
 
