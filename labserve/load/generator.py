@@ -65,6 +65,7 @@ def load_test(
     if (arrivals is None) == (concurrency is None):
         raise TypeError("load_test needs exactly one of arrivals= (open loop) or concurrency=")
     bg = method.runner.bg
+    method._driver_started()  # start the loop and the driver before the clock does
     batches_before = _batch_count(method)
     if arrivals is not None:
         times = np.asarray(arrivals.times(duration_s, seed=seed), dtype=float)
