@@ -47,6 +47,7 @@ from labserve.results import RunResult
 from labserve.runnable import Runnable, method
 from labserve.runner import Runner, RunnerMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
+from labserve.server import Server, serve
 from labserve.sim import LinearCost, simulate
 from labserve.sweep import sweep
 
@@ -86,6 +87,7 @@ __all__ = [
     "Runner",
     "RunnerMethod",
     "RunnerStoppedError",
+    "Server",
     "SimClock",
     "Snapshot",
     "SnapshotCollector",
@@ -99,6 +101,7 @@ __all__ = [
     "load_test",
     "method",
     "profile",
+    "serve",
     "simulate",
     "sweep",
 ]

@@ -1,0 +1,156 @@
+"""serve(): start the HTTP server on labserve's background loop; stop it; re-run safely."""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+import socket
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from labserve.runner import Runner
+from labserve.runtime.loop import BackgroundLoop, background_loop
+from labserve.server.app import make_app
+
+__all__ = ["Server", "serve"]
+
+_running: dict[int, Server] = {}  # by port: a re-run serve() on the same port replaces it
+_running_lock = threading.Lock()
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Server:
+    """An HTTP server for runners, on labserve's background loop.
+
+    ``start()`` returns once it listens (``url``, ``port``, ``token`` set); ``stop()`` is
+    idempotent and closes its sockets. Thread-safe; a context manager.
+    """
+
+    def __init__(
+        self,
+        runners: Runner | Iterable[Runner],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        max_body_bytes: int = 16 * 1024 * 1024,
+        loop: BackgroundLoop | None = None,
+    ) -> None:
+        runner_list = [runners] if isinstance(runners, Runner) else list(runners)
+        names = [r.name for r in runner_list]
+        if len(set(names)) != len(names):
+            raise ValueError(f"runner names must be unique, got {names}")
+        if not _loopback(host) and token is None:
+            raise ValueError(
+                f"binding {host!r} (not loopback) needs token=...: every route will require it"
+            )
+        if max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be an integer >= 1, got {max_body_bytes!r}")
+        self.host = host
+        self.requested_port = port
+        self.port = 0
+        self.token = token or secrets.token_urlsafe(24)
+        self._bg = loop
+        self._http: HTTPServer | None = None
+        self._sockets: list[socket.socket] = []
+        self._state: dict[str, Any] = {
+            "runners": {r.name: r for r in runner_list},
+            "token": self.token,
+            "token_everywhere": not _loopback(host),
+            "max_body_bytes": max_body_bytes,
+        }
+
+    @property
+    def url(self) -> str:
+        """The base URL, e.g. ``http://127.0.0.1:8123``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def bg(self) -> BackgroundLoop:
+        """The loop the server runs on."""
+        if self._bg is None:
+            self._bg = background_loop()
+        return self._bg
+
+    def start(self) -> Server:
+        """Listen; a server already running on the same explicit port is stopped first."""
+        if self.requested_port:
+            with _running_lock:
+                previous = _running.get(self.requested_port)
+            if previous is not None:
+                previous.stop()
+        self.bg.call(self._listen)
+        with _running_lock:
+            _running[self.port] = self
+        return self
+
+    def _listen(self) -> None:
+        # On the loop thread: tornado attaches to the loop it is built on.
+        self._sockets = bind_sockets(self.requested_port, address=self.host)
+        self._http = HTTPServer(
+            make_app(self._state), max_body_size=self._state["max_body_bytes"] + 1
+        )
+        self._http.add_sockets(self._sockets)
+        self.port = self._sockets[0].getsockname()[1]
+
+    def stop(self) -> None:
+        """Stop listening and close connections and sockets. Idempotent."""
+        http = self._http
+        if http is None:
+            return
+        self._http = None
+        with _running_lock:
+            if _running.get(self.port) is self:
+                del _running[self.port]
+        if self.bg.running:
+            self.bg.run(self._close(http), timeout=10)
+
+    async def _close(self, http: HTTPServer) -> None:
+        http.stop()
+        await http.close_all_connections()
+        for sock in self._sockets:
+            sock.close()
+        self._sockets = []
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"listening on {self.url}" if self._http is not None else "stopped"
+        return f"<labserve.Server {state} runners={list(self._state['runners'])}>"
+
+
+def serve(
+    runners: Runner | Iterable[Runner],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    max_body_bytes: int = 16 * 1024 * 1024,
+) -> Server:
+    """Serve ``runners`` over HTTP from labserve's background loop; returns at once.
+
+    Binds loopback by default; a token is always generated (``server.token``) and guards
+    ``PATCH /config``, or every route on a non-loopback address. Re-running it with the same
+    ``port`` replaces the previous server.
+
+    >>> server = labserve.serve(runner, port=0)      # doctest: +SKIP
+    >>> server.url, server.stop()                      # doctest: +SKIP
+    """
+    return Server(runners, host=host, port=port, token=token, max_body_bytes=max_body_bytes).start()
