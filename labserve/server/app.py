@@ -58,9 +58,8 @@ class _Base(tornado.web.RequestHandler):
         return runners
 
 
-@tornado.web.stream_request_body
-class _Infer(_Base):
-    """``POST /runners/{name}/{method}``: one request, JSON or ``.npy``."""
+class _BodyMixin(_Base):
+    """Reads the body in chunks, refusing with 413 past the limit (before reading it all)."""
 
     def prepare(self) -> None:
         super().prepare()
@@ -80,6 +79,11 @@ class _Infer(_Base):
             limit = self.state["max_body_bytes"]
             self.fail(413, "body_too_large", f"body is over the {limit}-byte limit")
         self._chunks.append(chunk)
+
+
+@tornado.web.stream_request_body
+class _Infer(_BodyMixin):
+    """``POST /runners/{name}/{method}``: one request, JSON or ``.npy``."""
 
     async def post(self, runner_name: str, method_name: str) -> None:
         method = self._method(runner_name, method_name)
@@ -169,9 +173,12 @@ def _configs(runners: Mapping[str, Runner]) -> dict[str, Any]:
 def make_app(state: Mapping[str, Any]) -> tornado.web.Application:
     """The tornado application over ``state`` (runners, token, limits). Build on the loop."""
     args = {"state": state}
+    from labserve.server import v2
+
     return tornado.web.Application(
         log_function=_quiet,
         handlers=[
+            *v2.routes(args),
             (r"/runners/([^/]+)/([^/]+)", _Infer, args),
             (r"/healthz", _Health, args),
             (r"/stats", _Stats, args),
