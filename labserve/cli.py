@@ -9,6 +9,7 @@ import argparse
 import csv
 import importlib
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -158,6 +159,36 @@ def _profile(args: argparse.Namespace) -> None:
     print(curve.table())
 
 
+def _serve(args: argparse.Namespace) -> None:
+    from labserve.runnable import Runnable
+    from labserve.runner import Runner
+    from labserve.server import serve
+
+    module_name, _, cls_name = args.target.partition(":")
+    if not (module_name and cls_name) or "." in cls_name:
+        raise UsageError(f"serve needs module:Class, got {args.target!r}")
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"cannot load {args.target!r}: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Runnable)):
+        raise UsageError(f"{args.target!r} is not a labserve.Runnable class")
+    runner = Runner(cls, name=args.name, config=args.config)
+    server = serve(runner, host=args.host, port=args.port, token=args.token)
+    print(
+        f"serving {runner.name} at {server.url}  (token {server.token}); Ctrl-C stops", flush=True
+    )
+    stop = threading.Event()
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        print("stopping", flush=True)
+    finally:
+        server.stop()
+        runner.stop()
+
+
 def _load(args: argparse.Namespace) -> None:
     raise UsageError("labserve load URL needs the in-kernel server, which is not built yet")
 
@@ -191,6 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--repeats", type=int, default=5)
     prof.add_argument("--width", type=int, help="input row width, for a model without example()")
     prof.set_defaults(run=_profile)
+
+    srv = sub.add_parser("serve", help="serve a Runnable over HTTP in the foreground")
+    srv.add_argument("target", help="module:Class (a labserve.Runnable)")
+    srv.add_argument("--name", help="runner name (default: the class name, lowercased)")
+    srv.add_argument("--config", help="a labserve/BentoML YAML config file")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=3000)
+    srv.add_argument("--token", help="required for PATCH /config (and every route off loopback)")
+    srv.set_defaults(run=_serve)
 
     load = sub.add_parser("load", help="load an HTTP endpoint (needs the server)")
     load.add_argument("url")

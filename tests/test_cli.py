@@ -65,3 +65,47 @@ def test_bad_arguments_exit_2_with_a_message_not_a_traceback(argv, message, caps
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
+
+
+def test_serve_runs_in_the_foreground_and_stops_on_ctrl_c(tmp_path):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    (tmp_path / "mymodel.py").write_text(
+        "import labserve\n"
+        "class Echo(labserve.Runnable):\n"
+        "    @labserve.method(batchable=True)\n"
+        "    def predict(self, x):\n"
+        "        return x\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "labserve.cli", "serve", "mymodel:Echo", "--port", "0"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("serving echo at http://127.0.0.1:"), first
+        url = first.split()[3]
+        req = urllib.request.Request(
+            url + "/runners/echo/predict",
+            data=b"[[1, 2]]",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as reply:
+            assert json.loads(reply.read()) == [[1, 2]]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "stopping" in out and "Traceback" not in err
