@@ -190,7 +190,23 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace) -> None:
-    raise UsageError("labserve load URL needs the in-kernel server, which is not built yet")
+    from labserve.load.arrivals import PoissonArrivals
+    from labserve.load.generator import load_test
+
+    if not args.url.startswith(("http://", "https://")):
+        raise UsageError(f"URL must start with http:// or https://, got {args.url!r}")
+    example = np.ones((1, args.width), np.float32)
+    mode = f"{args.concurrency} clients" if args.concurrency else f"Poisson {args.rate:g} req/s"
+    sys.stderr.write(f"loading {args.url} for {args.duration:g} s ({mode}) ...\n")
+    result = load_test(
+        args.url,
+        example=example,
+        duration_s=args.duration,
+        arrivals=None if args.concurrency else PoissonArrivals(args.rate),
+        concurrency=args.concurrency,
+        label=f"{args.url}, {mode}",
+    )
+    print(result.table())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,8 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--token", help="required for PATCH /config (and every route off loopback)")
     srv.set_defaults(run=_serve)
 
-    load = sub.add_parser("load", help="load an HTTP endpoint (needs the server)")
-    load.add_argument("url")
+    load = sub.add_parser("load", help="open- or closed-loop load on an HTTP endpoint")
+    load.add_argument("url", help=".../runners/{name}/{method} or .../v2/models/{name}/infer")
+    load.add_argument("--rate", type=float, default=100.0, help="Poisson req/s (default 100)")
+    load.add_argument("--duration", type=float, default=5.0, help="seconds (default 5)")
+    load.add_argument("--width", type=int, default=4, help="values per request row (default 4)")
+    load.add_argument("--concurrency", type=int, help="closed loop with N clients instead")
     load.set_defaults(run=_load)
     return parser
 

@@ -55,7 +55,7 @@ def test_cli_demo_prints_a_row_per_rate(capsys):
         (["sweep", "--rates", "100", "--strategies", "eager"], "strategies must be among"),
         (["sweep", "--rates", "100", "--duration", "0"], "durations must be > 0"),
         (["profile", "--model", "nowhere:Model.predict"], "cannot load 'nowhere:Model.predict'"),
-        (["load", "http://127.0.0.1:1/"], "needs the in-kernel server"),
+        (["load", "ftp://example/"], "URL must start with http://"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message_not_a_traceback(argv, message, capsys):

@@ -9,6 +9,7 @@ falls behind it says so with a :class:`~labserve.errors.LoadWarning`.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import warnings
 from typing import Any
@@ -20,6 +21,7 @@ from labserve.errors import LabServeError, OverloadError, QueueFullError
 from labserve.load.arrivals import Arrivals
 from labserve.results import OUTCOMES, RunResult
 from labserve.runner import RunnerMethod
+from labserve.runtime.loop import background_loop
 
 __all__ = ["LoadWarning", "load_test"]
 
@@ -36,7 +38,7 @@ class LoadWarning(UserWarning):
 
 
 def load_test(
-    method: RunnerMethod,
+    target: RunnerMethod | str,
     *,
     example: Any,
     duration_s: float,
@@ -46,7 +48,11 @@ def load_test(
     seed: int = 0,
     label: str = "",
 ) -> RunResult:
-    """Drive ``method`` with ``example`` requests for ``duration_s``; return the RunResult.
+    """Drive ``target`` with ``example`` requests for ``duration_s``; return the RunResult.
+
+    ``target`` is a runner method (in-process) or a URL: the simple route
+    (``.../runners/{name}/{method}``) or a v2 infer URL (``.../v2/models/{name}/infer``).
+    Over HTTP, per-request batch starts and the batch arrays are unknown (NaN, empty).
 
     Open loop with ``arrivals`` (an arrival process: requests go out on schedule whatever
     the replies), or closed loop with ``concurrency`` clients, each sending its next
@@ -58,24 +64,34 @@ def load_test(
     >>> r = labserve.load_test(runner.predict, example=x, duration_s=5,
     ...                        arrivals=labserve.arrivals("poisson", rate_rps=2000))
     """
-    if not method.batchable:
-        raise TypeError(f"{method!r} is not batchable: load_test drives a batch queue")
     if not (isinstance(duration_s, (int, float)) and math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration_s must be a finite number > 0, got {duration_s!r}")
     if (arrivals is None) == (concurrency is None):
         raise TypeError("load_test needs exactly one of arrivals= (open loop) or concurrency=")
-    bg = method.runner.bg
-    method._driver_started()  # start the loop and the driver before the clock does
-    batches_before = _batch_count(method)
-    if arrivals is not None:
-        times = np.asarray(arrivals.times(duration_s, seed=seed), dtype=float)
-        run = bg.run(_open_loop(method, example, times))
-    else:
+    if concurrency is not None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
         if think_s < 0:
             raise ValueError(f"think_s must be >= 0, got {think_s!r}")
-        run = bg.run(_closed_loop(method, example, concurrency, think_s, duration_s))
+    sender: _Sender
+    if isinstance(target, str):
+        sender = _HttpSender(target, example)
+        bg = background_loop()
+        batches_before = 0
+    else:
+        if not target.batchable:
+            raise TypeError(f"{target!r} is not batchable: load_test drives a batch queue")
+        sender = _MethodSender(target, example)
+        bg = target.runner.bg
+        target._driver_started()  # start the loop and the driver before the clock does
+        batches_before = _batch_count(target)
+    if arrivals is not None:
+        times = np.asarray(arrivals.times(duration_s, seed=seed), dtype=float)
+        run = bg.run(_open_loop(sender, times))
+    else:
+        assert concurrency is not None
+        run = bg.run(_closed_loop(sender, concurrency, think_s, duration_s))
+    method = target if isinstance(target, RunnerMethod) else None
     result = _result(method, run, duration_s, batches_before, label)
     if result.send_lag_s is not None and len(result.send_lag_s):
         _warn_if_behind(result.send_lag_s, len(result.arrival_s) / duration_s)
@@ -95,21 +111,88 @@ class _Record:
         self.t0 = 0.0
 
 
-async def _one(method: RunnerMethod, example: Any, rec: _Record, k: int) -> None:
-    """Send one request on labserve's loop and record its outcome."""
-    loop = asyncio.get_running_loop()
-    request, future = method._submit_on_loop((example,))
-    rec.items[k] = request.items
-    try:
-        await future
-        rec.outcome[k] = _SERVED
-    except (OverloadError, QueueFullError) as exc:
-        rec.outcome[k] = _REFUSED if isinstance(exc, QueueFullError) else _REJECTED
-    except LabServeError:
-        rec.outcome[k] = _FAILED
-    rec.finish[k] = loop.time() - rec.t0
-    if request.start_s is not None:
-        rec.start[k] = request.start_s - rec.t0
+class _Sender:
+    """Sends one request and records its outcome in a _Record. Loop-only."""
+
+    async def open(self) -> None:
+        """Get ready to send (on the loop)."""
+
+    async def close(self) -> None:
+        """Release what open() took."""
+
+    async def send(self, rec: _Record, k: int) -> None:
+        raise NotImplementedError
+
+
+class _MethodSender(_Sender):
+    def __init__(self, method: RunnerMethod, example: Any) -> None:
+        self.method = method
+        self.example = example
+
+    async def send(self, rec: _Record, k: int) -> None:
+        loop = asyncio.get_running_loop()
+        request, future = self.method._submit_on_loop((self.example,))
+        rec.items[k] = request.items
+        try:
+            await future
+            rec.outcome[k] = _SERVED
+        except (OverloadError, QueueFullError) as exc:
+            rec.outcome[k] = _REFUSED if isinstance(exc, QueueFullError) else _REJECTED
+        except LabServeError:
+            rec.outcome[k] = _FAILED
+        rec.finish[k] = loop.time() - rec.t0
+        if request.start_s is not None:
+            rec.start[k] = request.start_s - rec.t0
+
+
+class _HttpSender(_Sender):
+    """POSTs to the simple route or a v2 infer URL, with no cap on connections in flight."""
+
+    def __init__(self, url: str, example: Any) -> None:
+        arr = np.asarray(example)
+        self.url = url
+        self.items = int(arr.shape[0]) if arr.ndim else 1
+        if "/v2/models/" in url:
+            from labserve.server.v2 import _FROM_NUMPY
+
+            tensor = {
+                "name": "input__0",
+                "shape": list(arr.shape),
+                "datatype": _FROM_NUMPY[arr.dtype.name],
+                "data": arr.reshape(-1).tolist(),
+            }
+            self.body = json.dumps({"inputs": [tensor]}).encode()
+        else:
+            self.body = json.dumps(arr.tolist()).encode()
+        self.client: Any = None
+
+    async def open(self) -> None:
+        from tornado.httpclient import AsyncHTTPClient
+
+        # tornado's default client allows 10 requests at a time: batches would cap at 10.
+        self.client = AsyncHTTPClient(force_instance=True, max_clients=100_000)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+    async def send(self, rec: _Record, k: int) -> None:
+        loop = asyncio.get_running_loop()
+        rec.items[k] = self.items
+        try:
+            reply = await self.client.fetch(
+                self.url,
+                method="POST",
+                body=self.body,
+                headers={"Content-Type": "application/json"},
+                raise_error=False,
+                request_timeout=60,
+            )
+            code = reply.code
+        except OSError:
+            code = 599
+        rec.outcome[k] = _SERVED if code == 200 else _REJECTED if code == 503 else _FAILED
+        rec.finish[k] = loop.time() - rec.t0
 
 
 def _new_slot(rec: _Record, intended_s: float) -> int:
@@ -121,8 +204,9 @@ def _new_slot(rec: _Record, intended_s: float) -> int:
     return len(rec.arrival) - 1
 
 
-async def _open_loop(method: RunnerMethod, example: Any, times: np.ndarray) -> _Record:
+async def _open_loop(sender: _Sender, times: np.ndarray) -> _Record:
     loop = asyncio.get_running_loop()
+    await sender.open()
     rec = _Record()
     rec.t0 = loop.time() + 0.005
     # Finished tasks are dropped at once: thousands kept alive make the GC's pauses long
@@ -135,18 +219,18 @@ async def _open_loop(method: RunnerMethod, example: Any, times: np.ndarray) -> _
             await asyncio.sleep(delay)
         k = _new_slot(rec, t)
         rec.lag.append(max(loop.time() - due, 0.0))
-        task = asyncio.ensure_future(_one(method, example, rec, k))
+        task = asyncio.ensure_future(sender.send(rec, k))
         in_flight.add(task)
         task.add_done_callback(in_flight.discard)
     while in_flight:
         await asyncio.wait(set(in_flight))
+    await sender.close()
     return rec
 
 
-async def _closed_loop(
-    method: RunnerMethod, example: Any, clients: int, think_s: float, duration_s: float
-) -> _Record:
+async def _closed_loop(sender: _Sender, clients: int, think_s: float, duration_s: float) -> _Record:
     loop = asyncio.get_running_loop()
+    await sender.open()
     rec = _Record()
     rec.t0 = loop.time()
     end = rec.t0 + duration_s
@@ -154,11 +238,12 @@ async def _closed_loop(
     async def client() -> None:
         while loop.time() < end:
             k = _new_slot(rec, loop.time() - rec.t0)
-            await _one(method, example, rec, k)
+            await sender.send(rec, k)
             if think_s:
                 await asyncio.sleep(think_s)
 
     await asyncio.gather(*(client() for _ in range(clients)))
+    await sender.close()
     return rec
 
 
@@ -167,11 +252,17 @@ def _batch_count(method: RunnerMethod) -> int:
 
 
 def _result(
-    method: RunnerMethod, rec: _Record, duration_s: float, batches_before: int, label: str
+    method: RunnerMethod | None,
+    rec: _Record,
+    duration_s: float,
+    batches_before: int,
+    label: str,
 ) -> RunResult:
-    snap = method.stats()
-    new = snap.batches - batches_before
-    held = method._batch_records(new)
+    if method is not None:
+        snap_config = dict(method.stats().config)
+        held = method._batch_records(method.stats().batches - batches_before)
+    else:
+        snap_config, held = {}, []
     reason_code: dict[str, int] = {r: i for i, r in enumerate(REASONS)}
     return RunResult(
         arrival_s=np.asarray(rec.arrival, dtype=float),
@@ -186,7 +277,7 @@ def _result(
         batch_reason=np.asarray([reason_code[b.reason] for b in held], dtype=np.int8),
         duration_s=float(duration_s),
         label=label,
-        config=dict(snap.config),
+        config=snap_config,
         send_lag_s=np.asarray(rec.lag, dtype=float) if rec.lag else None,
     )
 

@@ -1,4 +1,5 @@
 import concurrent.futures
+import contextlib
 import io
 import json
 import os
@@ -6,6 +7,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 
 import numpy as np
 import pytest
@@ -193,3 +195,40 @@ def test_a_non_loopback_bind_needs_a_token():
     with pytest.raises(ValueError, match="needs token"):
         Server(runner, host="0.0.0.0")
     runner.stop()
+
+
+def test_http_load_over_the_simple_route_and_v2_form_batches():
+    from labserve.load.arrivals import ConstantArrivals
+    from labserve.load.generator import load_test
+
+    runner = labserve.Runner(Model, name="model")
+    server = serve(runner)
+    try:
+        with _ignore_lag():
+            simple = load_test(
+                server.url + "/runners/model/predict",
+                example=np.ones((1, 3)),
+                duration_s=0.3,
+                arrivals=ConstantArrivals(300),
+            )
+            v2 = load_test(
+                server.url + "/v2/models/model.predict/infer",
+                example=np.ones((1, 3), np.float32),
+                duration_s=0.3,
+                concurrency=4,
+            )
+    finally:
+        server.stop()
+        runner.stop()
+    assert simple.served.all() and len(simple.arrival_s) == 90
+    assert v2.served.all() and len(v2.arrival_s) > 0
+    assert runner.stats("predict").served == len(simple.arrival_s) + len(v2.arrival_s)
+
+
+@contextlib.contextmanager
+def _ignore_lag():
+    from labserve.load.generator import LoadWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LoadWarning)  # a busy machine may lag; tested elsewhere
+        yield
