@@ -10,11 +10,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["OUTCOMES", "RunResult"]
+from labserve.batching.policy import REASONS
+
+__all__ = ["CANCELLED", "FAILED", "OUTCOMES", "REFUSED", "REJECTED", "SERVED", "RunResult"]
 
 OUTCOMES: tuple[str, ...] = ("served", "rejected", "failed", "cancelled", "refused")
 """Outcome codes, by index: what ``RunResult.outcome`` holds."""
-_REASONS: tuple[str, ...] = ("full", "timeout", "adaptive", "idle", "drain")
+SERVED, REJECTED, FAILED, CANCELLED, REFUSED = range(len(OUTCOMES))
 _QS = (50.0, 95.0, 99.0, 99.9)
 
 
@@ -47,7 +49,7 @@ class RunResult:
     @property
     def served(self) -> np.ndarray:
         """Mask of the requests answered with a result."""
-        return np.asarray(self.outcome == 0)
+        return np.asarray(self.outcome == SERVED)
 
     @property
     def latency_s(self) -> np.ndarray:
@@ -70,8 +72,8 @@ class RunResult:
             "offered_rps": n / span,
             "served_rps": served / span,
             "goodput_items_ps": float(self.items[self.served].sum()) / span,
-            "rejected_pct": 100.0 * float(counts[1] + counts[4]) / n if n else 0.0,
-            "failed_pct": 100.0 * float(counts[2]) / n if n else 0.0,
+            "rejected_pct": 100.0 * float(counts[REJECTED] + counts[REFUSED]) / n if n else 0.0,
+            "failed_pct": 100.0 * float(counts[FAILED]) / n if n else 0.0,
         }
         for name, values in (("latency", self.latency_s), ("queue_wait", self.queue_wait_s)):
             pcts = np.percentile(values, _QS) * 1000.0 if len(values) else [math.nan] * 4
@@ -84,8 +86,8 @@ class RunResult:
         out["batches"] = batches
         out["mean_batch"] = float(self.batch_items.mean()) if batches else math.nan
         out["max_batch"] = int(self.batch_items.max()) if batches else 0
-        reasons = np.bincount(self.batch_reason.astype(np.int64), minlength=len(_REASONS))
-        out["fire_reasons"] = {r: int(c) for r, c in zip(_REASONS, reasons, strict=True) if c}
+        reasons = np.bincount(self.batch_reason.astype(np.int64), minlength=len(REASONS))
+        out["fire_reasons"] = {r: int(c) for r, c in zip(REASONS, reasons, strict=True) if c}
         return out
 
     def table(self) -> str:

@@ -108,9 +108,7 @@ class RunnerMethod:
         driver = self._driver_started()
         assert self._queue is not None
         if self.runner.bg.in_loop_thread():
-            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            request = self._queue.new_request(args, future)
-            driver.submit(request)
+            request, future = self._submit_on_loop(args)
             try:
                 return await future
             except asyncio.CancelledError:

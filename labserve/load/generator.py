@@ -19,13 +19,12 @@ import numpy as np
 from labserve.batching.policy import REASONS
 from labserve.errors import LabServeError, OverloadError, QueueFullError
 from labserve.load.arrivals import Arrivals
-from labserve.results import OUTCOMES, RunResult
+from labserve.results import CANCELLED, FAILED, REFUSED, REJECTED, SERVED, RunResult
 from labserve.runner import RunnerMethod
 from labserve.runtime.loop import background_loop
 
 __all__ = ["LoadWarning", "load_test"]
 
-_SERVED, _REJECTED, _FAILED, _CANCELLED, _REFUSED = range(len(OUTCOMES))
 # Behind schedule by more than this (p99), the run says it could not keep the rate.
 _LAG_LIMIT_S = 0.005
 
@@ -84,7 +83,7 @@ def load_test(
         sender = _MethodSender(target, example)
         bg = target.runner.bg
         target._driver_started()  # start the loop and the driver before the clock does
-        batches_before = _batch_count(target)
+        batches_before = target.stats().batches
     if arrivals is not None:
         times = np.asarray(arrivals.times(duration_s, seed=seed), dtype=float)
         run = bg.run(_open_loop(sender, times))
@@ -135,11 +134,11 @@ class _MethodSender(_Sender):
         rec.items[k] = request.items
         try:
             await future
-            rec.outcome[k] = _SERVED
+            rec.outcome[k] = SERVED
         except (OverloadError, QueueFullError) as exc:
-            rec.outcome[k] = _REFUSED if isinstance(exc, QueueFullError) else _REJECTED
+            rec.outcome[k] = REFUSED if isinstance(exc, QueueFullError) else REJECTED
         except LabServeError:
-            rec.outcome[k] = _FAILED
+            rec.outcome[k] = FAILED
         rec.finish[k] = loop.time() - rec.t0
         if request.start_s is not None:
             rec.start[k] = request.start_s - rec.t0
@@ -153,12 +152,12 @@ class _HttpSender(_Sender):
         self.url = url
         self.items = int(arr.shape[0]) if arr.ndim else 1
         if "/v2/models/" in url:
-            from labserve.server.v2 import _FROM_NUMPY
+            from labserve.server.v2 import datatype
 
             tensor = {
                 "name": "input__0",
                 "shape": list(arr.shape),
-                "datatype": _FROM_NUMPY[arr.dtype.name],
+                "datatype": datatype(arr.dtype),
                 "data": arr.reshape(-1).tolist(),
             }
             self.body = json.dumps({"inputs": [tensor]}).encode()
@@ -191,7 +190,7 @@ class _HttpSender(_Sender):
             code = reply.code
         except OSError:
             code = 599
-        rec.outcome[k] = _SERVED if code == 200 else _REJECTED if code == 503 else _FAILED
+        rec.outcome[k] = SERVED if code == 200 else REJECTED if code == 503 else FAILED
         rec.finish[k] = loop.time() - rec.t0
 
 
@@ -199,7 +198,7 @@ def _new_slot(rec: _Record, intended_s: float) -> int:
     rec.arrival.append(intended_s)
     rec.start.append(math.nan)
     rec.finish.append(math.nan)
-    rec.outcome.append(_CANCELLED)
+    rec.outcome.append(CANCELLED)
     rec.items.append(0)
     return len(rec.arrival) - 1
 
@@ -247,10 +246,6 @@ async def _closed_loop(sender: _Sender, clients: int, think_s: float, duration_s
     return rec
 
 
-def _batch_count(method: RunnerMethod) -> int:
-    return method.stats().batches
-
-
 def _result(
     method: RunnerMethod | None,
     rec: _Record,
@@ -259,11 +254,11 @@ def _result(
     label: str,
 ) -> RunResult:
     if method is not None:
-        snap_config = dict(method.stats().config)
-        held = method._batch_records(method.stats().batches - batches_before)
+        snap = method.stats()
+        snap_config = dict(snap.config)
+        held = method._batch_records(snap.batches - batches_before)
     else:
         snap_config, held = {}, []
-    reason_code: dict[str, int] = {r: i for i, r in enumerate(REASONS)}
     return RunResult(
         arrival_s=np.asarray(rec.arrival, dtype=float),
         start_s=np.asarray(rec.start, dtype=float),
@@ -274,7 +269,7 @@ def _result(
         batch_duration_s=np.asarray([b.duration_s for b in held], dtype=float),
         batch_items=np.asarray([b.items for b in held], dtype=np.int64),
         batch_requests=np.asarray([b.requests for b in held], dtype=np.int64),
-        batch_reason=np.asarray([reason_code[b.reason] for b in held], dtype=np.int8),
+        batch_reason=np.asarray([REASONS.index(b.reason) for b in held], dtype=np.int8),
         duration_s=float(duration_s),
         label=label,
         config=snap_config,

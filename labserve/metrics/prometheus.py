@@ -12,12 +12,12 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from labserve.metrics.snapshot import Snapshot
+from labserve.results import OUTCOMES
 
 __all__ = ["SnapshotCollector"]
 
 _LABELS = ["runner", "method"]
 _BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-_OUTCOMES = ("served", "rejected", "failed", "cancelled", "refused")
 
 
 class SnapshotCollector(Collector):
@@ -75,7 +75,7 @@ class SnapshotCollector(Collector):
             wait_cap.add_metric(labels, s.config["max_latency_ms"] / 1000.0)
             fit_a.add_metric(labels, s.cost_fit.a_ms / 1000.0)
             fit_b.add_metric(labels, s.cost_fit.b_ms / 1000.0)
-            for outcome in _OUTCOMES:
+            for outcome in OUTCOMES:
                 requests.add_metric([*labels, outcome], getattr(s, outcome))
             for reason, count in sorted(s.fire_reasons.items()):
                 batches.add_metric([*labels, reason], count)

@@ -18,7 +18,7 @@ from labserve.errors import InputError, LabServeError
 from labserve.runner import Runner, RunnerMethod
 from labserve.server.app import _Base, _BodyMixin
 
-__all__ = ["routes"]
+__all__ = ["datatype", "models", "routes"]
 
 _TO_NUMPY = {
     "BOOL": "bool",
@@ -50,7 +50,8 @@ def models(runners: dict[str, Runner]) -> dict[str, RunnerMethod]:
     return found
 
 
-def _datatype(dtype: np.dtype[Any]) -> str:
+def datatype(dtype: np.dtype[Any]) -> str:
+    """The v2 datatype name of a numpy dtype (FP32 for float32); InputError if none."""
     try:
         return _FROM_NUMPY[dtype.name]
     except KeyError:
@@ -95,11 +96,19 @@ class _Metadata(_V2):
         method = self.model(name)
         specs = method.spec.input_spec or ()
         inputs = [
-            {"name": f"input__{i}", "datatype": _FROM_NUMPY[s.dtype], "shape": [-1, *s.shape]}
+            {
+                "name": f"input__{i}",
+                "datatype": datatype(np.dtype(s.dtype)),
+                "shape": [-1, *s.shape],
+            }
             for i, s in enumerate(specs)
         ]
         outputs = [
-            {"name": f"output__{i}", "datatype": _FROM_NUMPY[s.dtype], "shape": [-1, *s.shape]}
+            {
+                "name": f"output__{i}",
+                "datatype": datatype(np.dtype(s.dtype)),
+                "shape": [-1, *s.shape],
+            }
             for i, s in enumerate(method.spec.output_spec or ())
         ]
         self.reply_json(
@@ -142,7 +151,7 @@ class _Infer(_BodyMixin, _V2):
             params = (wanted.get(out_name) or {}).get("parameters") or {}
             entry: dict[str, Any] = {
                 "name": out_name,
-                "datatype": _datatype(arr.dtype),
+                "datatype": datatype(arr.dtype),
                 "shape": list(arr.shape),
             }
             if params.get("binary_data", default_binary):

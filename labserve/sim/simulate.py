@@ -20,11 +20,10 @@ from labserve.batching.queue import Batch, BatchQueue, Outcome, Request
 from labserve.config import BatchingConfig
 from labserve.containers import Codec
 from labserve.errors import LabServeError
-from labserve.results import OUTCOMES, RunResult
+from labserve.results import REFUSED, REJECTED, SERVED, RunResult
 
 __all__ = ["LinearCost", "simulate"]
 
-_SERVED, _REJECTED, _FAILED, _CANCELLED, _REFUSED = range(len(OUTCOMES))
 _DONE, _TIMER = 0, 1
 
 
@@ -164,10 +163,9 @@ class _Run:
                 try:
                     queue.admit(request, now)
                 except LabServeError:
-                    self.outcome[request.handle] = _REFUSED
+                    self.outcome[request.handle] = REFUSED
                     continue
             self._carry_out(now)
-        reason_code = {r: k for k, r in enumerate(REASONS)}
         b = np.array(self.batches, dtype=float).reshape(-1, 5)
         return RunResult(
             arrival_s=times,
@@ -179,7 +177,7 @@ class _Run:
             batch_duration_s=b[:, 1],
             batch_items=b[:, 2].astype(np.int64),
             batch_requests=b[:, 3].astype(np.int64),
-            batch_reason=np.array([reason_code[REASONS[int(k)]] for k in b[:, 4]], dtype=np.int8),
+            batch_reason=b[:, 4].astype(np.int8),
             duration_s=float(self.duration_s),
             label=label,
             config=self.config.as_dict(),
@@ -187,7 +185,7 @@ class _Run:
 
     def _carry_out(self, now: float) -> None:
         step = self.queue.poll(now)
-        self._record(step.rejected, _REJECTED, now)
+        self._record(step.rejected, REJECTED, now)
         for batch in step.fire:
             seconds = self.cost(batch.items)
             self.batches.append(
@@ -202,7 +200,7 @@ class _Run:
 
     def _finished(self, batch: Batch, now: float) -> None:
         parts = [[None] * (b - a) for _, a, b in batch.parts]
-        self._record(self.queue.complete(batch, parts, now), _SERVED, now)
+        self._record(self.queue.complete(batch, parts, now), SERVED, now)
         self.queue.release(batch, now, ok=True)
 
     def _record(self, outcomes: Sequence[Outcome], code: int, now: float) -> None:
@@ -211,5 +209,5 @@ class _Run:
             self.outcome[k] = code
             if r.start_s is not None:
                 self.start[k] = r.start_s
-            if code == _SERVED:
+            if code == SERVED:
                 self.finish[k] = now
