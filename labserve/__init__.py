@@ -39,7 +39,7 @@ from labserve.load.arrivals import (
     TraceArrivals,
     arrivals,
 )
-from labserve.load.generator import LoadWarning, load_test
+from labserve.load.generator import LoadRun, LoadWarning, load_test, start_load
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
 from labserve.profiling import CostCurve, profile
@@ -73,6 +73,7 @@ __all__ = [
     "InputError",
     "LabServeError",
     "LinearCost",
+    "LoadRun",
     "LoadWarning",
     "LoopThreadError",
     "ModelError",
@@ -103,5 +104,6 @@ __all__ = [
     "profile",
     "serve",
     "simulate",
+    "start_load",
     "sweep",
 ]

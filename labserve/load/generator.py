@@ -9,6 +9,7 @@ falls behind it says so with a :class:`~labserve.errors.LoadWarning`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import math
 import warnings
@@ -21,9 +22,9 @@ from labserve.errors import LabServeError, OverloadError, QueueFullError
 from labserve.load.arrivals import Arrivals
 from labserve.results import CANCELLED, FAILED, REFUSED, REJECTED, SERVED, RunResult
 from labserve.runner import RunnerMethod
-from labserve.runtime.loop import background_loop
+from labserve.runtime.loop import BackgroundLoop, background_loop
 
-__all__ = ["LoadWarning", "load_test"]
+__all__ = ["LoadRun", "LoadWarning", "load_test", "start_load"]
 
 # Behind schedule by more than this (p99), the run says it could not keep the rate.
 _LAG_LIMIT_S = 0.005
@@ -58,10 +59,41 @@ def load_test(
     request ``think_s`` after its last reply. Blocks until the last reply; call it from a
     notebook cell or a script (not from labserve's loop). The batch arrays hold the
     run's batches as far as the runner's recorder still holds them (its last 4,096).
+    :func:`start_load` is the same without blocking.
 
     >>> import labserve                                        # doctest: +SKIP
     >>> r = labserve.load_test(runner.predict, example=x, duration_s=5,
     ...                        arrivals=labserve.arrivals("poisson", rate_rps=2000))
+    """
+    run = start_load(
+        target,
+        example=example,
+        duration_s=duration_s,
+        arrivals=arrivals,
+        concurrency=concurrency,
+        think_s=think_s,
+        seed=seed,
+        label=label,
+    )
+    return run._wait(None, stacklevel=3)
+
+
+def start_load(
+    target: RunnerMethod | str,
+    *,
+    example: Any,
+    duration_s: float,
+    arrivals: Arrivals | None = None,
+    concurrency: int | None = None,
+    think_s: float = 0.0,
+    seed: int = 0,
+    label: str = "",
+) -> LoadRun:
+    """Start the load :func:`load_test` describes and return at once with its :class:`LoadRun`.
+
+    The load runs on labserve's background loop, so the calling cell (or thread) is free:
+    this is what a dashboard's start button uses. Same arguments and errors as
+    :func:`load_test`.
     """
     if not (isinstance(duration_s, (int, float)) and math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration_s must be a finite number > 0, got {duration_s!r}")
@@ -84,17 +116,99 @@ def load_test(
         bg = target.runner.bg
         target._driver_started()  # start the loop and the driver before the clock does
         batches_before = target.stats().batches
+    control = _Control()
     if arrivals is not None:
         times = np.asarray(arrivals.times(duration_s, seed=seed), dtype=float)
-        run = bg.run(_open_loop(sender, times))
+        future = bg.submit(_open_loop(sender, times, control))
     else:
         assert concurrency is not None
-        run = bg.run(_closed_loop(sender, concurrency, think_s, duration_s))
+        future = bg.submit(_closed_loop(sender, concurrency, think_s, duration_s, control))
     method = target if isinstance(target, RunnerMethod) else None
-    result = _result(method, run, duration_s, batches_before, label)
-    if result.send_lag_s is not None and len(result.send_lag_s):
-        _warn_if_behind(result.send_lag_s, len(result.arrival_s) / duration_s)
-    return result
+    return LoadRun(bg, future, control, method, float(duration_s), batches_before, label)
+
+
+class LoadRun:
+    """A load run started by :func:`start_load`. Thread-safe.
+
+    ``stop()`` ends the sending early (requests already sent still get their replies);
+    ``result()`` waits for the last reply and returns the RunResult.
+    """
+
+    def __init__(
+        self,
+        bg: BackgroundLoop,
+        future: concurrent.futures.Future[_Record],
+        control: _Control,
+        method: RunnerMethod | None,
+        duration_s: float,
+        batches_before: int,
+        label: str,
+    ) -> None:
+        self._bg = bg
+        self._future = future
+        self._control = control
+        self._method = method
+        self._duration_s = duration_s
+        self._batches_before = batches_before
+        self._label = label
+        self._result: RunResult | None = None
+
+    @property
+    def running(self) -> bool:
+        """True until the last reply is in."""
+        return not self._future.done()
+
+    @property
+    def sent(self) -> int:
+        """Requests sent so far."""
+        return self._control.sent
+
+    def stop(self) -> None:
+        """Send no more requests (idempotent; returns at once)."""
+        if not self._future.done():
+            self._bg.call_soon(self._control.stop)
+
+    def result(self, timeout: float | None = None) -> RunResult:
+        """Wait for the last reply (up to ``timeout`` seconds) and return the RunResult.
+
+        Warns :class:`LoadWarning` when the sends fell behind schedule. Raises
+        ``TimeoutError`` when the run is still going after ``timeout``.
+        """
+        return self._wait(timeout, stacklevel=3)
+
+    def _wait(self, timeout: float | None, stacklevel: int) -> RunResult:
+        if self._result is None:
+            try:
+                rec = self._future.result(timeout)
+            except concurrent.futures.TimeoutError:
+                raise TimeoutError(f"the load run is still going after {timeout} s") from None
+            duration_s = self._duration_s
+            if self._control.stopped_at is not None:
+                duration_s = max(min(self._control.stopped_at - rec.t0, duration_s), 1e-9)
+            self._result = _result(self._method, rec, duration_s, self._batches_before, self._label)
+            result = self._result
+            if result.send_lag_s is not None and len(result.send_lag_s):
+                _warn_if_behind(result.send_lag_s, len(result.arrival_s) / duration_s, stacklevel)
+        return self._result
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "done"
+        return f"<LoadRun {state}, {self.sent} sent>"
+
+
+class _Control:
+    """Stops a run's sending. Loop-only."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.stopped_at: float | None = None
+        self.sending: asyncio.Task[None] | None = None
+
+    def stop(self) -> None:
+        if self.stopped_at is None:
+            self.stopped_at = asyncio.get_running_loop().time()
+            if self.sending is not None:
+                self.sending.cancel()
 
 
 class _Record:
@@ -203,7 +317,7 @@ def _new_slot(rec: _Record, intended_s: float) -> int:
     return len(rec.arrival) - 1
 
 
-async def _open_loop(sender: _Sender, times: np.ndarray) -> _Record:
+async def _open_loop(sender: _Sender, times: np.ndarray, control: _Control) -> _Record:
     loop = asyncio.get_running_loop()
     await sender.open()
     rec = _Record()
@@ -211,23 +325,35 @@ async def _open_loop(sender: _Sender, times: np.ndarray) -> _Record:
     # Finished tasks are dropped at once: thousands kept alive make the GC's pauses long
     # enough to push the sends behind schedule.
     in_flight: set[asyncio.Task[None]] = set()
-    for t in times.tolist():
-        due = rec.t0 + t
-        delay = due - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        k = _new_slot(rec, t)
-        rec.lag.append(max(loop.time() - due, 0.0))
-        task = asyncio.ensure_future(sender.send(rec, k))
-        in_flight.add(task)
-        task.add_done_callback(in_flight.discard)
+
+    async def send_on_schedule() -> None:
+        for t in times.tolist():
+            due = rec.t0 + t
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            k = _new_slot(rec, t)
+            rec.lag.append(max(loop.time() - due, 0.0))
+            control.sent += 1
+            task = asyncio.ensure_future(sender.send(rec, k))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+
+    control.sending = asyncio.ensure_future(send_on_schedule())
+    try:
+        await control.sending
+    except asyncio.CancelledError:
+        if control.stopped_at is None:
+            raise  # the run itself was cancelled, not stopped
     while in_flight:
         await asyncio.wait(set(in_flight))
     await sender.close()
     return rec
 
 
-async def _closed_loop(sender: _Sender, clients: int, think_s: float, duration_s: float) -> _Record:
+async def _closed_loop(
+    sender: _Sender, clients: int, think_s: float, duration_s: float, control: _Control
+) -> _Record:
     loop = asyncio.get_running_loop()
     await sender.open()
     rec = _Record()
@@ -235,8 +361,9 @@ async def _closed_loop(sender: _Sender, clients: int, think_s: float, duration_s
     end = rec.t0 + duration_s
 
     async def client() -> None:
-        while loop.time() < end:
+        while loop.time() < end and control.stopped_at is None:
             k = _new_slot(rec, loop.time() - rec.t0)
+            control.sent += 1
             await sender.send(rec, k)
             if think_s:
                 await asyncio.sleep(think_s)
@@ -277,7 +404,7 @@ def _result(
     )
 
 
-def _warn_if_behind(lag_s: np.ndarray, rate_rps: float) -> None:
+def _warn_if_behind(lag_s: np.ndarray, rate_rps: float, stacklevel: int = 1) -> None:
     p99 = float(np.percentile(lag_s, 99))
     if p99 > _LAG_LIMIT_S:
         warnings.warn(
@@ -286,5 +413,5 @@ def _warn_if_behind(lag_s: np.ndarray, rate_rps: float) -> None:
                 f"schedule by up to {lag_s.max() * 1000:.1f} ms (p99 {p99 * 1000:.1f} ms); "
                 "latencies are measured from the intended send times"
             ),
-            stacklevel=3,
+            stacklevel=stacklevel + 1,
         )

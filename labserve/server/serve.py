@@ -79,6 +79,16 @@ class Server:
         return f"http://{host}:{self.port}"
 
     @property
+    def runners(self) -> dict[str, Runner]:
+        """The served runners by name (a copy)."""
+        return dict(self._state["runners"])
+
+    @property
+    def running(self) -> bool:
+        """True while it listens."""
+        return self._http is not None
+
+    @property
     def bg(self) -> BackgroundLoop:
         """The loop the server runs on."""
         if self._bg is None:

@@ -1,3 +1,4 @@
+import time
 import warnings
 
 import numpy as np
@@ -86,3 +87,41 @@ def test_falling_behind_schedule_is_said_not_hidden():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _warn_if_behind(np.array([0.0, 0.001, 0.002]), 100)
+
+
+def test_start_load_returns_at_once_and_stop_ends_the_sending_early(runner):
+    run = labserve.start_load(
+        runner.predict, example=np.ones((1, 2)), duration_s=60, arrivals=ConstantArrivals(200)
+    )
+    assert run.running
+    for _ in range(500):  # wait for some sends (the loop runs them), at most 5 s
+        if run.sent >= 20:
+            break
+        time.sleep(0.01)
+    run.stop()
+    run.stop()  # idempotent
+    result = run.result(timeout=10)
+    assert not run.running
+    n = len(result.arrival_s)
+    assert 20 <= n < 12_000  # far fewer than 60 s at 200 req/s
+    assert n == run.sent
+    assert [OUTCOMES[o] for o in set(result.outcome.tolist())] == ["served"]  # all answered
+    assert result.duration_s < 60  # rates are over the span actually run
+
+
+def test_stopping_a_closed_loop_run(runner):
+    run = labserve.start_load(runner.predict, example=np.ones((1, 2)), duration_s=60, concurrency=2)
+    run.stop()
+    result = run.result(timeout=10)
+    assert len(result.arrival_s) == run.sent
+    assert set(result.outcome.tolist()) <= {0}
+
+
+def test_result_times_out_while_the_run_goes_on(runner):
+    run = labserve.start_load(
+        runner.predict, example=np.ones((1, 2)), duration_s=60, arrivals=ConstantArrivals(10)
+    )
+    with pytest.raises(TimeoutError, match="still going"):
+        run.result(timeout=0.05)
+    run.stop()
+    run.result(timeout=10)
