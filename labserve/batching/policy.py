@@ -40,6 +40,9 @@ class Hold:
     """Keep the batch open until ``until_s`` unless something changes first."""
 
     until_s: float
+    until_items: int | None = None
+    """Arrivals leave the decision as it is while the group holds fewer items than this;
+    None: any arrival may change it (ask again after each)."""
 
 
 Decision = Fire | Hold
@@ -84,7 +87,7 @@ def decide(
     if now >= deadline:
         return Fire("timeout")
     if strategy == "fixed":
-        return Hold(deadline)
+        return Hold(deadline, config.max_batch_size)
     last_slot = view.in_flight + 1 >= config.max_concurrent_batches
     return _adaptive(view, now, deadline, fit, rates, last_slot)
 

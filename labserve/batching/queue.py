@@ -17,9 +17,10 @@ import copy
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
-from labserve.batching.estimators import CostModel, RateEstimator
+from labserve.batching.estimators import CostFit, CostModel, RateEstimator
 from labserve.batching.policy import Decision, Fire, HeadView, Reason, decide
 from labserve.config import BatchingConfig
 from labserve.containers import Codec
@@ -36,6 +37,7 @@ from labserve.metrics.snapshot import BatchRecord, CostFitView, Snapshot
 __all__ = ["Batch", "BatchQueue", "Outcome", "Request", "Step"]
 
 _QUEUED, _DONE = 0, 1
+_NO_FIT = CostFit(0.0, 0.0, 0)
 
 
 class Request:
@@ -55,13 +57,21 @@ class Request:
         "state",
     )
 
-    def __init__(self, rid: int, args: tuple[Any, ...], items: int, key: Hashable, handle: Any):
+    def __init__(
+        self,
+        rid: int,
+        args: tuple[Any, ...],
+        items: int,
+        key: Hashable,
+        handle: Any,
+        arrival_s: float = 0.0,
+    ):
         self.id = rid
         self.args = args
         self.items = items
         self.key = key
         self.handle = handle
-        self.arrival_s = 0.0
+        self.arrival_s = arrival_s
         self.start_s: float | None = None  # when its first batch fired
         self.offset = 0  # items already taken into batches
         self.parts_pending = 0  # taken parts whose batch has not finished
@@ -122,6 +132,11 @@ class Step:
     """Requests rejected for overload, with their error."""
     wake_s: float | None = None
     """Call :meth:`BatchQueue.poll` again at this time, unless another event comes first."""
+    quiet_items: int | None = 0
+    """Items that may still arrive, into the group(s) already queued, before this decision
+    can change (None: no limit, as every batch slot is busy). Until then, or until
+    ``wake_s``, a batch finishes or the config changes, :meth:`BatchQueue.poll` would
+    decide nothing new: a driver may admit that many with no poll in between."""
 
 
 class _Group:
@@ -240,6 +255,54 @@ class BatchQueue:
         self._new_at = now
         return request
 
+    def admit_many(self, request: Request, times: Sequence[float], handles: Sequence[Any]) -> int:
+        """Queue a copy of ``request`` (from :meth:`new_request`) at each of ``times``.
+
+        The same as :meth:`admit` once per time with no :meth:`poll` in between, except
+        that each arrival is counted in the rate estimate at its own time rather than at
+        the last one. ``times`` must not decrease; ``handles`` holds each copy's handle.
+        Returns how many were admitted: the first ones, since nothing leaves the queue
+        without a poll. The rest were refused (QueueFullError or RunnerStoppedError) and
+        get no other outcome. Admitting no more than the last poll's
+        :attr:`Step.quiet_items` allow leaves every batching decision as it would be with
+        a poll after each arrival.
+        """
+        n = len(times)
+        cfg = self._config
+        room = 0 if self._closed else max(cfg.max_queue_size - self._queued_requests, 0)
+        k = n if n <= room else room
+        if k < n:
+            for t in times[k:]:
+                self.recorder.refused(t)
+            if k == 0:
+                return 0
+            times, handles = times[:k], handles[:k]
+        args, items, key = request.args, request.items, request.key
+        rid = self._next_request
+        self._next_request = rid + k
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = _Group(key)
+        group.queue.extend(
+            map(
+                Request,
+                range(rid, rid + k),
+                repeat(args),
+                repeat(items),
+                repeat(key),
+                handles,
+                times,
+            )
+        )
+        group.items += k * items
+        group.requests += k
+        self._queued_items += k * items
+        self._queued_requests += k
+        self._count_arrivals()  # earlier single admissions first, in order
+        self.rate.observe_each(times, items)
+        self.recorder.arrived(times[-1], k)
+        return k
+
     def _count_arrivals(self) -> None:
         if self._new_requests:
             self.rate.observe(self._new_at, self._new_items, self._new_requests)
@@ -293,6 +356,10 @@ class BatchQueue:
         if not self._queued_requests:
             return step
         held: list[_Group] = []
+        held_items: int | None = None  # the hold stands while its group has fewer items
+        adaptive = cfg.effective_strategy == "adaptive"
+        # Only the adaptive strategy reads the fit: the others need not pay for a refit.
+        fit = self.cost_model.fit if adaptive else _NO_FIT
         while self._queued_requests and self._in_flight < cfg.max_concurrent_batches:
             group = self._oldest_group(held)
             if group is None:
@@ -311,9 +378,8 @@ class BatchQueue:
                     group.hold_until,
                     self._in_flight,
                 )
-                adaptive = cfg.effective_strategy == "adaptive"
                 rates = self.rate.rates(now) if adaptive else (0.0, 0.0)
-                decision = decide(view, now, cfg, self.cost_model.fit, rates)
+                decision = decide(view, now, cfg, fit, rates)
             if isinstance(decision, Fire):
                 step.fire.append(self._form(group, decision.reason, now))
                 continue
@@ -322,24 +388,25 @@ class BatchQueue:
             group.hold_until = decision.until_s
             step.wake_s = _earliest(step.wake_s, decision.until_s)
             held.append(group)
-        if (
-            self._queued_requests
-            and self._in_flight >= cfg.max_concurrent_batches
-            and cfg.on_overload == "reject"
-        ):
-            self._expire(now, step)
+            held_items = decision.until_items
+        if self._in_flight >= cfg.max_concurrent_batches:
+            # No slot: arrivals only queue, and change nothing unless one would bring the
+            # earliest deadline (when no queued request is still waiting to start).
+            if cfg.on_overload != "reject" or (self._queued_requests and self._expire(now, step)):
+                step.quiet_items = None
+        elif len(held) == 1 and len(self._groups) == 1 and held_items is not None:
+            step.quiet_items = max(held_items - 1 - held[0].items, 0)
         return step
 
     def complete(self, batch: Batch, outputs: Sequence[Any], now: float) -> list[Outcome]:
         """A batch (or half of one) ran: ``outputs`` holds each part's slice, in order."""
         done: list[Outcome] = []
-        arrivals: list[float] = []
-        starts: list[float] = []
-        for (r, a, _b), out in zip(batch.parts, outputs, strict=True):
+        append = done.append
+        for (r, a, b), out in zip(batch.parts, outputs, strict=True):
             r.parts_pending -= 1
             if r.state == _DONE:
                 continue  # cancelled or failed meanwhile
-            if a == 0 and _b == r.items:
+            if a == 0 and b == r.items:
                 result = out
             else:
                 if r.pieces is None:
@@ -351,9 +418,9 @@ class BatchQueue:
                 result = self.codec.join([p[1] for p in r.pieces])
                 r.pieces = None
             r.state = _DONE
-            done.append((r, result, None))
-            arrivals.append(r.arrival_s)
-            starts.append(r.start_s if r.start_s is not None else now)
+            append((r, result, None))
+        arrivals = [r.arrival_s for r, _, _ in done]
+        starts = [now if r.start_s is None else r.start_s for r, _, _ in done]
         self.recorder.served(now, arrivals, starts)
         return done
 
@@ -428,34 +495,37 @@ class BatchQueue:
         cap = cfg.max_batch_size
         one_request = cfg.effective_strategy == "off"
         parts: list[tuple[Request, int, int]] = []
-        total = 0
+        append = parts.append
+        total = taken = 0  # items, and requests taken whole (off the queue)
         q = group.queue
         while q:
             r = q[0]
             if r.state == _DONE:
                 q.popleft()
                 continue
-            rest = r.items - r.offset
-            room = cap - total
-            if rest > room and total:
-                break
-            take = min(rest, room)
             start = r.offset
-            r.offset += take
+            take = r.items - start
+            room = cap - total
+            if take > room:
+                if total:
+                    break
+                take = room
+            r.offset = start + take
             r.parts_pending += 1
             if r.start_s is None:
                 r.start_s = now
-            parts.append((r, start, start + take))
+            append((r, start, start + take))
             total += take
-            group.items -= take
-            self._queued_items -= take
             if r.offset < r.items:
                 break  # a request larger than the cap: the rest waits at the head
             q.popleft()
-            group.requests -= 1
-            self._queued_requests -= 1
+            taken += 1
             if one_request or total >= cap:
                 break
+        group.items -= total
+        group.requests -= taken
+        self._queued_items -= total
+        self._queued_requests -= taken
         group.hold_start = group.hold_until = None
         self._in_flight += 1
         self._next_batch += 1
@@ -475,15 +545,20 @@ class BatchQueue:
         r.state = _DONE
         r.pieces = None
 
-    def _expire(self, now: float, step: Step) -> None:
-        """Reject queued requests whose deadline passed while no batch slot was free."""
+    def _expire(self, now: float, step: Step) -> bool:
+        """Reject queued requests whose deadline passed while no batch slot was free.
+
+        Returns True if a queued request is still waiting to start (its deadline ahead).
+        """
         max_wait = self._config.max_latency_s
+        waiting = False
         for group in list(self._groups.values()):
             head = group.head()  # drops finished requests off the front
             if head is None:
                 continue
             if head.start_s is None and head.arrival_s + max_wait > now:
                 step.wake_s = _earliest(step.wake_s, head.arrival_s + max_wait)
+                waiting = True
                 continue  # the usual case: nothing expired (FIFO, so nothing behind it either)
             for r in group.queue:
                 if r.state == _DONE or r.start_s is not None:
@@ -491,11 +566,13 @@ class BatchQueue:
                 deadline = r.arrival_s + max_wait
                 if deadline > now:
                     step.wake_s = _earliest(step.wake_s, deadline)
+                    waiting = True
                     break
                 self._settle(r)
                 self.recorder.rejected(now)
                 err = OverloadError(self._label, (now - r.arrival_s) * 1000.0, max_wait * 1000.0)
                 step.rejected.append((r, None, err))
+        return waiting
 
     def snapshot(self, now: float) -> Snapshot:
         """An immutable picture of this method now (O(window) work)."""

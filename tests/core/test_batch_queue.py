@@ -828,3 +828,51 @@ def test_every_admitted_request_gets_exactly_one_outcome(seed):
     assert min(kinds[k] for k in ("served", "rejected", "failed", "cancelled")) > 0, kinds
     assert ledger.refused > 1
     assert sum(kinds.values()) == len(ledger.requests) > 1000
+
+
+# -- bulk admission and quiet items ---------------------------------------------------
+
+
+def test_admit_many_queues_copies_in_order_and_refuses_past_the_queue_cap():
+    q = make_queue(strategy="greedy", max_batch_size=8, max_queue_size=3)
+    proto = q.new_request((rows(2),))
+    assert q.admit_many(proto, [0.0, 0.1, 0.2, 0.3, 0.4], ["a", "b", "c", "d", "e"]) == 3
+    batch = q.poll(0.4).fire[0]
+    assert [r.handle for r, _, _ in batch.parts] == ["a", "b", "c"]
+    assert [r.arrival_s for r, _, _ in batch.parts] == [0.0, 0.1, 0.2]
+    assert [r.id for r, _, _ in batch.parts] == [0, 1, 2]
+    assert batch.items == 6
+    assert q.snapshot(0.4).refused == 2
+    q.close()
+    assert q.admit_many(proto, [0.5], ["f"]) == 0
+
+
+def test_fixed_hold_says_how_many_items_may_join_before_it_fires_full():
+    q = make_queue(strategy="fixed", max_batch_size=8, max_latency_ms=10)
+    proto = q.new_request((rows(3),))
+    q.admit_many(proto, [0.0], [0])
+    step = q.poll(0.0)
+    assert step.fire == [] and step.quiet_items == 4  # 3 queued: up to 7 still holds
+    q.admit_many(q.new_request((rows(4),)), [0.001], [1])
+    step = q.poll(0.001)
+    assert step.fire == [] and step.quiet_items == 0
+    q.admit((rows(1),), now=0.002)
+    assert [b.reason for b in q.poll(0.002).fire] == ["full"]
+
+
+def test_quiet_items_when_every_slot_is_busy_or_a_slot_is_free():
+    q = make_queue(strategy="greedy", max_batch_size=4, max_latency_ms=10)
+    q.admit((rows(1),), now=0.0)
+    step = q.poll(0.0)
+    assert len(step.fire) == 1 and step.quiet_items == 0  # busy, empty: a new head's deadline
+    running = step.fire[0]
+    q.admit((rows(1),), now=0.001)
+    step = q.poll(0.001)
+    assert step.quiet_items is None and step.wake_s == pytest.approx(0.011)
+    run(q, running, 0.002)
+    step = q.poll(0.002)
+    assert len(step.fire) == 1 and step.quiet_items == 0
+    assert make_queue(strategy="adaptive").poll(0.0).quiet_items == 0
+    waiting = make_queue(strategy="greedy", on_overload="wait")
+    waiting.admit((rows(1),), now=0.0)
+    assert waiting.poll(0.0).quiet_items is None  # no slot, no expiry: arrivals only queue

@@ -135,3 +135,25 @@ def test_rate_estimate_decays_when_arrivals_stop():
 
 def test_rate_is_zero_before_any_arrival():
     assert RateEstimator().rates(5.0) == (0.0, 0.0)
+
+
+def test_observe_each_is_observe_per_arrival_to_the_last_bit():
+    times = np.cumsum(np.random.default_rng(4).exponential(1e-3, 500)).tolist()
+    one, each = RateEstimator(), RateEstimator()
+    for t in times:
+        one.observe(t, 3)
+    each.observe_each(times[:1], 3)
+    each.observe_each(times[1:200], 3)
+    each.observe_each([], 3)
+    each.observe_each(times[200:], 3)
+    for now in (times[-1], times[-1] + 0.1):
+        assert one.rates(now) == each.rates(now)
+
+
+def test_refit_median_matches_numpy():
+    from labserve.batching.estimators import _median
+
+    rng = np.random.default_rng(5)
+    for n in range(1, 130):
+        v = rng.normal(size=n) * 1e-3
+        assert _median(v) == float(np.median(v))

@@ -3,6 +3,7 @@ import math
 import numpy as np
 import pytest
 
+from labserve.batching.policy import REASONS
 from labserve.results import OUTCOMES
 from labserve.sim import LinearCost, simulate
 
@@ -94,3 +95,73 @@ def test_summary_table_and_csv(tmp_path):
     lines = path.read_text().splitlines()
     assert lines[0] == "arrival_s,start_s,finish_s,outcome,items"
     assert len(lines) == 2001 and lines[1].endswith(",served,1")
+
+
+def reference(times, cost_s, **settings):
+    """The plainest driver of the real queue: one admit and one poll per arrival."""
+    import heapq
+
+    from labserve.batching.queue import BatchQueue
+    from labserve.config import BatchingConfig
+    from labserve.containers import Codec
+    from labserve.errors import QueueFullError
+
+    q = BatchQueue("ref", Codec("ref"), BatchingConfig(**settings))
+    heap, wake, seq, batches = [], None, 0, []
+    finish = {}
+    i = 0
+    while i < len(times) or heap:
+        if heap and (i == len(times) or heap[0][0] <= times[i]):
+            now, _, batch = heapq.heappop(heap)
+            if batch is None:
+                if now != wake:
+                    continue
+                wake = None
+            else:
+                for r, _, _ in q.complete(batch, [None] * len(batch.parts), now):
+                    finish[r.handle] = now
+                q.release(batch, now, ok=True)
+        else:
+            now = float(times[i])
+            i += 1
+            try:
+                q.admit(q.new_request(([None],), handle=i - 1), now)
+            except QueueFullError:
+                continue  # refused: no poll, as the simulator does
+        step = q.poll(now)
+        for batch in step.fire:
+            batches.append((now, batch.items, batch.reason))
+            seq += 1
+            heapq.heappush(heap, (now + cost_s(batch.items), seq, batch))
+        if step.wake_s is not None and step.wake_s != wake:
+            wake = step.wake_s
+            seq += 1
+            heapq.heappush(heap, (wake, seq, None))
+    return batches, finish
+
+
+@pytest.mark.parametrize("strategy", ["fixed", "greedy", "adaptive", "off"])
+@pytest.mark.parametrize("rate", [500, 4000, 20000])
+def test_bulk_admission_decides_exactly_as_a_poll_after_every_arrival(strategy, rate):
+    times = poisson(rate, 3000, seed=rate)
+    cost = LinearCost(2.0, 0.1)
+    settings = dict(strategy=strategy, max_batch_size=16, max_latency_ms=5, max_queue_size=200)
+    batches, finish = reference(times, cost.seconds, **settings)
+    r = simulate(times, cost=cost, **settings)
+    assert list(zip(r.batch_start_s, r.batch_items, r.batch_reason, strict=True)) == [
+        (t, n, REASONS.index(reason)) for t, n, reason in batches
+    ]
+    served = np.flatnonzero(r.served)
+    assert served.tolist() == sorted(finish)
+    assert r.finish_s[served].tolist() == [finish[k] for k in served]
+
+
+def test_handoff_delays_each_answer_and_leaves_batching_alone():
+    times = poisson(2000, 3000)
+    plain = simulate(times, strategy="greedy")
+    handed = simulate(times, strategy="greedy", handoff_ms=1.5)
+    np.testing.assert_array_equal(plain.batch_items, handed.batch_items)
+    np.testing.assert_array_equal(plain.start_s, handed.start_s)
+    np.testing.assert_allclose(handed.latency_s - plain.latency_s, 1.5 * MS)
+    with pytest.raises(ValueError, match="handoff_ms must be a finite number >= 0"):
+        simulate(times, handoff_ms=-1.0)
