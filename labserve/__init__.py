@@ -28,6 +28,7 @@ from labserve.errors import (
     QueueFullError,
     RunnerStoppedError,
 )
+from labserve.export import export_config
 from labserve.load.arrivals import (
     ARRIVAL_KINDS,
     Arrivals,
@@ -43,7 +44,7 @@ from labserve.load.generator import LoadRun, LoadWarning, load_test, start_load
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
 from labserve.profiling import CostCurve, profile
-from labserve.results import RunResult
+from labserve.results import OUTCOMES, RunResult
 from labserve.runnable import Runnable, method
 from labserve.runner import Runner, RunnerMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
@@ -55,6 +56,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ARRIVAL_KINDS",
+    "OUTCOMES",
     "REASONS",
     "STRATEGIES",
     "Arrivals",
@@ -98,6 +100,7 @@ __all__ = [
     "__version__",
     "arrivals",
     "background_loop",
+    "export_config",
     "load_config_file",
     "load_test",
     "method",

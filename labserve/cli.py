@@ -209,6 +209,32 @@ def _load(args: argparse.Namespace) -> None:
     print(result.table())
 
 
+def _export(args: argparse.Namespace) -> None:
+    from labserve.config import BatchingConfig
+    from labserve.config_file import load_config_file
+    from labserve.export import export_config
+
+    file = load_config_file(args.config) if args.config else None
+    flags = {
+        key: value
+        for key, value in (
+            ("strategy", args.strategy),
+            ("max_batch_size", args.max_batch_size),
+            ("max_latency_ms", args.max_latency_ms),
+        )
+        if value is not None
+    }
+    layers = [file.global_batching, file.for_runner(args.runner or "")] if file else []
+    cfg = BatchingConfig.from_layers(*layers, flags)
+    print(export_config(cfg, args.format, runner=args.runner, method=args.method), end="")
+
+
+def _sanitizer_path(args: argparse.Namespace) -> None:
+    from labserve.testing.sanitizer import nbval_sanitizer_path
+
+    print(nbval_sanitizer_path())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``labserve`` command."""
     parser = argparse.ArgumentParser(prog="labserve", description=__doc__.splitlines()[0])
@@ -255,6 +281,25 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--width", type=int, default=4, help="values per request row (default 4)")
     load.add_argument("--concurrency", type=int, help="closed loop with N clients instead")
     load.set_defaults(run=_load)
+
+    export = sub.add_parser(
+        "export", help="batching settings as a labserve/BentoML YAML, Ray Serve or Triton config"
+    )
+    export.add_argument("format", choices=("labserve", "ray", "triton"))
+    export.add_argument("--config", help="read the settings from this labserve/BentoML YAML")
+    export.add_argument("--runner", help="the runner's section (and the name written)")
+    export.add_argument("--method", help="the method name in the snippet")
+    export.add_argument("--strategy", choices=STRATEGIES, help="override the strategy")
+    export.add_argument("--max-batch-size", type=int, help="override max_batch_size")
+    export.add_argument("--max-latency-ms", type=float, help="override max_latency_ms")
+    export.set_defaults(run=_export)
+
+    sanitizer = sub.add_parser(
+        "sanitizer-path",
+        help='the nbval sanitizer file: pytest --nbval --nbval-sanitize-with "$(labserve '
+        'sanitizer-path)"',
+    )
+    sanitizer.set_defaults(run=_sanitizer_path)
     return parser
 
 

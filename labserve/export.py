@@ -1,0 +1,185 @@
+"""Export a method's batching settings for deployment: labserve/BentoML YAML, Ray Serve, Triton.
+
+The caps carry over; the semantics do not always. Each snippet starts with a comment that
+says where its target counts differently, so nobody deploys a tuned number with a silently
+different meaning.
+
+>>> print(export_config(BatchingConfig(max_batch_size=16), "triton"))  # doctest: +ELLIPSIS
+# Triton config.pbtxt fragment ...
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import yaml
+
+from labserve.config import BatchingConfig
+
+if TYPE_CHECKING:
+    from labserve.runner import RunnerMethod
+
+__all__ = ["FORMATS", "export_config"]
+
+FORMATS: tuple[str, ...] = ("labserve", "ray", "triton")
+"""The formats :func:`export_config` writes."""
+
+_LABSERVE_ONLY = ("strategy", "on_overload", "max_queue_size", "max_concurrent_batches")
+
+
+def _resolve(
+    source: RunnerMethod | BatchingConfig, runner: str | None, method: str | None
+) -> tuple[BatchingConfig, str | None, str | None]:
+    if isinstance(source, BatchingConfig):
+        return source, runner, method
+    # Imported here: labserve.runner pulls in the runtime, which a config export does not need.
+    from labserve.runner import RunnerMethod
+
+    if not isinstance(source, RunnerMethod):
+        raise TypeError(
+            f"export_config needs a RunnerMethod (runner.<method>) or a BatchingConfig, "
+            f"got {type(source).__name__}"
+        )
+    if not source.batchable:
+        raise TypeError(f"{source.runner.name}.{source.name} is not batchable: nothing to export")
+    return source.config, runner or source.runner.name, method or source.name
+
+
+def _labserve(cfg: BatchingConfig, runner: str | None, method: str | None) -> str:
+    if runner == "batching":
+        raise ValueError("runner must not be named 'batching': that key is the global section")
+    if runner:
+        scope = f"runner {runner!r}; the section applies to every batchable method of the runner"
+    else:
+        scope = "the global section: it applies to every runner"
+    settings = cfg.as_dict()
+    body = {"batching": settings} if runner is None else {runner: {"batching": settings}}
+    header = [
+        f"# labserve/BentoML config, {scope}"
+        + (f" (exported from method {method!r})." if method else "."),
+        "# Differs: BentoML reads only enabled, max_batch_size and max_latency_ms, and counts the"
+        " estimated model time against max_latency_ms (labserve caps the queue wait);"
+        f" {', '.join(_LABSERVE_ONLY)} and isolate_errors are labserve-only.",
+    ]
+    text = yaml.safe_dump({"runners": body}, sort_keys=False, default_flow_style=False)
+    return "\n".join(header) + "\n" + text
+
+
+def _ray(cfg: BatchingConfig, method: str | None) -> str:
+    strategy = cfg.effective_strategy
+    if strategy == "off":
+        size, wait_s = 1, 0.0
+        note = "batching is off here: Ray calls the method with lists of one request."
+    else:
+        size, wait_s = cfg.max_batch_size, cfg.max_latency_s
+        note = (
+            "Ray waits like labserve's 'fixed' (batch_wait_timeout_s counts from the first"
+            " request of a batch) and its max_batch_size counts requests, not items;"
+            + (
+                f" labserve's {strategy!r} strategy has no Ray equivalent."
+                if strategy != "fixed"
+                else " the strategy matches."
+            )
+        )
+    args = f"max_batch_size={size}, batch_wait_timeout_s={_number(wait_s)}"
+    if cfg.max_concurrent_batches != 1:
+        args += f", max_concurrent_batches={cfg.max_concurrent_batches}"
+    name = method or "predict"
+    return (
+        "# Ray Serve: decorate a method of your @serve.deployment class.\n"
+        f"# Differs: {note}\n"
+        "from ray import serve\n"
+        "\n"
+        "\n"
+        f"@serve.batch({args})\n"
+        f"async def {name}(self, requests: list) -> list:  # one result per request, in order\n"
+        "    ...\n"
+    )
+
+
+def _triton(cfg: BatchingConfig, runner: str | None, method: str | None) -> str:
+    model = ".".join(p for p in (runner, method) if p) or "your model"
+    strategy = cfg.effective_strategy
+    lines = [
+        f"# Triton config.pbtxt fragment for {model}.",
+    ]
+    if strategy == "off":
+        lines.append(
+            "# Differs: batching is off here, so no dynamic_batching block: Triton runs each"
+            " request alone (a request may still carry up to max_batch_size items)."
+        )
+        lines.append(f"max_batch_size: {cfg.max_batch_size}")
+        return "\n".join(lines) + "\n"
+    delay_us = round(cfg.max_latency_ms * 1000)
+    if strategy == "fixed":
+        match = "the strategy matches"
+    else:
+        match = f"labserve's {strategy!r} strategy has no Triton equivalent"
+    concurrency = ""
+    if cfg.max_concurrent_batches != 1:
+        concurrency = (
+            f"; max_concurrent_batches={cfg.max_concurrent_batches} is closest to"
+            f" instance_group count {cfg.max_concurrent_batches}"
+        )
+    lines.append(
+        "# Differs: Triton holds a batch up to max_queue_delay_microseconds from its oldest"
+        f" request while it is short of max_batch_size, like labserve's 'fixed'; {match}"
+        f"{concurrency}."
+    )
+    lines += [
+        f"max_batch_size: {cfg.max_batch_size}",
+        "dynamic_batching {",
+        f"  max_queue_delay_microseconds: {delay_us}",
+        "  default_queue_policy {",
+        f"    max_queue_size: {cfg.max_queue_size}",
+        "  }",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    """A float as Python source, without float noise (0.01, not 0.010000000000000002)."""
+    text = f"{value:.9f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
+def export_config(
+    source: RunnerMethod | BatchingConfig,
+    fmt: str = "labserve",
+    *,
+    runner: str | None = None,
+    method: str | None = None,
+) -> str:
+    """The settings of ``source`` as a config file or snippet for ``fmt``.
+
+    Args:
+        source: a batchable runner method (``runner.predict``: its current config, with
+            live changes) or a :class:`BatchingConfig`.
+        fmt: ``"labserve"`` (a YAML file that :func:`labserve.load_config_file` and
+            ``Runner(config=...)`` read, in BentoML's shape), ``"ray"`` (an
+            ``@serve.batch`` decorator) or ``"triton"`` (a ``config.pbtxt`` fragment).
+        runner: the runner name to write; defaults to the method's runner. With a
+            BatchingConfig and no runner, the YAML is the global ``runners.batching`` section.
+        method: the method name for the snippet; defaults to the method's own.
+
+    Returns:
+        The text, starting with a comment on where the target's semantics differ.
+
+    Raises:
+        ValueError: ``fmt`` is not one of :data:`FORMATS`, ``method`` is not an identifier,
+            or the runner is named ``batching``.
+        TypeError: ``source`` is neither, or the method is not batchable.
+
+    >>> print(export_config(runner.predict, "ray"))  # doctest: +SKIP
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {', '.join(map(repr, FORMATS))}, got {fmt!r}")
+    if method is not None and not method.isidentifier():
+        raise ValueError(f"method must be a Python identifier, got {method!r}")
+    cfg, runner_name, method_name = _resolve(source, runner, method)
+    if fmt == "labserve":
+        return _labserve(cfg, runner_name, method_name)
+    if fmt == "ray":
+        return _ray(cfg, method_name)
+    return _triton(cfg, runner_name, method_name)
