@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from labserve.batching.queue import BatchQueue, Request
+from labserve.clock import MonotonicClock
 from labserve.config import BatchingConfig, validate_field
 from labserve.config_file import load_config_file
 from labserve.containers import Codec
@@ -170,8 +171,8 @@ class RunnerMethod:
         """An immutable snapshot of the method's queue, batches and latencies. Thread-safe."""
         if self._queue is None:
             raise TypeError(f"{self.runner.name}.{self.name} is not batchable: it has no queue")
-        if self._driver is None:
-            return self._queue.snapshot(0.0)
+        if self._driver is None:  # nothing ran yet; the time is the driver clock's
+            return self._queue.snapshot(MonotonicClock().now())
         return self._driver.snapshot()
 
     def reset_stats(self) -> None:

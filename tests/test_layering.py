@@ -62,3 +62,28 @@ def test_no_core_source_imports_a_ui_package_even_lazily():
                 if name.split(".")[0] in UI_PACKAGES
             ]
     assert offenders == []
+
+
+def test_the_ui_uses_only_labserves_public_api():
+    ui = pathlib.Path(__file__).parents[1] / "widgets"
+    offenders = []
+    for path in sorted(ui.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            offenders += [
+                f"{path.name}:{node.lineno} imports {name}"
+                for name in names
+                if name.startswith("labserve.") and not name.startswith("labserve.widgets")
+            ]
+            if isinstance(node, ast.ImportFrom) and node.module == "labserve":
+                offenders += [
+                    f"{path.name}:{node.lineno} imports {a.name}"
+                    for a in node.names
+                    if a.name not in labserve.__all__
+                ]
+    assert offenders == []

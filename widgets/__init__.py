@@ -1,1 +1,36 @@
-"""The notebook UI layer: imported as ``labserve.widgets``."""
+"""The notebook UI layer, imported as ``labserve.widgets``: the live dashboard and charts.
+
+It uses only labserve's public API; the core never imports it.
+
+>>> from labserve.widgets import Dashboard                   # doctest: +SKIP
+>>> Dashboard(runner, example=x)       # controls + live charts
+>>> plot(labserve.simulate(...))       # the same charts for a finished run
+"""
+
+from labserve.widgets.bokehjs import load_bokehjs
+from labserve.widgets.charts import Charts, plot
+from labserve.widgets.dashboard import Dashboard, Pump
+from labserve.widgets.plots import (
+    compare_figure,
+    compare_series,
+    cost_curve_figure,
+    plot_compare,
+    plot_cost_curve,
+    plot_sweep,
+    sweep_figure,
+)
+
+__all__ = [
+    "Charts",
+    "Dashboard",
+    "Pump",
+    "compare_figure",
+    "compare_series",
+    "cost_curve_figure",
+    "load_bokehjs",
+    "plot",
+    "plot_compare",
+    "plot_cost_curve",
+    "plot_sweep",
+    "sweep_figure",
+]
