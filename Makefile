@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: lab test lint typecheck pytest bench clean
+.PHONY: lab test lint typecheck pytest bench notebooks clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,14 +26,18 @@ lab: $(VENV)/.lab
 test: $(VENV)/.test lint typecheck pytest
 
 lint: $(VENV)/.test
-	$(BIN)/ruff check labserve widgets tests benchmarks
-	$(BIN)/ruff format --check labserve widgets tests benchmarks
+	$(BIN)/ruff check labserve widgets tests benchmarks scripts
+	$(BIN)/ruff format --check labserve widgets tests benchmarks scripts
 
 typecheck: $(VENV)/.test
 	$(BIN)/mypy
 
 pytest: $(VENV)/.test
 	$(BIN)/python -m pytest
+
+# Re-execute the lessons in place (their saved outputs are what strict nbval compares).
+notebooks: $(VENV)/.test
+	$(BIN)/python scripts/run_notebooks.py
 
 bench:
 	$(MAKE) -C benchmarks

@@ -1,0 +1,214 @@
+"""The dashboard in a real browser: JupyterLab runs a dashboard notebook, Chromium drives it.
+
+Playwright drives Debian's Chromium (``/usr/bin/chromium``; Playwright cannot download its own
+browser here). The test reads the chart data from BokehJS in the page and the server's config
+from its ``/config`` route, and saves a screenshot in ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import nbformat
+import pytest
+
+CHROMIUM = os.environ.get("LABSERVE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = pathlib.Path(__file__).parents[2] / "test-artifacts"
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(CHROMIUM),
+    reason=f"Chromium not found at {CHROMIUM}: apt-get install -y chromium (.ci/run does)",
+)
+
+NOTEBOOK_CELLS = [
+    "import json\n"
+    "import numpy as np\n"
+    "import labserve\n"
+    "from labserve.demo import SleepModel\n"
+    "from labserve.widgets import Dashboard, load_bokehjs\n"
+    "load_bokehjs()",
+    'runner = labserve.Runner(SleepModel(a_ms=2.0, b_ms=0.05), name="sleep")\n'
+    "server = labserve.serve(runner)\n"
+    'with open("server.json", "w") as f:\n'
+    '    json.dump({"url": server.url, "token": server.token}, f)',
+    # 2 Hz, not the default 5: on this 2-core machine, headless Chromium (software rendering,
+    # a style recalculation per chart redraw in JupyterLab's large page) falls behind six
+    # charts at 5 Hz while the same cores serve the load (benchmarks/RESULTS.md).
+    "dash = Dashboard(server, example=np.ones((1, 4)), hz=2)\ndash",
+]
+
+# Every ColumnDataSource in the page's Bokeh documents that has a column named `column`,
+# as {rows, last}: how the charts' data looks from the browser's side.
+READ_SOURCE = """(column) => {
+  const out = [];
+  for (const doc of (window.Bokeh && window.Bokeh.documents) || []) {
+    for (const m of doc.all_models) {
+      const data = m.data;
+      if (data && typeof data.get === "function" ? data.has(column) : data && column in data) {
+        const col = typeof data.get === "function" ? data.get(column) : data[column];
+        out.push({rows: col.length, values: Array.from(col.slice(-25))});
+      }
+    }
+  }
+  return out;
+}"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def lab(tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
+    """JupyterLab serving a dashboard notebook from a temporary folder."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "dashboard.ipynb")
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ, JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
+    cmd = [
+        sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
+        "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={tmp_path}", "--LabApp.expose_app_in_browser=True",
+    ]  # fmt: skip
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    log = open(tmp_path / "jupyterlab.log", "wb")  # noqa: SIM115 - closed at teardown
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
+                return True
+        except OSError:
+            return False
+
+    try:
+        _wait(up, "JupyterLab to start", timeout=90)
+        yield {"base": base, "token": token, "dir": tmp_path}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _get_config(server: dict[str, str]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"{server['url']}/config", headers={"Authorization": f"Bearer {server['token']}"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        return json.load(reply)["sleep"]["predict"]  # type: ignore[no-any-return]
+
+
+def _drag_slider_to(page: Any, label: str, index: int, steps: int) -> None:
+    """Drag a selection slider's handle to the position of option ``index`` (of ``steps``)."""
+    slider = page.locator(".widget-slider", has_text=label)
+    track = slider.locator(".noUi-target").bounding_box()
+    handle = slider.locator(".noUi-handle").bounding_box()
+    assert track is not None and handle is not None
+    x0, y = handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2
+    x1 = track["x"] + track["width"] * index / (steps - 1)
+    page.mouse.move(x0, y)
+    page.mouse.down()
+    page.mouse.move(x1, y, steps=8)
+    page.mouse.up()
+
+
+def test_the_dashboard_renders_streams_and_its_slider_configures_the_server(lab):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1500, "height": 1400})
+        console: list[str] = []
+        page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
+        try:
+            page.goto(f"{lab['base']}/lab/tree/dashboard.ipynb?token={lab['token']}&reset")
+            page.wait_for_function(
+                "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                " && window.jupyterapp.shell.currentWidget.sessionContext"
+                " && window.jupyterapp.shell.currentWidget.sessionContext.session"
+                " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
+                timeout=90_000,
+            )
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            server_file = lab["dir"] / "server.json"
+            _wait(server_file.exists, "the notebook to start the server", timeout=90)
+            server = json.loads(server_file.read_text())
+
+            # The controls and the six charts render.
+            slider = page.locator(".widget-slider", has_text="max_batch_size")
+            slider.wait_for(timeout=60_000)
+            page.locator("canvas").first.wait_for(timeout=60_000)
+            _wait(lambda: page.locator(".bk-Figure, .bk-figure").count() >= 6, "six figures")
+
+            def rows(column: str) -> int:
+                sources = page.evaluate(READ_SOURCE, column)
+                return max((s["rows"] for s in sources), default=0)
+
+            def last_values(column: str) -> list[float]:
+                sources = page.evaluate(READ_SOURCE, column)
+                return max(sources, key=lambda s: s["rows"])["values"] if sources else []
+
+            # Start a Poisson load from the page; the charts' data grows while it runs.
+            rate = page.locator(".widget-text", has_text="rate (req/s)").locator("input")
+            rate.fill("400")
+            rate.press("Enter")
+            page.get_by_role("button", name="start load").click()
+            _wait(lambda: rows("items") > 50, "batches to stream into the page")
+            before = rows("queue_requests")
+            _wait(lambda: rows("queue_requests") > before + 5, "ticks to keep streaming")
+
+            # Drag max_batch_size to 4 (option 2 of 1, 2, 4, ..., 1024): the server follows,
+            # and the batch-size chart's cap line and new batches follow the server.
+            _drag_slider_to(page, "max_batch_size", index=2, steps=11)
+            _wait(lambda: _get_config(server)["max_batch_size"] == 4, "/config to say 4")
+            _wait(lambda: last_values("max_batch_size")[-1:] == [4], "the cap line to show 4")
+            n = rows("items")
+            _wait(lambda: rows("items") > n + 30, "batches under the new cap")
+            assert max(last_values("items")[-20:]) <= 4
+
+            # And up to 64: the cap line follows again.
+            _drag_slider_to(page, "max_batch_size", index=6, steps=11)
+            _wait(lambda: _get_config(server)["max_batch_size"] == 64, "/config to say 64")
+            _wait(lambda: last_values("max_batch_size")[-1:] == [64], "the cap line to show 64")
+            time.sleep(2)  # let the charts show a couple of seconds under the new cap
+            shot = ARTIFACTS / "dashboard.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 20_000
+        except BaseException:
+            print("\n".join(console[-60:]))
+            page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
