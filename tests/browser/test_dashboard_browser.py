@@ -87,7 +87,11 @@ def lab(tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
     """JupyterLab serving a dashboard notebook from a temporary folder."""
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     nbformat.write(nb, tmp_path / "dashboard.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
@@ -98,7 +102,7 @@ def lab(tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
     ]  # fmt: skip
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
-    log = open(tmp_path / "jupyterlab.log", "wb")  # noqa: SIM115 - closed at teardown
+    log = open(tmp_path / "jupyterlab.log", "wb")  # closed at teardown
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
 
