@@ -16,6 +16,7 @@ __all__ = ["CostFit", "CostModel", "RateEstimator"]
 # A batch whose duration is this many robust deviations off the fit is treated as a stall
 # (a GC pause, a descheduled thread) and left out of the refit.
 _OUTLIER_MADS = 3.0
+_sum = np.add.reduce  # what ndarray.sum runs, without its Python wrapper
 # Relative floor on the deviation, so a perfectly steady model does not reject its own jitter.
 _MIN_SPREAD = 0.05
 
@@ -51,8 +52,11 @@ class CostModel:
     """
 
     def __init__(self, window: int = 128, refit_every: int = 8) -> None:
-        self._items = np.zeros(window)
-        self._durations = np.zeros(window)
+        # Each observation is written twice, at i and i + window, so that the window,
+        # oldest first, is always one contiguous slice: no gather on a refit.
+        self._window = window
+        self._items = np.zeros(2 * window)
+        self._durations = np.zeros(2 * window)
         self._count = 0
         self._fitted_at = 0
         self._refit_every = refit_every
@@ -69,24 +73,38 @@ class CostModel:
 
     def observe(self, items: int, duration_s: float) -> None:
         """Record one finished batch."""
-        i = self._count % len(self._items)
-        self._items[i] = items
-        self._durations[i] = duration_s
+        w = self._window
+        i = self._count % w
+        self._items[i] = self._items[i + w] = items
+        self._durations[i] = self._durations[i + w] = duration_s
         self._count += 1
 
     def observations(self) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the windowed (items, duration_s) pairs, oldest first."""
-        n = min(self._count, len(self._items))
-        order = (np.arange(n) + self._count - n) % len(self._items)
-        return self._items[order].copy(), self._durations[order].copy()
+        x, y = self._window_views()
+        return x.copy(), y.copy()
+
+    def _window_views(self) -> tuple[np.ndarray, np.ndarray]:
+        w = self._window
+        n = min(self._count, w)
+        first = (self._count - n) % w
+        return self._items[first : first + n], self._durations[first : first + n]
 
     def _refit(self) -> CostFit:
-        x, y = self.observations()
+        x, y = self._window_views()
         a, b = _line(x, y)
-        residuals = y - (a + b * x)
-        deviations = np.abs(residuals - _median(residuals))
-        spread = max(1.4826 * _median(deviations), _MIN_SPREAD * _median(y))
-        keep = deviations <= _OUTLIER_MADS * spread
+        residuals = np.sort(y - (a + b * x))
+        median = _median_sorted(residuals)
+        y_floor = _MIN_SPREAD * _median(y)
+        # The largest |residual - median| is at one end of the sorted residuals. If even
+        # that is within the cutoff at the spread's floor, every batch is kept (the usual
+        # case), and the median deviation need not be computed.
+        widest = max(float(residuals[-1]) - median, median - float(residuals[0]))
+        if widest <= _OUTLIER_MADS * y_floor:
+            return CostFit(a, b, len(x))
+        deviations = np.abs(residuals - median)
+        spread = max(1.4826 * _median(deviations), y_floor)
+        keep = np.abs(y - (a + b * x) - median) <= _OUTLIER_MADS * spread
         if 2 <= np.count_nonzero(keep) < len(x):
             a, b = _line(x[keep], y[keep])
         return CostFit(a, b, len(x))
@@ -97,7 +115,11 @@ def _median(v: np.ndarray) -> float:
 
     A refit runs every few batches, and numpy's generic median cost more than the rest.
     """
-    s = np.sort(v)
+    return _median_sorted(np.sort(v))
+
+
+def _median_sorted(s: np.ndarray) -> float:
+    """The median of an already sorted 1-d float array, as ``np.median`` gives it."""
     m = len(s) // 2
     if len(s) % 2:
         return float(s[m])
@@ -105,15 +127,21 @@ def _median(v: np.ndarray) -> float:
 
 
 def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Least-squares ``y = a + b x`` with a, b >= 0; falls back to the median at one x."""
-    if len(x) == 0:
+    """Least-squares ``y = a + b x`` with a, b >= 0; falls back to the median at one x.
+
+    ``x`` holds whole numbers (items), so its sum is exact: its mean is exactly the one
+    value when all are equal, and ``dx @ dx`` is 0 exactly then.
+    """
+    n = len(x)
+    if n == 0:
         return 0.0, 0.0
-    if x.min() == x.max():
-        return _median(y), 0.0
     # sum / n is what ndarray.mean computes, without its Python-level overhead.
-    x_mean, y_mean = x.sum() / len(x), y.sum() / len(y)
+    x_mean, y_mean = _sum(x) / n, _sum(y) / n
     dx = x - x_mean
-    b = float(dx @ (y - y_mean) / (dx @ dx))
+    dxx = dx @ dx
+    if dxx == 0.0:
+        return _median(y), 0.0
+    b = float(dx @ (y - y_mean) / dxx)
     a = float(y_mean - b * x_mean)
     if b < 0:
         return _median(y), 0.0
@@ -126,18 +154,26 @@ class RateEstimator:
     """Arrival rate (requests and items per second), exponentially weighted over ``tau_s``.
 
     O(1) per arrival. Corrects for the short history right after start, so the first
-    estimates are not biased low.
+    estimates are not biased low. Arrivals recorded in bulk (:meth:`observe_each`) are
+    folded in, in order, when the rate is next read, a single arrival comes, or
+    ``fold_every`` of them are waiting (None: only then, for an owner that knows the
+    estimate may never be read and holds the arrival times anyway, as a simulation does).
     """
 
-    def __init__(self, tau_s: float = 0.25) -> None:
+    def __init__(self, tau_s: float = 0.25, fold_every: int | None = 4096) -> None:
         self._tau = tau_s
+        self._fold_every = fold_every
         self._requests = 0.0
         self._items = 0.0
         self._last: float | None = None
         self._first: float | None = None
+        self._pending: list[tuple[Sequence[float], int]] = []
+        self._pending_n = 0
 
     def observe(self, now: float, items: int, requests: int = 1) -> None:
         """Record ``requests`` arrivals holding ``items`` in all, at ``now``."""
+        if self._pending:
+            self._fold()
         if self._last is None:
             self._first = now
         else:
@@ -151,23 +187,35 @@ class RateEstimator:
     def observe_each(self, times: Sequence[float], items: int) -> None:
         """Record one arrival of ``items`` at each of ``times`` (not decreasing).
 
-        The same as :meth:`observe` once per time, to the last bit, in one call.
+        The same as :meth:`observe` once per time, to the last bit. ``times`` is kept
+        until the next read, so it must not be changed afterwards.
         """
         if not times:
             return
+        self._pending.append((times, items))
+        self._pending_n += len(times)
+        if self._fold_every is not None and self._pending_n >= self._fold_every:
+            self._fold()
+
+    def _fold(self) -> None:
         tau, exp = self._tau, math.exp
         requests, total, last = self._requests, self._items, self._last
-        if last is None:
-            self._first = last = times[0]
-        for t in times:
-            decay = exp(-(t - last) / tau)
-            requests = requests * decay + 1
-            total = total * decay + items
-            last = t
+        for times, items in self._pending:
+            if last is None:
+                self._first = last = times[0]
+            for t in times:
+                decay = exp(-(t - last) / tau)
+                requests = requests * decay + 1
+                total = total * decay + items
+                last = t
         self._requests, self._items, self._last = requests, total, last
+        self._pending = []
+        self._pending_n = 0
 
     def rates(self, now: float) -> tuple[float, float]:
         """(requests per second, items per second) as of ``now``."""
+        if self._pending:
+            self._fold()
         if self._last is None or self._first is None:
             return 0.0, 0.0
         decay = math.exp(-(now - self._last) / self._tau)

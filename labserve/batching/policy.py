@@ -47,6 +47,9 @@ class Hold:
 
 Decision = Fire | Hold
 
+# Decisions are immutable: the firing ones are made once, not on every call.
+_FULL, _IDLE, _TIMEOUT, _ADAPTIVE = Fire("full"), Fire("idle"), Fire("timeout"), Fire("adaptive")
+
 
 @dataclass(slots=True)
 class HeadView:
@@ -80,12 +83,12 @@ def decide(
     """
     strategy = config.effective_strategy
     if strategy == "off" or strategy == "greedy":
-        return Fire("full" if view.items >= config.max_batch_size else "idle")
+        return _FULL if view.items >= config.max_batch_size else _IDLE
     if view.items >= config.max_batch_size:
-        return Fire("full")
+        return _FULL
     deadline = view.oldest_arrival_s + config.max_latency_s
     if now >= deadline:
-        return Fire("timeout")
+        return _TIMEOUT
     if strategy == "fixed":
         return Hold(deadline, config.max_batch_size)
     last_slot = view.in_flight + 1 >= config.max_concurrent_batches
@@ -117,10 +120,10 @@ def _adaptive(
     """
     req_rate, item_rate = rates
     holding = view.hold_start_s is not None
-    idle_or_adaptive: Reason = "adaptive" if holding else "idle"
+    idle_or_adaptive = _ADAPTIVE if holding else _IDLE
     if not fit.ready or req_rate <= 0.0 or not last_slot:
         # With a slot still free after this batch, joiners would start at once anyway.
-        return Fire(idle_or_adaptive)
+        return idle_or_adaptive
     busy_s = fit.predict_s(view.items)  # how long the batch fired now would run
     gain_rate = (
         req_rate * (fit.a_s + fit.b_s * item_rate * busy_s)  # joiners skip the 2nd batch
@@ -133,5 +136,5 @@ def _adaptive(
     if view.hold_until_s is not None:
         until = min(until, view.hold_until_s)  # a hold only ever shortens as requests join
     if until - now < _MIN_HOLD_S:
-        return Fire(idle_or_adaptive)
+        return idle_or_adaptive
     return Hold(until)

@@ -38,6 +38,7 @@ __all__ = ["Batch", "BatchQueue", "Outcome", "Request", "Step"]
 
 _QUEUED, _DONE = 0, 1
 _NO_FIT = CostFit(0.0, 0.0, 0)
+_NO_RATES = (0.0, 0.0)
 
 
 class Request:
@@ -137,6 +138,11 @@ class Step:
     can change (None: no limit, as every batch slot is busy). Until then, or until
     ``wake_s``, a batch finishes or the config changes, :meth:`BatchQueue.poll` would
     decide nothing new: a driver may admit that many with no poll in between."""
+    arrival_wake_s: float | None = None
+    """Set when every batch slot is busy and no queued request waits for its deadline
+    (``quiet_items`` is None): the first request admitted after this poll, at time t,
+    makes the next :meth:`BatchQueue.poll` decide only ``wake_s = t + arrival_wake_s``.
+    A driver admitting in bulk may set that timer itself instead of polling."""
 
 
 class _Group:
@@ -185,6 +191,7 @@ class BatchQueue:
         self.codec = codec
         self._config = config
         self._pending_config: BatchingConfig | None = None
+        self._use(config)
         self.recorder = recorder if recorder is not None else Recorder()
         self.cost_model = cost_model if cost_model is not None else CostModel()
         self.rate = RateEstimator()
@@ -206,6 +213,15 @@ class BatchQueue:
     def config(self) -> BatchingConfig:
         """The config in force (a change waiting for the next batch boundary is not yet)."""
         return self._config
+
+    def _use(self, config: BatchingConfig) -> None:
+        """Put ``config`` in force, with the values read on every decision precomputed."""
+        self._config = config
+        self._adaptive = config.effective_strategy == "adaptive"
+        self._one_request = config.effective_strategy == "off"
+        self._slots = config.max_concurrent_batches
+        self._reject = config.on_overload == "reject"
+        self._cap = config.max_batch_size
 
     def configure(self, config: BatchingConfig) -> None:
         """Swap in ``config`` at the next batch boundary (the next :meth:`poll`)."""
@@ -265,7 +281,8 @@ class BatchQueue:
         without a poll. The rest were refused (QueueFullError or RunnerStoppedError) and
         get no other outcome. Admitting no more than the last poll's
         :attr:`Step.quiet_items` allow leaves every batching decision as it would be with
-        a poll after each arrival.
+        a poll after each arrival. The rate estimate keeps ``times`` until it is next
+        read: do not change the sequence afterwards.
         """
         n = len(times)
         cfg = self._config
@@ -283,22 +300,26 @@ class BatchQueue:
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = _Group(key)
-        group.queue.extend(
-            map(
-                Request,
-                range(rid, rid + k),
-                repeat(args),
-                repeat(items),
-                repeat(key),
-                handles,
-                times,
+        if k == 1:
+            group.queue.append(Request(rid, args, items, key, handles[0], times[0]))
+        else:
+            group.queue.extend(
+                map(
+                    Request,
+                    range(rid, rid + k),
+                    repeat(args),
+                    repeat(items),
+                    repeat(key),
+                    handles,
+                    times,
+                )
             )
-        )
         group.items += k * items
         group.requests += k
         self._queued_items += k * items
         self._queued_requests += k
-        self._count_arrivals()  # earlier single admissions first, in order
+        if self._new_requests:
+            self._count_arrivals()  # earlier single admissions first, in order
         self.rate.observe_each(times, items)
         self.recorder.arrived(times[-1], k)
         return k
@@ -346,56 +367,67 @@ class BatchQueue:
 
     def poll(self, now: float) -> Step:
         """Decide: the batches to fire now, the requests to reject, and when to wake next."""
-        self._count_arrivals()
+        if self._new_requests:
+            self._count_arrivals()
         if self._pending_config is not None:
-            self._config, self._pending_config = self._pending_config, None
-        cfg = self._config
+            self._use(self._pending_config)
+            self._pending_config = None
         step = Step()
         if self._expired:
             step.rejected, self._expired = self._expired, []
-        if not self._queued_requests:
-            return step
-        held: list[_Group] = []
-        held_items: int | None = None  # the hold stands while its group has fewer items
-        adaptive = cfg.effective_strategy == "adaptive"
-        # Only the adaptive strategy reads the fit: the others need not pay for a refit.
-        fit = self.cost_model.fit if adaptive else _NO_FIT
-        while self._queued_requests and self._in_flight < cfg.max_concurrent_batches:
-            group = self._oldest_group(held)
-            if group is None:
-                break
-            head = group.head()
-            assert head is not None  # a group with queued requests has a live head
-            decision: Decision
-            if self._closed:
-                decision = Fire("drain")
-            else:
-                view = HeadView(
-                    group.items,
-                    group.requests,
-                    head.arrival_s,
-                    group.hold_start,
-                    group.hold_until,
-                    self._in_flight,
-                )
-                rates = self.rate.rates(now) if adaptive else (0.0, 0.0)
-                decision = decide(view, now, cfg, fit, rates)
-            if isinstance(decision, Fire):
-                step.fire.append(self._form(group, decision.reason, now))
-                continue
-            if group.hold_start is None:
-                group.hold_start = now
-            group.hold_until = decision.until_s
-            step.wake_s = _earliest(step.wake_s, decision.until_s)
-            held.append(group)
-            held_items = decision.until_items
-        if self._in_flight >= cfg.max_concurrent_batches:
-            # No slot: arrivals only queue, and change nothing unless one would bring the
-            # earliest deadline (when no queued request is still waiting to start).
-            if cfg.on_overload != "reject" or (self._queued_requests and self._expire(now, step)):
-                step.quiet_items = None
-        elif len(held) == 1 and len(self._groups) == 1 and held_items is not None:
-            step.quiet_items = max(held_items - 1 - held[0].items, 0)
+        slots = self._slots
+        if self._queued_requests:
+            held: list[_Group] = []
+            held_items: int | None = None  # the hold stands while its group has fewer items
+            cfg = self._config
+            adaptive = self._adaptive
+            # Only the adaptive strategy reads the fit: the others need not pay for a refit.
+            fit = self.cost_model.fit if adaptive else _NO_FIT
+            while self._queued_requests and self._in_flight < slots:
+                group = self._oldest_group(held)
+                if group is None:
+                    break
+                head = group.head()
+                assert head is not None  # a group with queued requests has a live head
+                decision: Decision
+                if self._closed:
+                    decision = Fire("drain")
+                else:
+                    view = HeadView(
+                        group.items,
+                        group.requests,
+                        head.arrival_s,
+                        group.hold_start,
+                        group.hold_until,
+                        self._in_flight,
+                    )
+                    rates = self.rate.rates(now) if adaptive else _NO_RATES
+                    decision = decide(view, now, cfg, fit, rates)
+                if isinstance(decision, Fire):
+                    step.fire.append(self._form(group, decision.reason, now))
+                    continue
+                if group.hold_start is None:
+                    group.hold_start = now
+                group.hold_until = decision.until_s
+                step.wake_s = _earliest(step.wake_s, decision.until_s)
+                held.append(group)
+                held_items = decision.until_items
+            if self._in_flight < slots:
+                if len(held) == 1 and len(self._groups) == 1 and held_items is not None:
+                    step.quiet_items = max(held_items - 1 - held[0].items, 0)
+                return step
+        elif self._in_flight < slots:
+            return step  # a free slot and an empty queue: the next arrival is decided on
+        # No slot: arrivals only queue, and change nothing unless one would bring the
+        # earliest deadline (when no queued request is still waiting to start).
+        if not self._reject:
+            step.quiet_items = None
+        elif self._queued_requests and self._expire(now, step):
+            step.quiet_items = None
+        elif not self._closed:
+            # Nothing waits for a deadline: the next arrival's own deadline is the wake.
+            step.quiet_items = None
+            step.arrival_wake_s = self._config.max_latency_s
         return step
 
     def complete(self, batch: Batch, outputs: Sequence[Any], now: float) -> list[Outcome]:
@@ -404,10 +436,12 @@ class BatchQueue:
         append = done.append
         for (r, a, b), out in zip(batch.parts, outputs, strict=True):
             r.parts_pending -= 1
-            if r.state == _DONE:
+            if r.state:  # == _DONE
                 continue  # cancelled or failed meanwhile
-            if a == 0 and b == r.items:
-                result = out
+            if not a and b == r.items:
+                r.state = _DONE
+                append((r, out, None))
+                continue
             else:
                 if r.pieces is None:
                     r.pieces = []
@@ -419,6 +453,8 @@ class BatchQueue:
                 r.pieces = None
             r.state = _DONE
             append((r, result, None))
+        if getattr(self.recorder, "discards", False):
+            return done
         arrivals = [r.arrival_s for r, _, _ in done]
         starts = [now if r.start_s is None else r.start_s for r, _, _ in done]
         self.recorder.served(now, arrivals, starts)
@@ -452,15 +488,17 @@ class BatchQueue:
         time: with ``on_overload="reject"`` they are rejected now (the next :meth:`poll`
         reports them) rather than fired late into the freed slot.
         """
-        all_busy = self._in_flight >= self._config.max_concurrent_batches
+        all_busy = self._in_flight >= self._slots
         self._in_flight -= 1
-        if all_busy and self._queued_requests and self._config.on_overload == "reject":
+        if all_busy and self._queued_requests and self._reject and self._may_expire(now):
             expired = Step()
             self._expire(now, expired)
             self._expired += expired.rejected
         duration = now - batch.start_s
         if ok:
             self.cost_model.observe(batch.items, duration)
+        if getattr(self.recorder, "discards", False):
+            return
         self.recorder.batch(
             BatchRecord(batch.start_s, duration, batch.items, len(batch.parts), batch.reason)
         )
@@ -491,13 +529,26 @@ class BatchQueue:
         return best
 
     def _form(self, group: _Group, reason: Reason, now: float) -> Batch:
-        cfg = self._config
-        cap = cfg.max_batch_size
-        one_request = cfg.effective_strategy == "off"
+        cap = self._cap
+        one_request = self._one_request
         parts: list[tuple[Request, int, int]] = []
         append = parts.append
         total = taken = 0  # items, and requests taken whole (off the queue)
         q = group.queue
+        if group.items <= cap and not one_request:
+            # Everything queued fits: the same batch as the loop below would form, and
+            # every request leaves the queue whole (its rest, if it was split before).
+            for r in q:
+                if r.state == _DONE:
+                    continue
+                start = r.offset
+                r.offset = stop = r.items
+                r.parts_pending += 1
+                if r.start_s is None:
+                    r.start_s = now
+                append((r, start, stop))
+            q.clear()
+            total, taken = group.items, len(parts)
         while q:
             r = q[0]
             if r.state == _DONE:
@@ -544,6 +595,21 @@ class BatchQueue:
             r.offset = r.items
         r.state = _DONE
         r.pieces = None
+
+    def _may_expire(self, now: float) -> bool:
+        """False if :meth:`_expire` would surely reject nothing now.
+
+        So it is with one group whose head has not started and is before its deadline:
+        the queue is FIFO, so nothing behind the head expired either.
+        """
+        if len(self._groups) != 1:
+            return True
+        head = next(iter(self._groups.values())).head()
+        return not (
+            head is not None
+            and head.start_s is None
+            and head.arrival_s + self._config.max_latency_s > now
+        )
 
     def _expire(self, now: float, step: Step) -> bool:
         """Reject queued requests whose deadline passed while no batch slot was free.

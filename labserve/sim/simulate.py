@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from labserve.batching.policy import REASONS
+from labserve.batching.estimators import RateEstimator
+from labserve.batching.policy import REASONS, Reason
 from labserve.batching.queue import Batch, BatchQueue, Outcome
 from labserve.config import BatchingConfig
 from labserve.containers import Codec
@@ -134,7 +135,10 @@ class _Unrecorded(Recorder):
 
     The live recorder's ring buffers and histograms feed snapshots of a running server,
     which nobody can take of a simulation; they would cost it a third of its time.
+    ``discards`` tells the queue not to gather what it would hand over.
     """
+
+    discards = True
 
     def arrived(self, now: float, n: int = 1) -> None:
         """Not kept."""
@@ -178,10 +182,14 @@ class _Run:
         self.items = items
         self.config = config
         self.queue = BatchQueue("sim", Codec("sim"), config, runner="sim", recorder=_Unrecorded())
+        if config.effective_strategy != "adaptive":
+            # Only the adaptive strategy reads the arrival rate, and a simulation's config
+            # never changes: its arrivals need not be folded into an estimate nobody reads.
+            self.queue.rate = RateEstimator(fold_every=None)
         self.start = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
         self.outcome = np.full(n, -1, dtype=np.int8)
-        self.batches: list[tuple[float, float, int, int, int]] = []
+        self.batches: list[tuple[float, float, int, int, Reason]] = []
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
         self.wake: float | None = None
@@ -189,9 +197,13 @@ class _Run:
         # into the per-request arrays in one go at the end.
         self.runs: list[tuple[int, int, float, float]] = []
         self.quiet: int | None = 0  # items the queue may take before it must decide again
+        # Set while every slot is busy and nothing queued waits for a deadline: the first
+        # arrival only sets the queue's wake to its time plus this (Step.arrival_wake_s).
+        self.arrival_wake: float | None = None
         # A request larger than the cap is split across batches; otherwise every request
         # of a batch started with it, and its results need no rejoining.
         self.whole = items <= config.max_batch_size
+        self.nones: dict[int, list[None]] = {}
 
     def go(self, label: str) -> RunResult:
         heap, queue, items = self.heap, self.queue, self.items
@@ -208,6 +220,24 @@ class _Run:
                 # its decision, they are admitted together and it is asked once, after.
                 quiet = self.quiet
                 if quiet is None or quiet >= items:
+                    wake_at = None
+                    if self.arrival_wake is not None:
+                        # The first arrival brings a deadline: the poll after it would only
+                        # set the wake there, so set it here, and admit no arrival past it.
+                        wake_at = times[i] + self.arrival_wake
+                    if quiet is None:
+                        # Every arrival up to the next live event is admitted in this one
+                        # call, with no poll: superseded timers before it would be popped
+                        # and skipped in between (nothing can revive them), so skip them now.
+                        bound = math.inf if wake_at is None else wake_at
+                        wake = self.wake
+                        while heap and heap[0][2] == _TIMER and heap[0][3] != wake:
+                            if heap[0][0] >= bound:
+                                break
+                            heapq.heappop(heap)
+                        next_event = heap[0][0] if heap else math.inf
+                    if wake_at is not None and wake_at < next_event:
+                        next_event = wake_at
                     j = bisect_left(times, next_event, i + 1, n)
                     if quiet is not None:
                         j = min(j, i + quiet // items)
@@ -216,6 +246,9 @@ class _Run:
                         self.outcome[i + admitted : j] = REFUSED
                     if quiet is not None:
                         self.quiet = quiet - admitted * items
+                    if wake_at is not None and admitted:
+                        self.arrival_wake = None
+                        self._set_wake(wake_at)
                     i = j
                     continue
                 now = times[i]
@@ -234,7 +267,8 @@ class _Run:
                     self._finished(what, now)
             self._carry_out(now)
         self._write_runs()
-        b = np.array(self.batches, dtype=float).reshape(-1, 5)
+        b = np.array([row[:4] for row in self.batches], dtype=float).reshape(-1, 4)
+        reasons = np.array([_REASON_CODE[row[4]] for row in self.batches], dtype=np.int8)
         return RunResult(
             arrival_s=self.times,
             start_s=self.start,
@@ -245,7 +279,7 @@ class _Run:
             batch_duration_s=b[:, 1],
             batch_items=b[:, 2].astype(np.int64),
             batch_requests=b[:, 3].astype(np.int64),
-            batch_reason=b[:, 4].astype(np.int8),
+            batch_reason=reasons,
             duration_s=float(self.duration_s),
             label=label,
             config=self.config.as_dict(),
@@ -254,25 +288,32 @@ class _Run:
     def _carry_out(self, now: float) -> None:
         step = self.queue.poll(now)
         self.quiet = step.quiet_items
+        self.arrival_wake = step.arrival_wake_s
         if step.rejected:
             self._record(step.rejected, REJECTED, now)
         for batch in step.fire:
             seconds = self.cost(batch.items)
-            self.batches.append(
-                (now, seconds, batch.items, len(batch.parts), _REASON_CODE[batch.reason])
-            )
+            self.batches.append((now, seconds, batch.items, len(batch.parts), batch.reason))
             self.seq += 1
             heapq.heappush(self.heap, (now + seconds, self.seq, _DONE, batch))
-        if step.wake_s is not None and step.wake_s != self.wake:
-            self.wake = step.wake_s
+        if step.wake_s is not None:
+            self._set_wake(step.wake_s)
+
+    def _set_wake(self, wake_s: float) -> None:
+        if wake_s != self.wake:
+            self.wake = wake_s
             self.seq += 1
-            heapq.heappush(self.heap, (step.wake_s, self.seq, _TIMER, step.wake_s))
+            heapq.heappush(self.heap, (wake_s, self.seq, _TIMER, wake_s))
 
     def _finished(self, batch: Batch, now: float) -> None:
         parts = batch.parts
         outputs: list[Any]
         if self.whole:
-            outputs = [None] * len(parts)
+            # Whole requests' outputs are only handed back in the outcomes: one list of
+            # Nones per length serves every batch.
+            outputs = self.nones.get(len(parts)) or self.nones.setdefault(
+                len(parts), [None] * len(parts)
+            )
         else:
             outputs = [[None] * (b - a) for _, a, b in parts]
         done = self.queue.complete(batch, outputs, now)

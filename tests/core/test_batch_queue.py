@@ -864,14 +864,21 @@ def test_quiet_items_when_every_slot_is_busy_or_a_slot_is_free():
     q = make_queue(strategy="greedy", max_batch_size=4, max_latency_ms=10)
     q.admit((rows(1),), now=0.0)
     step = q.poll(0.0)
-    assert len(step.fire) == 1 and step.quiet_items == 0  # busy, empty: a new head's deadline
+    # Busy and empty: arrivals only queue, and the first one's deadline becomes the wake.
+    assert len(step.fire) == 1 and step.quiet_items is None
+    assert step.arrival_wake_s == 0.01 and step.wake_s is None
     running = step.fire[0]
     q.admit((rows(1),), now=0.001)
     step = q.poll(0.001)
-    assert step.quiet_items is None and step.wake_s == pytest.approx(0.011)
+    assert step.quiet_items is None and step.wake_s == 0.001 + 0.01
+    assert step.arrival_wake_s is None  # the head waits for its deadline: already the wake
     run(q, running, 0.002)
     step = q.poll(0.002)
-    assert len(step.fire) == 1 and step.quiet_items == 0
+    assert len(step.fire) == 1 and (step.quiet_items, step.arrival_wake_s) == (None, 0.01)
+    two = make_queue(strategy="greedy", max_concurrent_batches=2)
+    two.admit((rows(1),), now=0.0)
+    step = two.poll(0.0)  # a slot is still free: the next arrival fires at once
+    assert len(step.fire) == 1 and (step.quiet_items, step.arrival_wake_s) == (0, None)
     assert make_queue(strategy="adaptive").poll(0.0).quiet_items == 0
     waiting = make_queue(strategy="greedy", on_overload="wait")
     waiting.admit((rows(1),), now=0.0)

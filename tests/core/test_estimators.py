@@ -157,3 +157,80 @@ def test_refit_median_matches_numpy():
     for n in range(1, 130):
         v = rng.normal(size=n) * 1e-3
         assert _median(v) == float(np.median(v))
+
+
+def _plain_refit(items, durations):
+    """The cost fit as first written (numpy's median, a gathered window): the reference."""
+    from labserve.batching.estimators import _line
+
+    x, y = np.asarray(items, dtype=float), np.asarray(durations, dtype=float)
+    a, b = _line(x, y)
+    residuals = y - (a + b * x)
+    deviations = np.abs(residuals - np.median(residuals))
+    spread = max(1.4826 * float(np.median(deviations)), 0.05 * float(np.median(y)))
+    keep = deviations <= 3.0 * spread
+    if 2 <= np.count_nonzero(keep) < len(x):
+        a, b = _line(x[keep], y[keep])
+    return a, b, len(x)
+
+
+@pytest.mark.parametrize("noise_s", [0.0, 5e-6, 5e-4])
+def test_the_fit_is_bit_identical_to_the_plain_refit_on_every_window(noise_s):
+    rng = np.random.default_rng(int(noise_s * 1e7))
+    model = CostModel(window=16, refit_every=1)
+    seen_i, seen_d = [], []
+    for k in range(300):
+        items = int(rng.integers(1, 9)) if k % 50 < 40 else 4  # some windows of one size
+        duration = A_S + B_S * items + (rng.normal(0.0, noise_s) if noise_s else 0.0)
+        if k % 37 == 0:
+            duration *= 50  # a stall: left out of the refit
+        model.observe(items, duration)
+        seen_i.append(items)
+        seen_d.append(duration)
+        fit = model.fit
+        assert (fit.a_s, fit.b_s, fit.samples) == _plain_refit(seen_i[-16:], seen_d[-16:])
+        x, y = model.observations()
+        assert x.tolist() == seen_i[-16:] and y.tolist() == seen_d[-16:]
+
+
+def test_the_line_is_bit_identical_to_the_plain_least_squares():
+    from labserve.batching.estimators import _line
+
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 3, 7, 16, 128):
+        for distinct in (1, 2, 5):
+            x = rng.choice(rng.integers(1, 65, size=distinct), size=n).astype(float)
+            y = A_S + B_S * x + rng.normal(0.0, 1e-4, size=n)
+            if x.min() == x.max():
+                expected = (float(np.median(y)), 0.0)
+            else:
+                x_mean, y_mean = x.sum() / n, y.sum() / n
+                dx = x - x_mean
+                b = float(dx @ (y - y_mean) / (dx @ dx))
+                a = float(y_mean - b * x_mean)
+                if b < 0:
+                    expected = (float(np.median(y)), 0.0)
+                elif a < 0:
+                    expected = (0.0, float(np.median(y / x)))
+                else:
+                    expected = (a, b)
+            assert _line(x, y) == expected
+
+
+@pytest.mark.parametrize("fold_every", [None, 1, 7, 4096])
+def test_bulk_arrivals_fold_in_order_to_the_same_bits_as_one_at_a_time(fold_every):
+    rng = np.random.default_rng(5)
+    times = np.cumsum(rng.exponential(0.002, 500)).tolist()
+    one, bulk = RateEstimator(), RateEstimator(fold_every=fold_every)
+    k = 0
+    for size in [1, 3, 50, 2, 120, 1, 200, 40, 83]:
+        chunk = times[k : k + size]
+        k += size
+        for t in chunk:
+            one.observe(t, 2)
+        bulk.observe_each(chunk, 2)
+        if size == 2:  # a single admission between bulk ones folds what came before first
+            one.observe(chunk[-1], 4, 2)
+            bulk.observe(chunk[-1], 4, 2)
+        assert bulk.rates(chunk[-1] + 0.001) == one.rates(chunk[-1] + 0.001)
+    assert RateEstimator(fold_every=None).rates(1.0) == (0.0, 0.0)

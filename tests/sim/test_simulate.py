@@ -97,7 +97,7 @@ def test_summary_table_and_csv(tmp_path):
     assert len(lines) == 2001 and lines[1].endswith(",served,1")
 
 
-def reference(times, cost_s, **settings):
+def reference(times, cost_s, items=1, **settings):
     """The plainest driver of the real queue: one admit and one poll per arrival."""
     import heapq
 
@@ -118,14 +118,15 @@ def reference(times, cost_s, **settings):
                     continue
                 wake = None
             else:
-                for r, _, _ in q.complete(batch, [None] * len(batch.parts), now):
+                outputs = [[None] * (b - a) for _, a, b in batch.parts]
+                for r, _, _ in q.complete(batch, outputs, now):
                     finish[r.handle] = now
                 q.release(batch, now, ok=True)
         else:
             now = float(times[i])
             i += 1
             try:
-                q.admit(q.new_request(([None],), handle=i - 1), now)
+                q.admit(q.new_request(([None] * items,), handle=i - 1), now)
             except QueueFullError:
                 continue  # refused: no poll, as the simulator does
         step = q.poll(now)
@@ -148,6 +149,38 @@ def test_bulk_admission_decides_exactly_as_a_poll_after_every_arrival(strategy, 
     settings = dict(strategy=strategy, max_batch_size=16, max_latency_ms=5, max_queue_size=200)
     batches, finish = reference(times, cost.seconds, **settings)
     r = simulate(times, cost=cost, **settings)
+    assert list(zip(r.batch_start_s, r.batch_items, r.batch_reason, strict=True)) == [
+        (t, n, REASONS.index(reason)) for t, n, reason in batches
+    ]
+    served = np.flatnonzero(r.served)
+    assert served.tolist() == sorted(finish)
+    assert r.finish_s[served].tolist() == [finish[k] for k in served]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "rate", "items", "extra"),
+    [
+        ("greedy", 4000, 1, {"max_concurrent_batches": 2}),
+        ("adaptive", 4000, 1, {"max_concurrent_batches": 2}),
+        ("adaptive", 20000, 1, {"max_concurrent_batches": 3}),
+        ("fixed", 4000, 1, {"max_concurrent_batches": 2}),
+        ("greedy", 20000, 1, {"on_overload": "wait"}),
+        ("adaptive", 20000, 1, {"on_overload": "wait"}),
+        ("greedy", 2000, 3, {}),
+        ("adaptive", 3000, 5, {}),
+        ("fixed", 3000, 20, {}),  # larger than the cap: requests split across batches
+        ("greedy", 3000, 20, {"max_concurrent_batches": 2}),
+    ],
+)
+def test_bulk_admission_matches_a_poll_after_every_arrival_across_settings(
+    strategy, rate, items, extra
+):
+    times = poisson(rate, 3000, seed=rate + items)
+    cost = LinearCost(2.0, 0.1)
+    settings = dict(strategy=strategy, max_batch_size=16, max_latency_ms=5, max_queue_size=200)
+    settings.update(extra)
+    batches, finish = reference(times, cost.seconds, items=items, **settings)
+    r = simulate(times, cost=cost, items_per_request=items, **settings)
     assert list(zip(r.batch_start_s, r.batch_items, r.batch_reason, strict=True)) == [
         (t, n, REASONS.index(reason)) for t, n, reason in batches
     ]
