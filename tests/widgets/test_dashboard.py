@@ -300,3 +300,38 @@ def test_plain_jupyter_bokeh_framing_goes_out_of_step_when_a_view_starts_mid_pat
     fragments = _fragments_sent(BokehModel, patches=5)
     assert _applied(fragments) == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert _applied(fragments[1:])[-4:] != [1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_page_that_has_not_drawn_gets_held_changes_merged_not_a_backlog(monkeypatch):
+    charts = Charts()
+    widget = ChartWidget(charts.layout)
+    sent: list[dict] = []
+    widget.send = lambda content, buffers=None: sent.append(json.loads(content["payload"]))
+    tick = {c: [0.0] for c in TICK_COLUMNS}
+    no_batches = {c: [] for c in BATCH_COLUMNS}
+    for k in range(20):  # no view has said it drew anything
+        charts.stream({**tick, "t": [float(k)]}, no_batches)
+    patches = sent[::3]  # each patch goes out three times
+    assert len(patches) == 8  # then the rest are held
+    ack = {"event": "jsevent"}
+    for _ in range(8):  # the page applied the eight
+        widget._sync_model(widget, dict(ack), [])
+    charts.stream({**tick, "t": [20.0]}, no_batches)
+    merged = sent[-1]["events"]
+    assert len(merged) == 1  # the twelve held ticks and the new one, as one stream
+    assert dict(merged[0]["data"]["entries"])["t"] == [float(k) for k in range(8, 21)]
+    assert len(charts.ticks.data["t"]) == 21  # the kernel's document kept every row
+
+
+def test_held_changes_go_out_after_a_silence_when_no_view_answers(monkeypatch):
+    charts = Charts()
+    widget = ChartWidget(charts.layout)
+    sent: list[str] = []
+    widget.send = lambda content, buffers=None: sent.append(content["payload"])
+    tick = {c: [0.0] for c in TICK_COLUMNS}
+    for _ in range(10):
+        charts.stream(tick, {c: [] for c in BATCH_COLUMNS})
+    assert len(sent) == 8 * 3
+    widget._last_heard -= 10  # no word from any page for 10 s: nobody is drawing
+    charts.stream(tick, {c: [] for c in BATCH_COLUMNS})
+    assert len(sent) == 9 * 3
