@@ -84,8 +84,9 @@ def profile(
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     one = np.take(example, [0], axis=batch_dim)
+    ordered = sorted(set(sizes))
     medians, spreads = [], []
-    for n in sorted(set(sizes)):
+    for n in ordered:
         batch = np.repeat(one, n, axis=batch_dim)
         for _ in range(warmup):
             fn(batch)
@@ -97,7 +98,6 @@ def profile(
         medians.append(statistics.median(times))
         q1, q3 = np.percentile(times, [25, 75])
         spreads.append(float(q3 - q1) / 2.0)
-    ordered = sorted(set(sizes))
     x = np.asarray(ordered, dtype=float)
     y = np.asarray(medians)
     if len(x) > 1:

@@ -46,44 +46,40 @@ def test_the_probe_sees_a_ui_import():
     assert "traitlets" in _ui_modules_loaded_by("import traitlets")
 
 
-def test_no_core_source_imports_a_ui_package_even_lazily():
-    offenders = []
-    for path in sorted(CORE.rglob("*.py")):
+def _absolute_imports(root: pathlib.Path) -> list[tuple[pathlib.Path, ast.stmt, list[str]]]:
+    """Every absolute import statement under ``root``: (file, node, the modules it names)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
+                found.append((path, node, [alias.name for alias in node.names]))
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            offenders += [
-                f"{path.relative_to(CORE.parent)}:{node.lineno} imports {name}"
-                for name in names
-                if name.split(".")[0] in UI_PACKAGES
-            ]
+                found.append((path, node, [node.module]))
+    return found
+
+
+def test_no_core_source_imports_a_ui_package_even_lazily():
+    offenders = [
+        f"{path.relative_to(CORE.parent)}:{node.lineno} imports {name}"
+        for path, node, names in _absolute_imports(CORE)
+        for name in names
+        if name.split(".")[0] in UI_PACKAGES
+    ]
     assert offenders == []
 
 
 def test_the_ui_uses_only_labserves_public_api():
-    ui = pathlib.Path(__file__).parents[1] / "widgets"
     offenders = []
-    for path in sorted(ui.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
+    for path, node, names in _absolute_imports(pathlib.Path(__file__).parents[1] / "widgets"):
+        offenders += [
+            f"{path.name}:{node.lineno} imports {name}"
+            for name in names
+            if name.startswith("labserve.") and not name.startswith("labserve.widgets")
+        ]
+        if isinstance(node, ast.ImportFrom) and node.module == "labserve":
             offenders += [
-                f"{path.name}:{node.lineno} imports {name}"
-                for name in names
-                if name.startswith("labserve.") and not name.startswith("labserve.widgets")
+                f"{path.name}:{node.lineno} imports {a.name}"
+                for a in node.names
+                if a.name not in labserve.__all__
             ]
-            if isinstance(node, ast.ImportFrom) and node.module == "labserve":
-                offenders += [
-                    f"{path.name}:{node.lineno} imports {a.name}"
-                    for a in node.names
-                    if a.name not in labserve.__all__
-                ]
     assert offenders == []

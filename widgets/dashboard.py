@@ -33,7 +33,6 @@ MAX_LATENCY_MS_STEPS = (0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 LOAD_PATTERNS = ("poisson", "constant", "step", "burst", "closed loop")
 _OWNERS: weakref.WeakKeyDictionary[Document, Pump] = weakref.WeakKeyDictionary()
 _OWNERS_LOCK = threading.Lock()
-_LIVE: weakref.WeakSet[Pump] = weakref.WeakSet()
 
 
 class Pump:
@@ -80,7 +79,6 @@ class Pump:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="labserve-dashboard", daemon=True)
         self._thread.start()
-        _LIVE.add(self)
 
     @property
     def running(self) -> bool:
@@ -148,7 +146,9 @@ class Pump:
 
 @atexit.register
 def _stop_all_pumps() -> None:
-    for pump in list(_LIVE):
+    with _OWNERS_LOCK:  # a running pump holds its document, so it is still a key here
+        pumps = list(_OWNERS.values())
+    for pump in pumps:
         pump.stop(timeout=1.0)
 
 

@@ -45,10 +45,6 @@ def _empty(columns: tuple[str, ...]) -> Rows:
     return {c: [] for c in columns}
 
 
-def _nan_to_none(x: float) -> float:
-    return x if math.isfinite(x) else math.nan
-
-
 def latency_bound_ms(config: dict[str, Any], a_ms: float, b_ms: float) -> float:
     """The wait cap plus the fitted time of a full batch: a served request's worst case."""
     a = a_ms if math.isfinite(a_ms) else 0.0
@@ -84,9 +80,9 @@ class LiveSeries:
             "t": t,
             "queue_requests": snap.queue_requests,
             "queue_items": snap.queue_items,
-            "p50": _nan_to_none(lat.p50),
-            "p95": _nan_to_none(lat.p95),
-            "p99": _nan_to_none(lat.p99),
+            "p50": lat.p50,  # NaN while nothing was served
+            "p95": lat.p95,
+            "p99": lat.p99,
             "latency_bound": latency_bound_ms(snap.config, fit.a_ms, fit.b_ms),
             "served_rps": snap.served_rate,
             "rejected_rps": snap.rejected_rate,

@@ -93,7 +93,8 @@ class CostModel:
     def _refit(self) -> CostFit:
         x, y = self._window_views()
         a, b = _line(x, y)
-        residuals = np.sort(y - (a + b * x))
+        raw = y - (a + b * x)
+        residuals = np.sort(raw)
         median = _median_sorted(residuals)
         y_floor = _MIN_SPREAD * _median(y)
         # The largest |residual - median| is at one end of the sorted residuals. If even
@@ -104,7 +105,7 @@ class CostModel:
             return CostFit(a, b, len(x))
         deviations = np.abs(residuals - median)
         spread = max(1.4826 * _median(deviations), y_floor)
-        keep = np.abs(y - (a + b * x) - median) <= _OUTLIER_MADS * spread
+        keep = np.abs(raw - median) <= _OUTLIER_MADS * spread
         if 2 <= np.count_nonzero(keep) < len(x):
             a, b = _line(x[keep], y[keep])
         return CostFit(a, b, len(x))

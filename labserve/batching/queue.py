@@ -439,9 +439,7 @@ class BatchQueue:
             if r.state:  # == _DONE
                 continue  # cancelled or failed meanwhile
             if not a and b == r.items:
-                r.state = _DONE
-                append((r, out, None))
-                continue
+                result = out
             else:
                 if r.pieces is None:
                     r.pieces = []
@@ -453,7 +451,7 @@ class BatchQueue:
                 r.pieces = None
             r.state = _DONE
             append((r, result, None))
-        if getattr(self.recorder, "discards", False):
+        if self.recorder.discards:
             return done
         arrivals = [r.arrival_s for r, _, _ in done]
         starts = [now if r.start_s is None else r.start_s for r, _, _ in done]
@@ -497,7 +495,7 @@ class BatchQueue:
         duration = now - batch.start_s
         if ok:
             self.cost_model.observe(batch.items, duration)
-        if getattr(self.recorder, "discards", False):
+        if self.recorder.discards:
             return
         self.recorder.batch(
             BatchRecord(batch.start_s, duration, batch.items, len(batch.parts), batch.reason)

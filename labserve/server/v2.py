@@ -14,6 +14,7 @@ import numpy as np
 import tornado.web
 
 from labserve import __version__
+from labserve.containers import TensorSpec
 from labserve.errors import InputError, LabServeError
 from labserve.runner import Runner, RunnerMethod
 from labserve.server.app import _Base, _BodyMixin
@@ -93,33 +94,24 @@ class _Ready(_V2):
 
 class _Metadata(_V2):
     def get(self, name: str, version: str | None = None) -> None:
-        method = self.model(name)
-        specs = method.spec.input_spec or ()
-        inputs = [
-            {
-                "name": f"input__{i}",
-                "datatype": datatype(np.dtype(s.dtype)),
-                "shape": [-1, *s.shape],
-            }
-            for i, s in enumerate(specs)
-        ]
-        outputs = [
-            {
-                "name": f"output__{i}",
-                "datatype": datatype(np.dtype(s.dtype)),
-                "shape": [-1, *s.shape],
-            }
-            for i, s in enumerate(method.spec.output_spec or ())
-        ]
+        spec = self.model(name).spec
         self.reply_json(
             {
                 "name": name,
                 "versions": ["1"],
                 "platform": "labserve",
-                "inputs": inputs,
-                "outputs": outputs,
+                "inputs": _tensors("input", spec.input_spec),
+                "outputs": _tensors("output", spec.output_spec),
             }
         )
+
+
+def _tensors(prefix: str, specs: tuple[TensorSpec, ...] | None) -> list[dict[str, Any]]:
+    """Metadata of declared tensors, named ``{prefix}__0``, ``{prefix}__1``..."""
+    return [
+        {"name": f"{prefix}__{i}", "datatype": datatype(np.dtype(s.dtype)), "shape": [-1, *s.shape]}
+        for i, s in enumerate(specs or ())
+    ]
 
 
 @tornado.web.stream_request_body
@@ -129,7 +121,7 @@ class _Infer(_BodyMixin, _V2):
         body = b"".join(self._chunks)
         try:
             request, binary = _split_body(body, self.request.headers.get(_HEADER_LENGTH))
-            _, args = _inputs(request, binary)
+            args = _inputs(request, binary)
             result = await method.async_run(*args)
             outputs = _outputs(result)
         except LabServeError as exc:
@@ -187,8 +179,8 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any],
     return request, binary
 
 
-def _inputs(request: dict[str, Any], binary: bytes) -> tuple[list[str], list[np.ndarray]]:
-    names, arrays = [], []
+def _inputs(request: dict[str, Any], binary: bytes) -> list[np.ndarray]:
+    arrays = []
     offset = 0
     for i, spec in enumerate(request["inputs"]):
         if not isinstance(spec, dict):
@@ -217,11 +209,10 @@ def _inputs(request: dict[str, Any], binary: bytes) -> tuple[list[str], list[np.
             raise InputError(
                 f"input {name!r}: data does not make a {datatype}{shape}: {exc}"
             ) from exc
-        names.append(name)
         arrays.append(arr)
     if not arrays:
         raise InputError("inference request has no inputs")
-    return names, arrays
+    return arrays
 
 
 def _outputs(result: Any) -> list[tuple[str, np.ndarray]]:

@@ -14,18 +14,14 @@ import labserve
 
 
 @pytest.fixture
-def make_runner() -> Iterator[Callable[..., labserve.Runner]]:
-    """Build runners like ``labserve.Runner(...)``; every one is stopped at teardown."""
-    runners: list[labserve.Runner] = []
+def make_runner(
+    labserve_runner: Callable[..., labserve.Runner],
+) -> Callable[..., labserve.Runner]:
+    """Build runners like ``labserve.Runner(...)``; every one is stopped at teardown.
 
-    def make(runnable: Any, **kwargs: Any) -> labserve.Runner:
-        runner = labserve.Runner(runnable, **kwargs)
-        runners.append(runner)
-        return runner
-
-    yield make
-    for runner in runners:
-        runner.stop(timeout=10)
+    The shipped plugin's ``labserve_runner`` (labserve.testing.plugin), under this suite's name.
+    """
+    return labserve_runner
 
 
 @pytest.fixture

@@ -28,6 +28,19 @@ def in_thread(fn, *args):
     return fut
 
 
+def unanswered(futures):
+    """Indices of the callers not answered within WAIT; any answer, even an error, counts."""
+    hung = []
+    for i, f in enumerate(futures):
+        try:
+            f.result(WAIT)
+        except concurrent.futures.TimeoutError:
+            hung.append(i)
+        except BaseException as e:
+            print("caller", i, "got", type(e).__name__, e)
+    return hung
+
+
 @pytest.fixture
 def bg():
     b = labserve.BackgroundLoop(name="review-loop")
@@ -51,15 +64,11 @@ class SyncBase(labserve.Runnable):
 def test_sync_model_baseexception_answers_callers_and_frees_slot(bg):
     r = labserve.Runner(SyncBase, loop=bg, on_overload="wait")
     f1 = in_thread(r.predict.run, np.ones((1, 2)))
-    try:
-        f1.result(WAIT)
-    except concurrent.futures.TimeoutError:
+    if unanswered([f1]):
         pytest.fail(
             "caller of batch whose model raised KeyboardInterrupt never answered; "
             f"in_flight={r.stats('predict').in_flight_batches}"
         )
-    except BaseException:
-        pass
     f2 = in_thread(r.predict.run, np.ones((1, 2)))
     np.testing.assert_array_equal(f2.result(WAIT), np.full((1, 2), 2.0))
 
@@ -74,12 +83,8 @@ class AsyncExit(labserve.Runnable):
 def test_async_model_systemexit_does_not_kill_loop(bg):
     r = labserve.Runner(AsyncExit, loop=bg)
     f = in_thread(r.predict.run, np.ones((1, 2)))
-    try:
-        f.result(WAIT)
-    except concurrent.futures.TimeoutError:
+    if unanswered([f]):
         pytest.fail(f"caller hangs; loop thread alive={bg.running}")
-    except BaseException:
-        pass
     assert bg.running, "loop thread died"
 
 
@@ -98,14 +103,7 @@ class AsyncIsolate(labserve.Runnable):
 def test_async_isolate_cancelled_half_leaves_no_caller_hanging(bg):
     r = labserve.Runner(AsyncIsolate, loop=bg, strategy="fixed")
     fs = [in_thread(r.predict.run, np.full((1, 2), float(i))) for i in range(2)]
-    hung = []
-    for i, f in enumerate(fs):
-        try:
-            f.result(WAIT)
-        except concurrent.futures.TimeoutError:
-            hung.append(i)
-        except BaseException:
-            pass
+    hung = unanswered(fs)
     assert not hung, f"callers {hung} never answered; pending={r.stats('predict').pending}"
 
 
@@ -123,14 +121,7 @@ class SyncIsolate(labserve.Runnable):
 def test_sync_isolate_baseexception_leaves_no_caller_hanging(bg):
     r = labserve.Runner(SyncIsolate, loop=bg, strategy="fixed")
     fs = [in_thread(r.predict.run, np.full((1, 2), float(i))) for i in range(2)]
-    hung = []
-    for i, f in enumerate(fs):
-        try:
-            f.result(WAIT)
-        except concurrent.futures.TimeoutError:
-            hung.append(i)
-        except BaseException:
-            pass
+    hung = unanswered(fs)
     assert not hung, f"callers {hung} never answered; pending={r.stats('predict').pending}"
 
 
@@ -150,14 +141,7 @@ def test_stop_timeout_with_running_sync_batch_answers_every_caller():
     t0 = time.monotonic()
     b.stop(timeout=0.3)
     print("stop took", time.monotonic() - t0)
-    hung = []
-    for i, f in enumerate(fs):
-        try:
-            f.result(WAIT)
-        except concurrent.futures.TimeoutError:
-            hung.append(i)
-        except BaseException as e:
-            print("caller", i, "got", type(e).__name__, e)
+    hung = unanswered(fs)
     time.sleep(0.5)
     loops = [t.name for t in threading.enumerate() if t.name == "review-stop"]
     print("loop threads after stop:", loops, "bg.running", b.running)
@@ -181,12 +165,8 @@ class SyncBadStr(labserve.Runnable):
 def test_model_exception_with_bad_str_still_answers(bg):
     r = labserve.Runner(SyncBadStr, loop=bg)
     f = in_thread(r.predict.run, np.ones((1, 2)))
-    try:
-        f.result(WAIT)
-    except concurrent.futures.TimeoutError:
+    if unanswered([f]):
         pytest.fail("caller hangs when the model's exception has a broken __str__")
-    except BaseException:
-        pass
 
 
 # 7. Runner.aclose() awaited on another loop (a notebook cell's loop) ------------------
@@ -223,12 +203,5 @@ def test_stop_timeout_with_async_batches_answers_every_caller():
     fs = [in_thread(r.predict.run, np.full((1, 2), float(i))) for i in range(3)]
     time.sleep(0.2)
     b.stop(timeout=0.3)
-    hung = []
-    for i, f in enumerate(fs):
-        try:
-            f.result(WAIT)
-        except concurrent.futures.TimeoutError:
-            hung.append(i)
-        except BaseException as e:
-            print("caller", i, "got", type(e).__name__, e)
+    hung = unanswered(fs)
     assert not hung, f"callers {hung} never answered after stop() gave up waiting"

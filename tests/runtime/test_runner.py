@@ -55,8 +55,8 @@ def test_concurrent_async_runs_form_batches_and_each_caller_gets_its_own_rows(ma
     assert snap.pending == 0
 
 
-def test_request_of_another_shape_runs_in_its_own_batch_without_input_spec(make_runner):
-    runner = make_runner(Affine, on_overload="wait")
+def run_with_one_odd_shape(runner: labserve.Runner) -> tuple[list[Any], Any]:
+    """Send N_CONCURRENT rows and one (1, 3) request among them; (the rows' results, its own)."""
     odd_index = N_CONCURRENT // 2
 
     async def main() -> list[Any]:
@@ -65,8 +65,14 @@ def test_request_of_another_shape_runs_in_its_own_batch_without_input_spec(make_
         return await asyncio.gather(*calls, return_exceptions=True)
 
     results = asyncio.run(main())
-
     odd = results.pop(odd_index)
+    return results, odd
+
+
+def test_request_of_another_shape_runs_in_its_own_batch_without_input_spec(make_runner):
+    runner = make_runner(Affine, on_overload="wait")
+    results, odd = run_with_one_odd_shape(runner)
+
     np.testing.assert_array_equal(odd, np.full((1, 3), -1.0))
     for i, y in enumerate(results):
         np.testing.assert_array_equal(y, row(2 * i + 1))
@@ -89,16 +95,8 @@ class DeclaredAffine(labserve.Runnable):
 
 def test_request_of_another_shape_fails_alone_with_input_spec(make_runner):
     runner = make_runner(DeclaredAffine, on_overload="wait")
-    odd_index = N_CONCURRENT // 2
+    results, odd = run_with_one_odd_shape(runner)
 
-    async def main() -> list[Any]:
-        calls = [runner.predict.async_run(row(i)) for i in range(N_CONCURRENT)]
-        calls.insert(odd_index, runner.predict.async_run(np.full((1, 3), -1.0)))
-        return await asyncio.gather(*calls, return_exceptions=True)
-
-    results = asyncio.run(main())
-
-    odd = results.pop(odd_index)
     assert isinstance(odd, labserve.InputError)
     assert odd.status == 400
     assert "float64[1, 3]" in str(odd)
