@@ -12,9 +12,10 @@ import time
 
 import numpy as np
 
+from labserve.base.vocabulary import STRATEGIES
+from labserve.batching.containers import Codec
 from labserve.batching.queue import BatchQueue
-from labserve.config import STRATEGIES, BatchingConfig
-from labserve.containers import Codec
+from labserve.config.batching import BatchingConfig
 
 
 def cycles_per_request_us(strategy: str, cycles: int, batch: int = 64) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 import labserve
-from labserve.demo import SleepModel
+from labserve.lab.demo import SleepModel
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import jupyter_client
 
 SETUP = """
 import json, time, numpy as np, labserve
-from labserve.demo import SleepModel
+from labserve.lab.demo import SleepModel
 from labserve.widgets import Dashboard
 runner = labserve.Runner(SleepModel(a_ms=1.0, b_ms=0.05), name="sleep")
 """

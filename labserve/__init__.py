@@ -11,12 +11,9 @@ array([[4.]])
 >>> runner.stop()
 """
 
-from labserve.batching.policy import REASONS
-from labserve.clock import Clock, MonotonicClock, SimClock
-from labserve.config import STRATEGIES, BatchingConfig
-from labserve.config_file import ConfigFile, load_config_file
-from labserve.containers import TensorSpec
-from labserve.errors import (
+from labserve._version import __version__
+from labserve.base.clock import Clock, MonotonicClock, SimClock
+from labserve.base.errors import (
     BatchSizeMismatchError,
     CancelledRequestError,
     ConfigError,
@@ -28,7 +25,13 @@ from labserve.errors import (
     QueueFullError,
     RunnerStoppedError,
 )
-from labserve.export import export_config
+from labserve.base.vocabulary import OUTCOMES, REASONS, STRATEGIES
+from labserve.batching.containers import TensorSpec
+from labserve.config.batching import BatchingConfig
+from labserve.config.file import ConfigFile, load_config_file
+from labserve.lab.export import export_config
+from labserve.lab.profiling import CostCurve, profile
+from labserve.lab.sweep import sweep
 from labserve.load.arrivals import (
     ARRIVAL_KINDS,
     Arrivals,
@@ -42,17 +45,13 @@ from labserve.load.arrivals import (
 )
 from labserve.load.generator import LoadRun, LoadWarning, load_test, start_load
 from labserve.metrics.prometheus import SnapshotCollector
+from labserve.metrics.results import RunResult
 from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
-from labserve.profiling import CostCurve, profile
-from labserve.results import OUTCOMES, RunResult
-from labserve.runnable import Runnable, method
-from labserve.runner import Runner, RunnerMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
+from labserve.runtime.runnable import Runnable, method
+from labserve.runtime.runner import Runner, RunnerMethod
 from labserve.server import Server, serve
 from labserve.sim import LinearCost, simulate
-from labserve.sweep import sweep
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ARRIVAL_KINDS",

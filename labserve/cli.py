@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from labserve.config import STRATEGIES
-from labserve.errors import LabServeError
+from labserve.base.errors import LabServeError
+from labserve.base.vocabulary import STRATEGIES
 
 __all__ = ["main"]
 
@@ -62,10 +62,10 @@ def _progress(label: str) -> Callable[[int, int], None]:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from labserve.demo import SleepModel
+    from labserve.lab.demo import SleepModel
     from labserve.load.arrivals import PoissonArrivals
     from labserve.load.generator import LoadWarning, load_test
-    from labserve.runner import Runner
+    from labserve.runtime.runner import Runner
 
     runner = Runner(
         SleepModel(a_ms=2.0, b_ms=0.1), name="demo", max_batch_size=64, max_latency_ms=20
@@ -99,7 +99,7 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    from labserve.sweep import COLUMNS, format_table, sweep
+    from labserve.lab.sweep import COLUMNS, format_table, sweep
 
     rows = sweep(
         rates=args.rates,
@@ -136,8 +136,8 @@ def _load_target(spec: str) -> tuple[Callable[..., Any], Any]:
 
 
 def _profile(args: argparse.Namespace) -> None:
-    from labserve.demo import MemoryBoundModel, SleepModel
-    from labserve.profiling import profile
+    from labserve.lab.demo import MemoryBoundModel, SleepModel
+    from labserve.lab.profiling import profile
 
     if args.model == "memory":
         model = MemoryBoundModel()
@@ -160,8 +160,8 @@ def _profile(args: argparse.Namespace) -> None:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from labserve.runnable import Runnable
-    from labserve.runner import Runner
+    from labserve.runtime.runnable import Runnable
+    from labserve.runtime.runner import Runner
     from labserve.server import serve
 
     module_name, _, cls_name = args.target.partition(":")
@@ -210,9 +210,9 @@ def _load(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> None:
-    from labserve.config import BatchingConfig
-    from labserve.config_file import load_config_file
-    from labserve.export import export_config
+    from labserve.config.batching import BatchingConfig
+    from labserve.config.file import load_config_file
+    from labserve.lab.export import export_config
 
     file = load_config_file(args.config) if args.config else None
     flags = {

@@ -3,7 +3,7 @@ import csv
 import pytest
 
 from labserve.cli import main
-from labserve.sweep import format_table, sweep
+from labserve.lab.sweep import format_table, sweep
 
 
 def test_sweep_rows_follow_the_grid_and_larger_caps_batch_more():

@@ -41,7 +41,7 @@ def test_the_issue_api_is_public():
 
 
 def test_every_error_is_public_and_derives_from_labserve_error():
-    from labserve import errors
+    from labserve.base import errors
 
     for name in errors.__all__:
         assert name in labserve.__all__
@@ -49,7 +49,9 @@ def test_every_error_is_public_and_derives_from_labserve_error():
 
 
 def test_there_are_public_modules_to_check():
-    assert {"labserve.runner", "labserve.runtime.loop", "labserve.errors"} <= set(PUBLIC_MODULES)
+    assert {"labserve.runtime.runner", "labserve.runtime.loop", "labserve.base.errors"} <= set(
+        PUBLIC_MODULES
+    )
 
 
 @pytest.mark.parametrize("name", PUBLIC_MODULES)

@@ -137,7 +137,7 @@ class Pump:
                     [b.duration_s * 1000.0 for b in recent],
                     snap.cost_fit.a_ms,
                     snap.cost_fit.b_ms,
-                    float(snap.config["max_batch_size"]),
+                    float(snap.config.max_batch_size),
                 )
         # The line of numbers is read, not watched: at most 5 updates a second.
         if self._on_tick is not None and self.ticks % max(round(self.hz / 5), 1) == 0:
@@ -518,6 +518,6 @@ class Dashboard:
             f"<code><b>{html.escape(snap.runner)}.{html.escape(snap.method)}</b> · "
             f"{snap.served_rate:,.0f} req/s served · mean batch {mean} · "
             f"p50 {ms(lat.p50)} · p99 {ms(lat.p99)} · queue {snap.queue_requests} · "
-            f"rejected {rejected:.1f}% · {cfg['strategy']}, max_batch_size="
-            f"{cfg['max_batch_size']}, max_latency_ms={cfg['max_latency_ms']:g}{load}</code>"
+            f"rejected {rejected:.1f}% · {cfg.strategy}, max_batch_size="
+            f"{cfg.max_batch_size}, max_latency_ms={cfg.max_latency_ms:g}{load}</code>"
         )

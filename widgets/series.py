@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any
 
 import numpy as np
 
@@ -45,11 +44,13 @@ def _empty(columns: tuple[str, ...]) -> Rows:
     return {c: [] for c in columns}
 
 
-def latency_bound_ms(config: dict[str, Any], a_ms: float, b_ms: float) -> float:
+def latency_bound_ms(
+    max_latency_ms: float, max_batch_size: float, a_ms: float, b_ms: float
+) -> float:
     """The wait cap plus the fitted time of a full batch: a served request's worst case."""
     a = a_ms if math.isfinite(a_ms) else 0.0
     b = b_ms if math.isfinite(b_ms) else 0.0
-    return float(config["max_latency_ms"]) + a + b * float(config["max_batch_size"])
+    return float(max_latency_ms) + a + b * float(max_batch_size)
 
 
 class LiveSeries:
@@ -83,11 +84,13 @@ class LiveSeries:
             "p50": lat.p50,  # NaN while nothing was served
             "p95": lat.p95,
             "p99": lat.p99,
-            "latency_bound": latency_bound_ms(snap.config, fit.a_ms, fit.b_ms),
+            "latency_bound": latency_bound_ms(
+                snap.config.max_latency_ms, snap.config.max_batch_size, fit.a_ms, fit.b_ms
+            ),
             "served_rps": snap.served_rate,
             "rejected_rps": snap.rejected_rate,
             "failed_rps": snap.failed_rate,
-            "max_batch_size": snap.config["max_batch_size"],
+            "max_batch_size": snap.config.max_batch_size,
         }
         dt = snap.time_s - prev.time_s if prev is not None else 0.0
         for reason in REASONS:
@@ -128,7 +131,11 @@ def result_rows(result: labserve.RunResult, bin_s: float | None = None) -> tuple
     config = dict(result.config)
     cap = float(config.get("max_batch_size", np.nan))
     a_ms, b_ms = fit_cost(result.batch_items, result.batch_duration_s)
-    bound = latency_bound_ms(config, a_ms, b_ms) if "max_latency_ms" in config else math.nan
+    bound = (
+        latency_bound_ms(config["max_latency_ms"], cap, a_ms, b_ms)
+        if "max_latency_ms" in config
+        else math.nan
+    )
 
     # Queue depth at each bin's end: arrived and not yet started (or rejected unstarted).
     items = result.items.astype(float)

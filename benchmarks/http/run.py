@@ -51,7 +51,7 @@ def stats_mean_batch() -> float:
 
 def in_process_rps() -> tuple[float, float]:
     import labserve
-    from labserve.demo import SleepModel
+    from labserve.lab.demo import SleepModel
 
     runner = labserve.Runner(SleepModel(2.0, 0.1), name="m", max_batch_size=64, max_latency_ms=20)
     x = np.ones((1, 4))

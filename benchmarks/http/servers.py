@@ -14,7 +14,7 @@ import threading
 import numpy as np
 
 import labserve
-from labserve.demo import SleepModel
+from labserve.lab.demo import SleepModel
 
 REPLY = b"[[1.0, 1.0, 1.0, 1.0]]"
 

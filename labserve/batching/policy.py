@@ -14,15 +14,12 @@ not pay: fire what is queued), ``drain`` (the runner is stopping).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
+from labserve.base.vocabulary import Reason
 from labserve.batching.estimators import CostFit
-from labserve.config import BatchingConfig
+from labserve.config.batching import BatchingConfig
 
-__all__ = ["REASONS", "Decision", "Fire", "HeadView", "Hold", "decide"]
-
-Reason = Literal["full", "timeout", "adaptive", "idle", "drain"]
-REASONS: tuple[Reason, ...] = ("full", "timeout", "adaptive", "idle", "drain")
+__all__ = ["Decision", "Fire", "HeadView", "Hold", "decide"]
 
 # A hold shorter than this is not worth a timer wake-up (seconds).
 _MIN_HOLD_S = 50e-6

@@ -20,17 +20,18 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
-from labserve.batching.estimators import CostFit, CostModel, RateEstimator
-from labserve.batching.policy import Decision, Fire, HeadView, Reason, decide
-from labserve.config import BatchingConfig
-from labserve.containers import Codec
-from labserve.errors import (
+from labserve.base.errors import (
     LabServeError,
     ModelError,
     OverloadError,
     QueueFullError,
     RunnerStoppedError,
 )
+from labserve.base.vocabulary import Reason
+from labserve.batching.containers import Codec
+from labserve.batching.estimators import CostFit, CostModel, RateEstimator
+from labserve.batching.policy import Decision, Fire, HeadView, decide
+from labserve.config.batching import BatchingConfig
 from labserve.metrics.recorder import Recorder
 from labserve.metrics.snapshot import BatchRecord, CostFitView, Snapshot
 
@@ -168,7 +169,7 @@ class _Group:
 class BatchQueue:
     """The batching state machine of one runner method.
 
-    >>> from labserve.containers import Codec
+    >>> from labserve.batching.containers import Codec
     >>> import numpy as np
     >>> q = BatchQueue("m", Codec("m"), BatchingConfig(strategy="greedy"))
     >>> r = q.admit((np.ones((2, 3)),), now=0.0)
@@ -653,7 +654,7 @@ class BatchQueue:
             method=self.name,
             time_s=now,
             window_s=rec.window_s,
-            config=self._config.as_dict(),
+            config=self._config,
             queue_requests=self._queued_requests,
             queue_items=self._queued_items,
             in_flight_batches=self._in_flight,

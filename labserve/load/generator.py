@@ -3,7 +3,7 @@
 Runs on labserve's background loop, so the calls are in-process and the notebook's own loop
 is left alone. Latency is measured from each request's *intended* send time, so a generator
 that falls behind cannot hide the queueing it caused (no coordinated omission); when it
-falls behind it says so with a :class:`~labserve.errors.LoadWarning`.
+falls behind it says so with a :class:`~labserve.base.errors.LoadWarning`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from labserve.batching.policy import REASONS
-from labserve.errors import LabServeError, OverloadError, QueueFullError
+from labserve.base.errors import LabServeError, OverloadError, QueueFullError
+from labserve.base.vocabulary import CANCELLED, FAILED, REASONS, REFUSED, REJECTED, SERVED
 from labserve.load.arrivals import Arrivals
-from labserve.results import CANCELLED, FAILED, REFUSED, REJECTED, SERVED, RunResult
-from labserve.runner import RunnerMethod
+from labserve.metrics.results import RunResult
 from labserve.runtime.loop import BackgroundLoop, background_loop
+from labserve.runtime.runner import RunnerMethod
 
 __all__ = ["LoadRun", "LoadWarning", "load_test", "start_load"]
 
@@ -382,7 +382,7 @@ def _result(
 ) -> RunResult:
     if method is not None:
         snap = method.stats()
-        snap_config = dict(snap.config)
+        snap_config = snap.config.as_dict()
         held = method._batch_records(snap.batches - batches_before)
     else:
         snap_config, held = {}, []

@@ -11,8 +11,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from labserve.base.vocabulary import RUNNER_OUTCOMES
 from labserve.metrics.snapshot import Snapshot
-from labserve.results import OUTCOMES
 
 __all__ = ["SnapshotCollector"]
 
@@ -71,11 +71,11 @@ class SnapshotCollector(Collector):
             queue_req.add_metric(labels, s.queue_requests)
             queue_items.add_metric(labels, s.queue_items)
             in_flight.add_metric(labels, s.in_flight_batches)
-            cap.add_metric(labels, s.config["max_batch_size"])
-            wait_cap.add_metric(labels, s.config["max_latency_ms"] / 1000.0)
+            cap.add_metric(labels, s.config.max_batch_size)
+            wait_cap.add_metric(labels, s.config.max_latency_s)
             fit_a.add_metric(labels, s.cost_fit.a_ms / 1000.0)
             fit_b.add_metric(labels, s.cost_fit.b_ms / 1000.0)
-            for outcome in OUTCOMES:
+            for outcome in RUNNER_OUTCOMES:
                 requests.add_metric([*labels, outcome], getattr(s, outcome))
             for reason, count in sorted(s.fire_reasons.items()):
                 batches.add_metric([*labels, reason], count)

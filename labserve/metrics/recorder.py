@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from labserve.base.vocabulary import RUNNER_OUTCOMES
 from labserve.metrics.histogram import LogHistogram
 from labserve.metrics.snapshot import BatchRecord, Percentiles
 
@@ -20,8 +21,10 @@ __all__ = ["Recorder"]
 _QS = (50.0, 95.0, 99.0, 99.9)
 # Histogram bounds (seconds) exported to Prometheus.
 LATENCY_BOUNDS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
-_KINDS = ("arrived", "served", "rejected", "failed", "cancelled", "refused")
-_ARRIVED, _SERVED, _REJECTED, _FAILED, _CANCELLED, _REFUSED = range(len(_KINDS))
+_KINDS = ("arrived", *RUNNER_OUTCOMES)  # counted per kind; a Snapshot field each
+_ARRIVED, _SERVED, _REJECTED, _FAILED, _CANCELLED, _REFUSED = map(
+    _KINDS.index, ("arrived", "served", "rejected", "failed", "cancelled", "refused")
+)
 
 
 class _RateBuckets:

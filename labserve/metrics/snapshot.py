@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from labserve.config.batching import BatchingConfig
+
 __all__ = ["BatchRecord", "CostFitView", "Percentiles", "Snapshot"]
 
 
@@ -56,8 +58,8 @@ class Snapshot:
     """The runner clock's time when taken."""
     window_s: float
     """Width of the sliding window, seconds."""
-    config: dict[str, Any]
-    """The config in force."""
+    config: BatchingConfig
+    """The config in force (frozen)."""
     queue_requests: int
     """Requests waiting."""
     queue_items: int
@@ -116,6 +118,8 @@ class Snapshot:
         def clean(value: Any) -> Any:
             if isinstance(value, float) and math.isnan(value):
                 return None
+            if isinstance(value, BatchingConfig):
+                return value.as_dict()
             if isinstance(value, tuple) and hasattr(value, "_asdict"):
                 return {k: clean(v) for k, v in value._asdict().items()}
             if isinstance(value, (list, tuple)):
@@ -134,7 +138,7 @@ class Snapshot:
             f"{self.runner}.{self.method}: {self.served} served, {self.rejected} rejected, "
             f"{self.failed} failed, {self.cancelled} cancelled | {self.batches} batches, "
             f"mean {self.mean_batch_size:.1f} items | p50 {lat.p50:.2f} ms, p99 {lat.p99:.2f} ms | "
-            f"queue {self.queue_requests} | {self.config['strategy']}, "
-            f"max_batch_size={self.config['max_batch_size']}, "
-            f"max_latency_ms={self.config['max_latency_ms']:g}"
+            f"queue {self.queue_requests} | {self.config.strategy}, "
+            f"max_batch_size={self.config.max_batch_size}, "
+            f"max_latency_ms={self.config.max_latency_ms:g}"
         )

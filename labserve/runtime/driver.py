@@ -23,10 +23,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from labserve.base.clock import Clock, MonotonicClock
+from labserve.base.errors import BatchSizeMismatchError, LabServeError, RunnerStoppedError
 from labserve.batching.queue import Batch, BatchQueue, Outcome, Request, Step
-from labserve.clock import Clock, MonotonicClock
-from labserve.config import BatchingConfig
-from labserve.errors import BatchSizeMismatchError, LabServeError, RunnerStoppedError
+from labserve.config.batching import BatchingConfig
 from labserve.metrics.snapshot import BatchRecord, Snapshot
 from labserve.runtime.loop import BackgroundLoop
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from labserve.errors import LoopThreadError
+from labserve.base.errors import LoopThreadError
 
 __all__ = ["BackgroundLoop", "background_loop"]
 

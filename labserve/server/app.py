@@ -11,10 +11,10 @@ import tornado.web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from labserve.errors import ConfigError, InputError, LabServeError
+from labserve.base.errors import ConfigError, InputError, LabServeError
 from labserve.metrics.prometheus import SnapshotCollector
-from labserve.runner import Runner, RunnerMethod
-from labserve.server.codec import decode, encode
+from labserve.runtime.runner import Runner, RunnerMethod
+from labserve.wire.codec import decode, encode
 
 __all__ = ["make_app"]
 

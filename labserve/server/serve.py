@@ -12,8 +12,8 @@ from typing import Any
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from labserve.runner import Runner
 from labserve.runtime.loop import BackgroundLoop, background_loop
+from labserve.runtime.runner import Runner
 from labserve.server.app import make_app
 
 __all__ = ["Server", "serve"]

@@ -13,10 +13,10 @@ from typing import Any, NoReturn
 import numpy as np
 import tornado.web
 
-from labserve import __version__
-from labserve.containers import TensorSpec
-from labserve.errors import InputError, LabServeError
-from labserve.runner import Runner, RunnerMethod
+from labserve._version import __version__
+from labserve.base.errors import InputError, LabServeError
+from labserve.batching.containers import TensorSpec
+from labserve.runtime.runner import Runner, RunnerMethod
 from labserve.server.app import _Base, _BodyMixin
 
 __all__ = ["datatype", "models", "routes"]

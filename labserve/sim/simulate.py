@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from labserve.base.vocabulary import REASONS, REFUSED, REJECTED, SERVED, Reason
+from labserve.batching.containers import Codec
 from labserve.batching.estimators import RateEstimator
-from labserve.batching.policy import REASONS, Reason
 from labserve.batching.queue import Batch, BatchQueue, Outcome
-from labserve.config import BatchingConfig
-from labserve.containers import Codec
+from labserve.config.batching import BatchingConfig
 from labserve.metrics.recorder import Recorder
+from labserve.metrics.results import RunResult
 from labserve.metrics.snapshot import BatchRecord
-from labserve.results import REFUSED, REJECTED, SERVED, RunResult
 
 __all__ = ["LinearCost", "simulate"]
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from labserve.runnable import Runnable
-    from labserve.runner import Runner
+    from labserve.runtime.runnable import Runnable
+    from labserve.runtime.runner import Runner
     from labserve.server.serve import Server
 
 __all__ = ["labserve_runner", "labserve_serve"]
@@ -29,7 +29,7 @@ __all__ = ["labserve_runner", "labserve_serve"]
 @pytest.fixture
 def labserve_runner() -> Iterator[Callable[..., Runner]]:
     """A factory with ``labserve.Runner``'s arguments; every runner is stopped after the test."""
-    from labserve.runner import Runner
+    from labserve.runtime.runner import Runner
 
     runners: list[Runner] = []
 
@@ -53,7 +53,7 @@ def labserve_serve(
     runner with default settings); keyword arguments go to ``labserve.Server`` (``port``
     defaults to 0, a free port). Every server is stopped after the test, before its runners.
     """
-    from labserve.runnable import Runnable
+    from labserve.runtime.runnable import Runnable
     from labserve.server.serve import Server
 
     servers: list[Server] = []

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from labserve.results import RunResult
+from labserve.metrics.results import RunResult
 
 __all__ = ["SLOS", "assert_slo"]
 

@@ -35,7 +35,7 @@ NOTEBOOK_CELLS = [
     "import json\n"
     "import numpy as np\n"
     "import labserve\n"
-    "from labserve.demo import SleepModel\n"
+    "from labserve.lab.demo import SleepModel\n"
     "from labserve.widgets import Dashboard, load_bokehjs\n"
     "load_bokehjs()",
     'runner = labserve.Runner(SleepModel(a_ms=2.0, b_ms=0.05), name="sleep")\n'

@@ -3,17 +3,18 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from labserve.batching.queue import BatchQueue
-from labserve.clock import SimClock
-from labserve.config import STRATEGIES, BatchingConfig
-from labserve.containers import Codec, TensorSpec
-from labserve.errors import (
+from labserve.base.clock import SimClock
+from labserve.base.errors import (
     InputError,
     ModelError,
     OverloadError,
     QueueFullError,
     RunnerStoppedError,
 )
+from labserve.base.vocabulary import STRATEGIES
+from labserve.batching.containers import Codec, TensorSpec
+from labserve.batching.queue import BatchQueue
+from labserve.config.batching import BatchingConfig
 
 MS = 1e-3
 
@@ -429,7 +430,7 @@ def test_configure_applies_at_the_next_poll_not_to_a_fired_batch():
     q.configure(new)
     assert q.config.max_batch_size == 4  # not yet: no batch boundary passed
     assert first.items == 4  # the fired batch keeps its cap
-    assert q.snapshot(0.0).config["max_batch_size"] == 4
+    assert q.snapshot(0.0).config.max_batch_size == 4
     run(q, first, 0.001)
     (second,) = q.poll(0.001).fire
     assert q.config is new

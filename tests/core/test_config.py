@@ -3,8 +3,9 @@ import math
 
 import pytest
 
-from labserve.config import STRATEGIES, BatchingConfig
-from labserve.errors import ConfigError
+from labserve.base.errors import ConfigError
+from labserve.base.vocabulary import STRATEGIES
+from labserve.config.batching import BatchingConfig
 
 
 def test_defaults_are_valid_and_adaptive():

@@ -2,9 +2,9 @@ import textwrap
 
 import pytest
 
-from labserve.config import BatchingConfig
-from labserve.config_file import ENV_VAR, ConfigFile, load_config_file
-from labserve.errors import ConfigError
+from labserve.base.errors import ConfigError
+from labserve.config.batching import BatchingConfig
+from labserve.config.file import ENV_VAR, ConfigFile, load_config_file
 
 BENTO_SHAPED = """
 runners:

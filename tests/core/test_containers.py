@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from labserve.containers import Codec, TensorSpec
-from labserve.errors import InputError
+from labserve.base.errors import InputError
+from labserve.batching.containers import Codec, TensorSpec
 
 
 def rows(n, width=3, start=0, dtype=np.float64):

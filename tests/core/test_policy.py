@@ -3,7 +3,7 @@ import pytest
 
 from labserve.batching.estimators import CostFit
 from labserve.batching.policy import Fire, HeadView, Hold, decide
-from labserve.config import BatchingConfig
+from labserve.config.batching import BatchingConfig
 
 READY = CostFit(a_s=0.005, b_s=0.0001, samples=64)  # 5 ms per call, 0.1 ms per item
 NOT_READY = CostFit(a_s=0.005, b_s=0.0001, samples=3)

@@ -3,10 +3,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from labserve import SnapshotCollector
+from labserve.base.errors import OverloadError
+from labserve.batching.containers import Codec
 from labserve.batching.queue import BatchQueue
-from labserve.config import BatchingConfig
-from labserve.containers import Codec
-from labserve.errors import OverloadError
+from labserve.config.batching import BatchingConfig
 
 
 def traffic():

@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 
+from labserve.batching.containers import Codec
 from labserve.batching.queue import BatchQueue
-from labserve.config import BatchingConfig
-from labserve.containers import Codec
+from labserve.config.batching import BatchingConfig
 
 
 @pytest.fixture
@@ -56,10 +56,11 @@ def test_mutating_a_snapshots_dicts_does_not_reach_the_queue(make_queue):
     q.admit((np.ones((1, 3)),), now=0.0)
     serve_all(q, 0.0)
     snap = q.snapshot(1.0)
-    snap.config["max_batch_size"] = 999
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.config.max_batch_size = 999  # type: ignore[misc]
     snap.fire_reasons["idle"] = 999
     fresh = q.snapshot(1.0)
-    assert fresh.config["max_batch_size"] == 4
+    assert fresh.config.max_batch_size == 4
     assert fresh.fire_reasons == {"idle": 1}
 
 

@@ -124,7 +124,7 @@ def test_configure_mid_run_changes_the_next_batch_cap(make_runner):
     for i, y in enumerate(results):
         np.testing.assert_array_equal(y, row(2 * i + 1))
     snap = runner.stats("predict")
-    assert snap.config["max_batch_size"] == 4
+    assert snap.config.max_batch_size == 4
     assert runner.predict.config.max_batch_size == 4
     assert snap.max_batch_size_seen > 4, "batches before the change were larger"
     later = [b for b in snap.recent_batches if b.start_s > applied_at]
@@ -141,7 +141,7 @@ def test_configure_with_a_bad_value_changes_nothing(make_runner):
     with pytest.raises(ValueError, match="max_latency_ms"):
         runner.configure("predict", max_batch_size=8, max_latency_ms=-1)
 
-    assert runner.stats("predict").config["max_batch_size"] == 32
+    assert runner.stats("predict").config.max_batch_size == 32
     assert runner.predict.config.max_batch_size == 32
     np.testing.assert_array_equal(runner.predict.run(row(3)), row(7))
 

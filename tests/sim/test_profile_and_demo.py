@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 
 import labserve
-from labserve.clock import SimClock
-from labserve.demo import MemoryBoundModel, SleepModel
-from labserve.profiling import profile
+from labserve.base.clock import SimClock
+from labserve.lab.demo import MemoryBoundModel, SleepModel
+from labserve.lab.profiling import profile
 
 
 def virtual_model(a_s, b_s, clock):

@@ -3,8 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from labserve.batching.policy import REASONS
-from labserve.results import OUTCOMES
+from labserve.base.vocabulary import OUTCOMES, REASONS
 from labserve.sim import LinearCost, simulate
 
 MS = 1e-3
@@ -101,10 +100,10 @@ def reference(times, cost_s, items=1, **settings):
     """The plainest driver of the real queue: one admit and one poll per arrival."""
     import heapq
 
+    from labserve.base.errors import QueueFullError
+    from labserve.batching.containers import Codec
     from labserve.batching.queue import BatchQueue
-    from labserve.config import BatchingConfig
-    from labserve.containers import Codec
-    from labserve.errors import QueueFullError
+    from labserve.config.batching import BatchingConfig
 
     q = BatchQueue("ref", Codec("ref"), BatchingConfig(**settings))
     heap, wake, seq, batches = [], None, 0, []

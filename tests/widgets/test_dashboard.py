@@ -21,7 +21,7 @@ from labserve.widgets.charts import ChartWidget
 from labserve.widgets.series import BATCH_COLUMNS, TICK_COLUMNS, LiveSeries, result_rows
 
 import labserve
-from labserve.demo import SleepModel
+from labserve.lab.demo import SleepModel
 
 X = np.ones((1, 4))
 
@@ -225,7 +225,7 @@ def test_live_series_turns_snapshots_into_rows(runner):
     tick, batches = series.update(snap)
     assert len(batches["t"]) == 5 and batches["items"] == [1.0] * 5
     assert batches["rolling_mean"] == [1.0] * 5
-    assert tick["max_batch_size"] == [float(snap.config["max_batch_size"])]
+    assert tick["max_batch_size"] == [float(snap.config.max_batch_size)]
     runner.predict.reset_stats()
     tick, batches = series.update(runner.predict.stats())
     assert batches["t"] == []  # a reset starts over instead of counting backwards

@@ -10,16 +10,16 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from labserve.base.clock import MonotonicClock
+from labserve.base.errors import LoopThreadError, RunnerStoppedError
+from labserve.batching.containers import Codec
 from labserve.batching.queue import BatchQueue, Request
-from labserve.clock import MonotonicClock
-from labserve.config import BatchingConfig, validate_field
-from labserve.config_file import load_config_file
-from labserve.containers import Codec
-from labserve.errors import LoopThreadError, RunnerStoppedError
+from labserve.config.batching import BatchingConfig, validate_field
+from labserve.config.file import load_config_file
 from labserve.metrics.snapshot import BatchRecord, Snapshot
-from labserve.runnable import MethodSpec, Runnable
 from labserve.runtime.driver import MethodDriver
 from labserve.runtime.loop import BackgroundLoop, background_loop
+from labserve.runtime.runnable import MethodSpec, Runnable
 
 __all__ = ["Runner", "RunnerMethod"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from labserve.runner import RunnerMethod
+from labserve.runtime.runner import RunnerMethod
 from labserve.sim.simulate import LinearCost
 
 __all__ = ["CostCurve", "profile"]
@@ -70,7 +70,7 @@ def profile(
     time (seconds); tests hand in a virtual one.
 
     >>> import labserve
-    >>> from labserve.demo import SleepModel
+    >>> from labserve.lab.demo import SleepModel
     >>> runner = labserve.Runner(SleepModel(a_ms=1.0, b_ms=0.0))
     >>> curve = labserve.profile(runner.predict, example=np.ones((1, 4)), sizes=[1, 8], repeats=2)
     >>> round(curve.fit.a_ms)

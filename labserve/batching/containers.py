@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from labserve.errors import InputError
+from labserve.base.errors import InputError
 
 __all__ = ["Codec", "TensorSpec"]
 

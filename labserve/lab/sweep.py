@@ -8,7 +8,7 @@ from typing import Any
 
 from labserve.load.arrivals import PoissonArrivals
 from labserve.load.generator import load_test
-from labserve.runner import RunnerMethod
+from labserve.runtime.runner import RunnerMethod
 from labserve.sim.simulate import CostLike, simulate
 
 __all__ = ["format_table", "sweep"]

@@ -9,15 +9,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
-from labserve.errors import ConfigError
+from labserve.base.errors import ConfigError
+from labserve.base.vocabulary import OVERLOAD_ACTIONS, STRATEGIES, OverloadAction, Strategy
 
-__all__ = ["STRATEGIES", "BatchingConfig", "Strategy"]
-
-Strategy = Literal["off", "fixed", "greedy", "adaptive"]
-STRATEGIES: tuple[str, ...] = ("off", "fixed", "greedy", "adaptive")
-OVERLOAD_ACTIONS: tuple[str, ...] = ("reject", "wait")
+__all__ = ["BatchingConfig", "validate_field"]
 
 
 def _int_at_least(key: str, value: Any, low: int, source: str | None) -> int:
@@ -84,7 +81,7 @@ class BatchingConfig:
     """Most items (along the batch axis, not requests) in one model call."""
     max_latency_ms: float = 10.0
     """Longest a request may wait in the queue before its batch fires, in milliseconds."""
-    on_overload: Literal["reject", "wait"] = "reject"
+    on_overload: OverloadAction = "reject"
     """What happens to a request still queued at its deadline with no free batch slot."""
     max_queue_size: int = 10_000
     """Most requests waiting; the next one is refused at admission."""

@@ -10,13 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from labserve.batching.policy import REASONS
+from labserve.base.vocabulary import FAILED, OUTCOMES, REASONS, REFUSED, REJECTED, SERVED
 
-__all__ = ["CANCELLED", "FAILED", "OUTCOMES", "REFUSED", "REJECTED", "SERVED", "RunResult"]
-
-OUTCOMES: tuple[str, ...] = ("served", "rejected", "failed", "cancelled", "refused")
-"""Outcome codes, by index: what ``RunResult.outcome`` holds."""
-SERVED, REJECTED, FAILED, CANCELLED, REFUSED = range(len(OUTCOMES))
+__all__ = ["RunResult"]
 _QS = (50.0, 95.0, 99.0, 99.9)
 
 

@@ -10,14 +10,10 @@ different meaning.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import yaml
 
-from labserve.config import BatchingConfig
-
-if TYPE_CHECKING:
-    from labserve.runner import RunnerMethod
+from labserve.config.batching import BatchingConfig
+from labserve.runtime.runner import RunnerMethod
 
 __all__ = ["FORMATS", "export_config"]
 
@@ -32,9 +28,6 @@ def _resolve(
 ) -> tuple[BatchingConfig, str | None, str | None]:
     if isinstance(source, BatchingConfig):
         return source, runner, method
-    # Imported here: labserve.runner pulls in the runtime, which a config export does not need.
-    from labserve.runner import RunnerMethod
-
     if not isinstance(source, RunnerMethod):
         raise TypeError(
             f"export_config needs a RunnerMethod (runner.<method>) or a BatchingConfig, "

@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from labserve.config import validate_field
-from labserve.errors import ConfigError
+from labserve.base.errors import ConfigError
+from labserve.config.batching import validate_field
 
 __all__ = ["ENV_VAR", "ConfigFile", "load_config_file"]
 

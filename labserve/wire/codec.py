@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from labserve.errors import InputError
+from labserve.base.errors import InputError
 
 __all__ = ["NPY", "decode", "encode"]
 

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 
-from labserve.containers import TensorSpec
-from labserve.runnable import Runnable, method
+from labserve.batching.containers import TensorSpec
+from labserve.runtime.runnable import Runnable, method
 
 __all__ = ["MemoryBoundModel", "SleepModel"]
 

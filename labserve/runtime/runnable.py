@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar, overload
 
-from labserve.config import validate_field
-from labserve.containers import TensorSpec
+from labserve.batching.containers import TensorSpec
+from labserve.config.batching import validate_field
 
 __all__ = ["MethodSpec", "Runnable", "method"]
 

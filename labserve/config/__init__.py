@@ -1,0 +1,3 @@
+"""The batching config: the frozen, validated settings and the YAML file that layers them."""
+
+__all__: list[str] = []
