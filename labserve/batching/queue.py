@@ -186,6 +186,7 @@ class BatchQueue:
         runner: str = "",
         recorder: Recorder | None = None,
         cost_model: CostModel | None = None,
+        rate: RateEstimator | None = None,
     ) -> None:
         self.name = name
         self.runner = runner
@@ -195,7 +196,7 @@ class BatchQueue:
         self._use(config)
         self.recorder = recorder if recorder is not None else Recorder()
         self.cost_model = cost_model if cost_model is not None else CostModel()
-        self.rate = RateEstimator()
+        self.rate = rate if rate is not None else RateEstimator()
         self._groups: dict[Hashable, _Group] = {}
         self._queued_requests = 0
         self._queued_items = 0

@@ -76,7 +76,7 @@ def profile(
     >>> round(curve.fit.a_ms)
     1
     """
-    fn: Callable[..., Any] = target._fn if isinstance(target, RunnerMethod) else target
+    fn: Callable[..., Any] = target.model_fn if isinstance(target, RunnerMethod) else target
     if isinstance(target, RunnerMethod) and isinstance(target.spec.batch_dim, int):
         batch_dim = target.spec.batch_dim
     if not sizes or any(not isinstance(n, int) or n < 1 for n in sizes):

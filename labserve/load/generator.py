@@ -23,6 +23,7 @@ from labserve.load.arrivals import Arrivals
 from labserve.metrics.results import RunResult
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runner import RunnerMethod
+from labserve.wire.datatypes import datatype
 
 __all__ = ["LoadRun", "LoadWarning", "load_test", "start_load"]
 
@@ -114,7 +115,7 @@ def start_load(
             raise TypeError(f"{target!r} is not batchable: load_test drives a batch queue")
         sender = _MethodSender(target, example)
         bg = target.runner.bg
-        target._driver_started()  # start the loop and the driver before the clock does
+        target.start()  # the loop and the driver start before the clock does
         batches_before = target.stats().batches
     control = _Control()
     if arrivals is not None:
@@ -244,7 +245,7 @@ class _MethodSender(_Sender):
 
     async def send(self, rec: _Record, k: int) -> None:
         loop = asyncio.get_running_loop()
-        request, future = self.method._submit_on_loop((self.example,))
+        request, future = self.method.submit_on_loop((self.example,))
         rec.items[k] = request.items
         try:
             await future
@@ -266,8 +267,6 @@ class _HttpSender(_Sender):
         self.url = url
         self.items = int(arr.shape[0]) if arr.ndim else 1
         if "/v2/models/" in url:
-            from labserve.server.v2 import datatype
-
             tensor = {
                 "name": "input__0",
                 "shape": list(arr.shape),
@@ -383,7 +382,7 @@ def _result(
     if method is not None:
         snap = method.stats()
         snap_config = snap.config.as_dict()
-        held = method._batch_records(snap.batches - batches_before)
+        held = method.batch_records(snap.batches - batches_before)
     else:
         snap_config, held = {}, []
     return RunResult(

@@ -54,6 +54,22 @@ class RunnerMethod:
         """The latest config asked for (in force from the next batch)."""
         return self._config
 
+    @property
+    def model_fn(self) -> Any:
+        """The bound model method itself (called with a whole batch when batchable)."""
+        return self._fn
+
+    def start(self) -> None:
+        """Start the background loop and this method's driver now, not at the first request.
+
+        Thread-safe and idempotent; raises RunnerStoppedError once the runner stopped, and
+        TypeError for a method that is not batchable (it has no driver). A load generator
+        calls it so that start-up is not counted as the first requests' latency.
+        """
+        if not self.batchable:
+            raise TypeError(f"{self.runner.name}.{self.name} is not batchable: nothing to start")
+        self._driver_started()
+
     def _driver_started(self) -> MethodDriver:
         if self.runner.stopped:
             raise RunnerStoppedError(self.runner.name)
@@ -109,7 +125,7 @@ class RunnerMethod:
         driver = self._driver_started()
         assert self._queue is not None
         if self.runner.bg.in_loop_thread():
-            request, future = self._submit_on_loop(args)
+            request, future = self.submit_on_loop(args)
             try:
                 return await future
             except asyncio.CancelledError:
@@ -124,8 +140,14 @@ class RunnerMethod:
             driver.cancel_threadsafe(request)
             raise
 
-    def _submit_on_loop(self, args: tuple[Any, ...]) -> tuple[Request, asyncio.Future[Any]]:
-        """Submit from labserve's loop; the load generator reads the timings. Loop-only."""
+    def submit_on_loop(self, args: tuple[Any, ...]) -> tuple[Request, asyncio.Future[Any]]:
+        """Submit one request from labserve's own loop; return it and the future it settles.
+
+        Loop-only (the thread-safe doors are :meth:`run` and :meth:`async_run`). The
+        request's ``start_s`` (when its batch fired, on the runner's clock) and ``items``
+        can be read once the future is done: the load generator records them. Refusals
+        (QueueFullError, RunnerStoppedError, InputError) are set on the future.
+        """
         driver = self._driver_started()
         assert self._queue is not None
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -133,8 +155,11 @@ class RunnerMethod:
         driver.submit(request)
         return request, future
 
-    def _batch_records(self, last: int) -> list[BatchRecord]:
-        """The last ``last`` batches recorded (at most what the recorder holds). Thread-safe."""
+    def batch_records(self, last: int) -> list[BatchRecord]:
+        """The last ``last`` batches recorded, oldest first; none before the first request.
+
+        At most what the recorder holds. Thread-safe.
+        """
         if self._driver is None or last <= 0:
             return []
         return self._driver.batch_records(last)

@@ -18,24 +18,10 @@ from labserve.base.errors import InputError, LabServeError
 from labserve.batching.containers import TensorSpec
 from labserve.runtime.runner import Runner, RunnerMethod
 from labserve.server.app import _Base, _BodyMixin
+from labserve.wire.datatypes import datatype, numpy_dtype
 
-__all__ = ["datatype", "models", "routes"]
+__all__ = ["models", "routes"]
 
-_TO_NUMPY = {
-    "BOOL": "bool",
-    "UINT8": "uint8",
-    "UINT16": "uint16",
-    "UINT32": "uint32",
-    "UINT64": "uint64",
-    "INT8": "int8",
-    "INT16": "int16",
-    "INT32": "int32",
-    "INT64": "int64",
-    "FP16": "float16",
-    "FP32": "float32",
-    "FP64": "float64",
-}
-_FROM_NUMPY = {np.dtype(v).name: k for k, v in _TO_NUMPY.items()}
 _HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
@@ -49,14 +35,6 @@ def models(runners: dict[str, Runner]) -> dict[str, RunnerMethod]:
         if len(batchable) == 1:
             found[name] = batchable[0]
     return found
-
-
-def datatype(dtype: np.dtype[Any]) -> str:
-    """The v2 datatype name of a numpy dtype (FP32 for float32); InputError if none."""
-    try:
-        return _FROM_NUMPY[dtype.name]
-    except KeyError:
-        raise InputError(f"no v2 datatype for numpy {dtype.name}") from None
 
 
 class _V2(_Base):
@@ -186,17 +164,13 @@ def _inputs(request: dict[str, Any], binary: bytes) -> list[np.ndarray]:
         if not isinstance(spec, dict):
             raise InputError(f"inputs[{i}] must be an object")
         name = str(spec.get("name", f"input__{i}"))
-        datatype = spec.get("datatype")
+        dtype_name = spec.get("datatype")
+        dtype = numpy_dtype(dtype_name, what=f"input {name!r}: datatype")
         shape = spec.get("shape")
-        if datatype not in _TO_NUMPY:
-            raise InputError(
-                f"input {name!r}: datatype must be one of {', '.join(_TO_NUMPY)}, got {datatype!r}"
-            )
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
             raise InputError(
                 f"input {name!r}: shape must be a list of integers >= 0, got {shape!r}"
             )
-        dtype = np.dtype(_TO_NUMPY[datatype])
         size = (spec.get("parameters") or {}).get("binary_data_size")
         try:
             if size is not None:
@@ -207,7 +181,7 @@ def _inputs(request: dict[str, Any], binary: bytes) -> list[np.ndarray]:
                 arr = np.asarray(spec.get("data"), dtype=dtype).reshape(shape)
         except (TypeError, ValueError) as exc:
             raise InputError(
-                f"input {name!r}: data does not make a {datatype}{shape}: {exc}"
+                f"input {name!r}: data does not make a {dtype_name}{shape}: {exc}"
             ) from exc
         arrays.append(arr)
     if not arrays:

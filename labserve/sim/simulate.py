@@ -181,11 +181,17 @@ class _Run:
         self.cost = cost
         self.items = items
         self.config = config
-        self.queue = BatchQueue("sim", Codec("sim"), config, runner="sim", recorder=_Unrecorded())
-        if config.effective_strategy != "adaptive":
-            # Only the adaptive strategy reads the arrival rate, and a simulation's config
-            # never changes: its arrivals need not be folded into an estimate nobody reads.
-            self.queue.rate = RateEstimator(fold_every=None)
+        # Only the adaptive strategy reads the arrival rate, and a simulation's config never
+        # changes: otherwise its arrivals need not be folded into an estimate nobody reads.
+        unread = config.effective_strategy != "adaptive"
+        self.queue = BatchQueue(
+            "sim",
+            Codec("sim"),
+            config,
+            runner="sim",
+            recorder=_Unrecorded(),
+            rate=RateEstimator(fold_every=None) if unread else None,
+        )
         self.start = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
         self.outcome = np.full(n, -1, dtype=np.int8)
