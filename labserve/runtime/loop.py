@@ -131,10 +131,14 @@ class BackgroundLoop:
     def call(self, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
         """Run ``fn(*args)`` on the loop and return its result. Thread-safe; blocks.
 
-        From the loop thread it simply calls ``fn``: it cannot wait for itself.
+        Raises LoopThreadError from the loop thread, as :meth:`run` does: one rule for
+        every blocking door (call ``fn`` directly there).
         """
         if self.in_loop_thread():
-            return fn(*args)
+            raise LoopThreadError(
+                "BackgroundLoop.call() was called from labserve's loop thread, where it would "
+                "wait for itself; call the function directly instead"
+            )
         done: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def invoke() -> None:

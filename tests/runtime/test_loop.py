@@ -115,15 +115,17 @@ def test_stop_from_the_loop_thread_raises(private_loop):
     assert bg.running
 
 
-def test_call_runs_on_the_loop_and_calls_directly_from_the_loop_thread(private_loop):
+def test_call_runs_on_the_loop_and_refuses_the_loop_thread(private_loop):
     bg = private_loop
 
     assert bg.call(threading.current_thread) is bg.run(current_thread())
 
     async def call_from_inside() -> threading.Thread:
-        return bg.call(threading.current_thread)  # no deadlock: called in place
+        return bg.call(threading.current_thread)  # would wait for itself: refused, like run()
 
-    assert bg.run(call_from_inside()).name == bg.name
+    with pytest.raises(labserve.LoopThreadError):
+        bg.run(call_from_inside())
+    assert bg.running
     with pytest.raises(ZeroDivisionError):
         bg.call(lambda: 1 / 0)
 
