@@ -210,7 +210,7 @@ def _load(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> None:
-    from labserve.config.batching import BatchingConfig
+    from labserve.config.batching import BatchingConfig, BatchingLayer
     from labserve.config.file import load_config_file
     from labserve.lab.export import export_config
 
@@ -225,7 +225,7 @@ def _export(args: argparse.Namespace) -> None:
         if value is not None
     }
     layers = [file.global_batching, file.for_runner(args.runner or "")] if file else []
-    cfg = BatchingConfig.from_layers(*layers, flags)
+    cfg = BatchingConfig.from_layers(*layers, BatchingLayer.from_mapping(flags))
     print(export_config(cfg, args.format, runner=args.runner, method=args.method), end="")
 
 

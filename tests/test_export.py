@@ -31,8 +31,8 @@ def test_labserve_yaml_round_trips_through_the_config_file_loader(runner, tmp_pa
     path = tmp_path / "labserve.yaml"
     path.write_text(export_config(runner.predict))
     loaded = load_config_file(path)
-    assert loaded.global_batching == {}
-    assert BatchingConfig(**loaded.for_runner("scorer")) == runner.predict.config
+    assert loaded.global_batching.settings() == {}
+    assert BatchingConfig(**loaded.for_runner("scorer").settings()) == runner.predict.config
     # And a new runner reading the file gets the exported settings.
     with labserve.Runner(Scorer, name="scorer", config=path) as again:
         assert again.predict.config == runner.predict.config
@@ -44,7 +44,7 @@ def test_a_config_without_a_runner_exports_the_global_section(tmp_path):
     path.write_text(export_config(cfg))
     loaded = load_config_file(path)
     assert loaded.runners == {}
-    assert BatchingConfig(**loaded.global_batching) == cfg
+    assert BatchingConfig(**loaded.global_batching.settings()) == cfg
 
 
 def test_the_yaml_says_what_bentoml_ignores():

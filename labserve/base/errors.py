@@ -82,13 +82,25 @@ class OverloadError(LabServeError):
 
     status = 503
 
-    def __init__(self, method: str, waited_ms: float, max_latency_ms: float) -> None:
+    def __init__(
+        self, method: str, waited_s: float, max_latency_s: float, retry_after_s: float
+    ) -> None:
         # Built in bulk under overload, on the batching path: the message is made when read.
-        super().__init__(method, waited_ms, max_latency_ms)
+        super().__init__(method, waited_s, max_latency_s, retry_after_s)
         self.method = method
-        self.waited_ms = waited_ms
-        self.max_latency_ms = max_latency_ms
-        self.retry_after_s = max(max_latency_ms / 1000.0, 0.001)
+        self.waited_s = waited_s
+        self.max_latency_s = max_latency_s
+        self.retry_after_s = retry_after_s
+
+    @property
+    def waited_ms(self) -> float:
+        """How long the request waited in the queue, in milliseconds."""
+        return self.waited_s * 1000.0
+
+    @property
+    def max_latency_ms(self) -> float:
+        """The wait cap it could not start within, in milliseconds."""
+        return self.max_latency_s * 1000.0
 
     def __str__(self) -> str:
         return (

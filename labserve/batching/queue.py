@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
@@ -31,119 +30,15 @@ from labserve.base.vocabulary import Reason
 from labserve.batching.containers import Codec
 from labserve.batching.estimators import CostFit, CostModel, RateEstimator
 from labserve.batching.policy import Decision, Fire, HeadView, decide
+from labserve.batching.requests import DONE, Batch, Outcome, Request, Step
 from labserve.config.batching import BatchingConfig
 from labserve.metrics.recorder import Recorder
 from labserve.metrics.snapshot import BatchRecord, CostFitView, Snapshot
 
-__all__ = ["Batch", "BatchQueue", "Outcome", "Request", "Step"]
+__all__ = ["BatchQueue", "BulkQueue"]
 
-_QUEUED, _DONE = 0, 1
 _NO_FIT = CostFit(0.0, 0.0, 0)
 _NO_RATES = (0.0, 0.0)
-
-
-class Request:
-    """One caller's request as the queue tracks it; ``handle`` is the owner's (a future)."""
-
-    __slots__ = (
-        "args",
-        "arrival_s",
-        "handle",
-        "id",
-        "items",
-        "key",
-        "offset",
-        "parts_pending",
-        "pieces",
-        "start_s",
-        "state",
-    )
-
-    def __init__(
-        self,
-        rid: int,
-        args: tuple[Any, ...],
-        items: int,
-        key: Hashable,
-        handle: Any,
-        arrival_s: float = 0.0,
-    ):
-        self.id = rid
-        self.args = args
-        self.items = items
-        self.key = key
-        self.handle = handle
-        self.arrival_s = arrival_s
-        self.start_s: float | None = None  # when its first batch fired
-        self.offset = 0  # items already taken into batches
-        self.parts_pending = 0  # taken parts whose batch has not finished
-        self.pieces: list[tuple[int, Any]] | None = None  # outputs of a split request
-        self.state = _QUEUED
-
-    @property
-    def done(self) -> bool:
-        """True once the request has its outcome."""
-        return self.state == _DONE
-
-
-@dataclass(slots=True)
-class Batch:
-    """A fired batch: parts ``(request, start, stop)`` of one group, stacked by :meth:`stack`."""
-
-    id: int
-    reason: Reason
-    start_s: float
-    parts: list[tuple[Request, int, int]]
-    items: int
-
-    def stack(self, codec: Codec) -> tuple[Any, ...]:
-        """The model's input: the parts stacked along the batch axis (pure; any thread)."""
-        return codec.stack(
-            [
-                r.args if (a == 0 and b == r.items) else codec.slice(r.args, a, b)
-                for r, a, b in self.parts
-            ]
-        )
-
-    @property
-    def counts(self) -> list[int]:
-        """Items of each part, in order (how the output is split)."""
-        return [b - a for _, a, b in self.parts]
-
-    def halves(self) -> tuple[Batch, Batch]:
-        """Two batches with the first and second half of the parts (to isolate an error)."""
-        mid = len(self.parts) // 2
-        left, right = self.parts[:mid], self.parts[mid:]
-        return (
-            Batch(self.id, self.reason, self.start_s, left, sum(b - a for _, a, b in left)),
-            Batch(self.id, self.reason, self.start_s, right, sum(b - a for _, a, b in right)),
-        )
-
-
-Outcome = tuple[Request, Any, BaseException | None]
-"""(request, result, error): exactly one of result and error is meaningful."""
-
-
-@dataclass(slots=True)
-class Step:
-    """What the owner must do after an event."""
-
-    fire: list[Batch] = field(default_factory=list)
-    """Batches to run now (each holds one batch slot until :meth:`BatchQueue.release`)."""
-    rejected: list[Outcome] = field(default_factory=list)
-    """Requests rejected for overload, with their error."""
-    wake_s: float | None = None
-    """Call :meth:`BatchQueue.poll` again at this time, unless another event comes first."""
-    quiet_items: int | None = 0
-    """Items that may still arrive, into the group(s) already queued, before this decision
-    can change (None: no limit, as every batch slot is busy). Until then, or until
-    ``wake_s``, a batch finishes or the config changes, :meth:`BatchQueue.poll` would
-    decide nothing new: a driver may admit that many with no poll in between."""
-    arrival_wake_s: float | None = None
-    """Set when every batch slot is busy and no queued request waits for its deadline
-    (``quiet_items`` is None): the first request admitted after this poll, at time t,
-    makes the next :meth:`BatchQueue.poll` decide only ``wake_s = t + arrival_wake_s``.
-    A driver admitting in bulk may set that timer itself instead of polling."""
 
 
 class _Group:
@@ -161,7 +56,7 @@ class _Group:
 
     def head(self) -> Request | None:
         q = self.queue
-        while q and q[0].state == _DONE:
+        while q and q[0].state == DONE:
             q.popleft()
         return q[0] if q else None
 
@@ -216,14 +111,17 @@ class BatchQueue:
         """The config in force (a change waiting for the next batch boundary is not yet)."""
         return self._config
 
+    @property
+    def latest_config(self) -> BatchingConfig:
+        """The config last asked for: the one waiting for the next batch boundary, if any."""
+        pending = self._pending_config
+        return self._config if pending is None else pending
+
     def _use(self, config: BatchingConfig) -> None:
-        """Put ``config`` in force, with the values read on every decision precomputed."""
+        """Put ``config`` in force; the strategy's two modes read per decision are kept."""
         self._config = config
         self._adaptive = config.effective_strategy == "adaptive"
         self._one_request = config.effective_strategy == "off"
-        self._slots = config.max_concurrent_batches
-        self._reject = config.on_overload == "reject"
-        self._cap = config.max_batch_size
 
     def configure(self, config: BatchingConfig) -> None:
         """Swap in ``config`` at the next batch boundary (the next :meth:`poll`)."""
@@ -246,15 +144,13 @@ class BatchQueue:
             request = self.new_request(request)
         if self._closed:
             self.recorder.refused(now)
-            request.state = _DONE  # refused: never admitted, so a later cancel is a no-op
+            request.state = DONE  # refused: never admitted, so a later cancel is a no-op
             raise RunnerStoppedError(self.runner or self.name)
         cfg = self._config
         if self._queued_requests >= cfg.max_queue_size:
             self.recorder.refused(now)
-            request.state = _DONE
-            raise QueueFullError(
-                self._label, cfg.max_queue_size, retry_after_s=max(cfg.max_latency_s, 0.001)
-            )
+            request.state = DONE
+            raise QueueFullError(self._label, cfg.max_queue_size, cfg.retry_after_s)
         request.id = self._next_request
         self._next_request += 1
         request.arrival_s = now
@@ -272,6 +168,348 @@ class BatchQueue:
         self._new_items += request.items
         self._new_at = now
         return request
+
+    def _count_arrivals(self) -> None:
+        if self._new_requests:
+            self.rate.observe(self._new_at, self._new_items, self._new_requests)
+            self.recorder.arrived(self._new_at, self._new_requests)
+            self._new_requests = self._new_items = 0
+
+    def cancel(self, request: Request, now: float) -> bool:
+        """The caller gave up: withdraw the request. False if it already has its outcome.
+
+        A request whose batch is running is counted cancelled and its result dropped.
+        """
+        if request.state == DONE:
+            return False
+        self._settle(request)
+        self.recorder.cancelled(now)
+        return True
+
+    def abort(self, exc: LabServeError, now: float) -> list[Outcome]:
+        """Fail every queued request with ``exc`` (when stopping cannot wait for them).
+
+        Requests in running batches are left to finish; returns the outcomes to deliver.
+        """
+        done: list[Outcome] = []
+        for group in self._groups.values():
+            for r in group.queue:
+                if r.state != DONE and r.parts_pending == 0:
+                    self._settle(r)
+                    done.append((r, None, copy.copy(exc)))
+        self._expired, expired = [], self._expired
+        self.recorder.failed(now, len(done))
+        return done + expired
+
+    def close(self) -> None:
+        """Refuse new requests; :meth:`poll` fires what is queued with reason ``drain``."""
+        self._closed = True
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is queued or running."""
+        return self._queued_requests == 0 and self._in_flight == 0
+
+    def poll(self, now: float) -> Step:
+        """Decide: the batches to fire now, the requests to reject, and when to wake next."""
+        if self._new_requests:
+            self._count_arrivals()
+        if self._pending_config is not None:
+            self._use(self._pending_config)
+            self._pending_config = None
+        step = Step()
+        if self._expired:
+            step.rejected, self._expired = self._expired, []
+        slots = self._config.max_concurrent_batches
+        if self._queued_requests:
+            held: list[_Group] = []
+            held_items: int | None = None  # the hold stands while its group has fewer items
+            cfg = self._config
+            adaptive = self._adaptive
+            # Only the adaptive strategy reads the fit: the others need not pay for a refit.
+            fit = self.cost_model.fit if adaptive else _NO_FIT
+            while self._queued_requests and self._in_flight < slots:
+                group = self._oldest_group(held)
+                if group is None:
+                    break
+                head = group.head()
+                assert head is not None  # a group with queued requests has a live head
+                decision: Decision
+                if self._closed:
+                    decision = Fire("drain")
+                else:
+                    view = HeadView(
+                        group.items,
+                        group.requests,
+                        head.arrival_s,
+                        group.hold_start,
+                        group.hold_until,
+                        self._in_flight,
+                    )
+                    rates = self.rate.rates(now) if adaptive else _NO_RATES
+                    decision = decide(view, now, cfg, fit, rates)
+                if isinstance(decision, Fire):
+                    step.fire.append(self._form(group, decision.reason, now))
+                    continue
+                if group.hold_start is None:
+                    group.hold_start = now
+                group.hold_until = decision.until_s
+                step.wake_s = _earliest(step.wake_s, decision.until_s)
+                held.append(group)
+                held_items = decision.until_items
+            if self._in_flight < slots:
+                if len(held) == 1 and len(self._groups) == 1 and held_items is not None:
+                    step.quiet_items = max(held_items - 1 - held[0].items, 0)
+                return step
+        elif self._in_flight < slots:
+            return step  # a free slot and an empty queue: the next arrival is decided on
+        # No slot: arrivals only queue, and change nothing unless one would bring the
+        # earliest deadline (when no queued request is still waiting to start).
+        if self._config.on_overload != "reject":
+            step.quiet_items = None
+        elif self._queued_requests and self._expire(now, step):
+            step.quiet_items = None
+        elif not self._closed:
+            # Nothing waits for a deadline: the next arrival's own deadline is the wake.
+            step.quiet_items = None
+            step.arrival_wake_s = self._config.max_latency_s
+        return step
+
+    def complete(self, batch: Batch, outputs: Sequence[Any], now: float) -> list[Outcome]:
+        """A batch (or half of one) ran: ``outputs`` holds each part's slice, in order."""
+        done: list[Outcome] = []
+        append = done.append
+        for (r, a, b), out in zip(batch.parts, outputs, strict=True):
+            r.parts_pending -= 1
+            if r.state:  # == DONE
+                continue  # cancelled or failed meanwhile
+            if not a and b == r.items:
+                result = out
+            else:
+                if r.pieces is None:
+                    r.pieces = []
+                r.pieces.append((a, out))
+                if r.offset < r.items or r.parts_pending:
+                    continue
+                r.pieces.sort(key=lambda p: p[0])
+                result = self.codec.join([p[1] for p in r.pieces])
+                r.pieces = None
+            r.state = DONE
+            append((r, result, None))
+        if self.recorder.discards:
+            return done
+        arrivals = [r.arrival_s for r, _, _ in done]
+        starts = [now if r.start_s is None else r.start_s for r, _, _ in done]
+        self.recorder.served(now, arrivals, starts)
+        return done
+
+    def fail(self, batch: Batch, exc: BaseException, now: float) -> list[Outcome]:
+        """A batch (or half of one) failed: each of its requests gets its own typed error."""
+        done: list[Outcome] = []
+        n_requests = len(batch.parts)
+        for r, _a, _b in batch.parts:
+            r.parts_pending -= 1
+            if r.state == DONE:
+                continue
+            self._settle(r)
+            # Each caller gets its own exception object: they may raise it on different threads.
+            err: BaseException
+            if isinstance(exc, LabServeError):
+                err = copy.copy(exc)
+                err.__cause__ = exc.__cause__
+            else:
+                err = ModelError(self._label, exc, n_requests)
+                err.__cause__ = exc
+            done.append((r, None, err))
+        self.recorder.failed(now, len(done))
+        return done
+
+    def release(self, batch: Batch, now: float, *, ok: bool) -> None:
+        """The batch's slot is free again; record it (and its duration if it ran cleanly).
+
+        If every slot was busy, requests whose deadline passed meanwhile could not start in
+        time: with ``on_overload="reject"`` they are rejected now (the next :meth:`poll`
+        reports them) rather than fired late into the freed slot.
+        """
+        cfg = self._config
+        all_busy = self._in_flight >= cfg.max_concurrent_batches
+        self._in_flight -= 1
+        reject = cfg.on_overload == "reject"
+        if all_busy and self._queued_requests and reject and self._may_expire(now):
+            expired = Step()
+            self._expire(now, expired)
+            self._expired += expired.rejected
+        duration = now - batch.start_s
+        if ok:
+            self.cost_model.observe(batch.items, duration)
+        if self.recorder.discards:
+            return
+        self.recorder.batch(
+            BatchRecord(batch.start_s, duration, batch.items, len(batch.parts), batch.reason)
+        )
+
+    # -- internals --------------------------------------------------------------------
+
+    @property
+    def _label(self) -> str:
+        return f"{self.runner}.{self.name}" if self.runner else self.name
+
+    def _oldest_group(self, skip: list[_Group]) -> _Group | None:
+        if len(self._groups) == 1 and not skip:
+            group = next(iter(self._groups.values()))
+            if group.head() is not None:
+                return group
+        best: _Group | None = None
+        best_t = 0.0
+        for key in list(self._groups):
+            group = self._groups[key]
+            head = group.head()
+            if head is None:
+                del self._groups[key]
+                continue
+            if group in skip:
+                continue
+            if best is None or head.arrival_s < best_t:
+                best, best_t = group, head.arrival_s
+        return best
+
+    def _form(self, group: _Group, reason: Reason, now: float) -> Batch:
+        cap = self._config.max_batch_size
+        one_request = self._one_request
+        parts: list[tuple[Request, int, int]] = []
+        append = parts.append
+        total = taken = 0  # items, and requests taken whole (off the queue)
+        q = group.queue
+        if group.items <= cap and not one_request:
+            # Everything queued fits: the same batch as the loop below would form, and
+            # every request leaves the queue whole (its rest, if it was split before).
+            for r in q:
+                if r.state == DONE:
+                    continue
+                start = r.offset
+                r.offset = stop = r.items
+                r.parts_pending += 1
+                if r.start_s is None:
+                    r.start_s = now
+                append((r, start, stop))
+            q.clear()
+            total, taken = group.items, len(parts)
+        while q:
+            r = q[0]
+            if r.state == DONE:
+                q.popleft()
+                continue
+            start = r.offset
+            take = r.items - start
+            room = cap - total
+            if take > room:
+                if total:
+                    break
+                take = room
+            r.offset = start + take
+            r.parts_pending += 1
+            if r.start_s is None:
+                r.start_s = now
+            append((r, start, start + take))
+            total += take
+            if r.offset < r.items:
+                break  # a request larger than the cap: the rest waits at the head
+            q.popleft()
+            taken += 1
+            if one_request or total >= cap:
+                break
+        group.items -= total
+        group.requests -= taken
+        self._queued_items -= total
+        self._queued_requests -= taken
+        group.hold_start = group.hold_until = None
+        self._in_flight += 1
+        self._next_batch += 1
+        return Batch(self._next_batch, reason, now, parts, total)
+
+    def _settle(self, r: Request) -> None:
+        """Mark ``r`` done and take whatever of it is still queued off the counts."""
+        if r.offset < r.items:
+            rest = r.items - r.offset
+            group = self._groups.get(r.key)
+            if group is not None:
+                group.items -= rest
+                group.requests -= 1
+            self._queued_items -= rest
+            self._queued_requests -= 1
+            r.offset = r.items
+        r.state = DONE
+        r.pieces = None
+
+    def _may_expire(self, now: float) -> bool:
+        """False if :meth:`_expire` would surely reject nothing now.
+
+        So it is with one group whose head has not started and is before its deadline:
+        the queue is FIFO, so nothing behind the head expired either.
+        """
+        if len(self._groups) != 1:
+            return True
+        head = next(iter(self._groups.values())).head()
+        return not (
+            head is not None
+            and head.start_s is None
+            and head.arrival_s + self._config.max_latency_s > now
+        )
+
+    def _expire(self, now: float, step: Step) -> bool:
+        """Reject queued requests whose deadline passed while no batch slot was free.
+
+        Returns True if a queued request is still waiting to start (its deadline ahead).
+        """
+        cfg = self._config
+        max_wait = cfg.max_latency_s
+        waiting = False
+        for group in list(self._groups.values()):
+            head = group.head()  # drops finished requests off the front
+            if head is None:
+                continue
+            if head.start_s is None and head.arrival_s + max_wait > now:
+                step.wake_s = _earliest(step.wake_s, head.arrival_s + max_wait)
+                waiting = True
+                continue  # the usual case: nothing expired (FIFO, so nothing behind it either)
+            for r in group.queue:
+                if r.state == DONE or r.start_s is not None:
+                    continue  # done, or part of it already runs: it has started
+                deadline = r.arrival_s + max_wait
+                if deadline > now:
+                    step.wake_s = _earliest(step.wake_s, deadline)
+                    waiting = True
+                    break
+                self._settle(r)
+                self.recorder.rejected(now)
+                err = OverloadError(self._label, now - r.arrival_s, max_wait, cfg.retry_after_s)
+                step.rejected.append((r, None, err))
+        return waiting
+
+    def snapshot(self, now: float) -> Snapshot:
+        """An immutable picture of this method now (O(window) work)."""
+        self._count_arrivals()
+        fit = self.cost_model.fit
+        return self.recorder.snapshot(
+            now,
+            runner=self.runner,
+            method=self.name,
+            config=self._config,
+            queue_requests=self._queued_requests,
+            queue_items=self._queued_items,
+            in_flight_batches=self._in_flight,
+            cost_fit=CostFitView(fit.a_s * 1000.0, fit.b_s * 1000.0, fit.samples),
+        )
+
+
+class BulkQueue(BatchQueue):
+    """A BatchQueue that can also admit many arrivals at once: the simulator's fast path.
+
+    The real driver polls after every arrival; the simulator knows every arrival ahead
+    and, between decisions, admits those that the last poll's :attr:`Step.quiet_items`
+    says cannot change anything, in one call. Same queue, same strategies, the same
+    decisions: only the bookkeeping is done in bulk.
+    """
 
     def admit_many(self, request: Request, times: Sequence[float], handles: Sequence[Any]) -> int:
         """Queue a copy of ``request`` (from :meth:`new_request`) at each of ``times``.
@@ -325,366 +563,6 @@ class BatchQueue:
         self.rate.observe_each(times, items)
         self.recorder.arrived(times[-1], k)
         return k
-
-    def _count_arrivals(self) -> None:
-        if self._new_requests:
-            self.rate.observe(self._new_at, self._new_items, self._new_requests)
-            self.recorder.arrived(self._new_at, self._new_requests)
-            self._new_requests = self._new_items = 0
-
-    def cancel(self, request: Request, now: float) -> bool:
-        """The caller gave up: withdraw the request. False if it already has its outcome.
-
-        A request whose batch is running is counted cancelled and its result dropped.
-        """
-        if request.state == _DONE:
-            return False
-        self._settle(request)
-        self.recorder.cancelled(now)
-        return True
-
-    def abort(self, exc: LabServeError, now: float) -> list[Outcome]:
-        """Fail every queued request with ``exc`` (when stopping cannot wait for them).
-
-        Requests in running batches are left to finish; returns the outcomes to deliver.
-        """
-        done: list[Outcome] = []
-        for group in self._groups.values():
-            for r in group.queue:
-                if r.state != _DONE and r.parts_pending == 0:
-                    self._settle(r)
-                    done.append((r, None, copy.copy(exc)))
-        self._expired, expired = [], self._expired
-        self.recorder.failed(now, len(done))
-        return done + expired
-
-    def close(self) -> None:
-        """Refuse new requests; :meth:`poll` fires what is queued with reason ``drain``."""
-        self._closed = True
-
-    @property
-    def idle(self) -> bool:
-        """True when nothing is queued or running."""
-        return self._queued_requests == 0 and self._in_flight == 0
-
-    def poll(self, now: float) -> Step:
-        """Decide: the batches to fire now, the requests to reject, and when to wake next."""
-        if self._new_requests:
-            self._count_arrivals()
-        if self._pending_config is not None:
-            self._use(self._pending_config)
-            self._pending_config = None
-        step = Step()
-        if self._expired:
-            step.rejected, self._expired = self._expired, []
-        slots = self._slots
-        if self._queued_requests:
-            held: list[_Group] = []
-            held_items: int | None = None  # the hold stands while its group has fewer items
-            cfg = self._config
-            adaptive = self._adaptive
-            # Only the adaptive strategy reads the fit: the others need not pay for a refit.
-            fit = self.cost_model.fit if adaptive else _NO_FIT
-            while self._queued_requests and self._in_flight < slots:
-                group = self._oldest_group(held)
-                if group is None:
-                    break
-                head = group.head()
-                assert head is not None  # a group with queued requests has a live head
-                decision: Decision
-                if self._closed:
-                    decision = Fire("drain")
-                else:
-                    view = HeadView(
-                        group.items,
-                        group.requests,
-                        head.arrival_s,
-                        group.hold_start,
-                        group.hold_until,
-                        self._in_flight,
-                    )
-                    rates = self.rate.rates(now) if adaptive else _NO_RATES
-                    decision = decide(view, now, cfg, fit, rates)
-                if isinstance(decision, Fire):
-                    step.fire.append(self._form(group, decision.reason, now))
-                    continue
-                if group.hold_start is None:
-                    group.hold_start = now
-                group.hold_until = decision.until_s
-                step.wake_s = _earliest(step.wake_s, decision.until_s)
-                held.append(group)
-                held_items = decision.until_items
-            if self._in_flight < slots:
-                if len(held) == 1 and len(self._groups) == 1 and held_items is not None:
-                    step.quiet_items = max(held_items - 1 - held[0].items, 0)
-                return step
-        elif self._in_flight < slots:
-            return step  # a free slot and an empty queue: the next arrival is decided on
-        # No slot: arrivals only queue, and change nothing unless one would bring the
-        # earliest deadline (when no queued request is still waiting to start).
-        if not self._reject:
-            step.quiet_items = None
-        elif self._queued_requests and self._expire(now, step):
-            step.quiet_items = None
-        elif not self._closed:
-            # Nothing waits for a deadline: the next arrival's own deadline is the wake.
-            step.quiet_items = None
-            step.arrival_wake_s = self._config.max_latency_s
-        return step
-
-    def complete(self, batch: Batch, outputs: Sequence[Any], now: float) -> list[Outcome]:
-        """A batch (or half of one) ran: ``outputs`` holds each part's slice, in order."""
-        done: list[Outcome] = []
-        append = done.append
-        for (r, a, b), out in zip(batch.parts, outputs, strict=True):
-            r.parts_pending -= 1
-            if r.state:  # == _DONE
-                continue  # cancelled or failed meanwhile
-            if not a and b == r.items:
-                result = out
-            else:
-                if r.pieces is None:
-                    r.pieces = []
-                r.pieces.append((a, out))
-                if r.offset < r.items or r.parts_pending:
-                    continue
-                r.pieces.sort(key=lambda p: p[0])
-                result = self.codec.join([p[1] for p in r.pieces])
-                r.pieces = None
-            r.state = _DONE
-            append((r, result, None))
-        if self.recorder.discards:
-            return done
-        arrivals = [r.arrival_s for r, _, _ in done]
-        starts = [now if r.start_s is None else r.start_s for r, _, _ in done]
-        self.recorder.served(now, arrivals, starts)
-        return done
-
-    def fail(self, batch: Batch, exc: BaseException, now: float) -> list[Outcome]:
-        """A batch (or half of one) failed: each of its requests gets its own typed error."""
-        done: list[Outcome] = []
-        n_requests = len(batch.parts)
-        for r, _a, _b in batch.parts:
-            r.parts_pending -= 1
-            if r.state == _DONE:
-                continue
-            self._settle(r)
-            # Each caller gets its own exception object: they may raise it on different threads.
-            err: BaseException
-            if isinstance(exc, LabServeError):
-                err = copy.copy(exc)
-                err.__cause__ = exc.__cause__
-            else:
-                err = ModelError(self._label, exc, n_requests)
-                err.__cause__ = exc
-            done.append((r, None, err))
-        self.recorder.failed(now, len(done))
-        return done
-
-    def release(self, batch: Batch, now: float, *, ok: bool) -> None:
-        """The batch's slot is free again; record it (and its duration if it ran cleanly).
-
-        If every slot was busy, requests whose deadline passed meanwhile could not start in
-        time: with ``on_overload="reject"`` they are rejected now (the next :meth:`poll`
-        reports them) rather than fired late into the freed slot.
-        """
-        all_busy = self._in_flight >= self._slots
-        self._in_flight -= 1
-        if all_busy and self._queued_requests and self._reject and self._may_expire(now):
-            expired = Step()
-            self._expire(now, expired)
-            self._expired += expired.rejected
-        duration = now - batch.start_s
-        if ok:
-            self.cost_model.observe(batch.items, duration)
-        if self.recorder.discards:
-            return
-        self.recorder.batch(
-            BatchRecord(batch.start_s, duration, batch.items, len(batch.parts), batch.reason)
-        )
-
-    # -- internals --------------------------------------------------------------------
-
-    @property
-    def _label(self) -> str:
-        return f"{self.runner}.{self.name}" if self.runner else self.name
-
-    def _oldest_group(self, skip: list[_Group]) -> _Group | None:
-        if len(self._groups) == 1 and not skip:
-            group = next(iter(self._groups.values()))
-            if group.head() is not None:
-                return group
-        best: _Group | None = None
-        best_t = 0.0
-        for key in list(self._groups):
-            group = self._groups[key]
-            head = group.head()
-            if head is None:
-                del self._groups[key]
-                continue
-            if group in skip:
-                continue
-            if best is None or head.arrival_s < best_t:
-                best, best_t = group, head.arrival_s
-        return best
-
-    def _form(self, group: _Group, reason: Reason, now: float) -> Batch:
-        cap = self._cap
-        one_request = self._one_request
-        parts: list[tuple[Request, int, int]] = []
-        append = parts.append
-        total = taken = 0  # items, and requests taken whole (off the queue)
-        q = group.queue
-        if group.items <= cap and not one_request:
-            # Everything queued fits: the same batch as the loop below would form, and
-            # every request leaves the queue whole (its rest, if it was split before).
-            for r in q:
-                if r.state == _DONE:
-                    continue
-                start = r.offset
-                r.offset = stop = r.items
-                r.parts_pending += 1
-                if r.start_s is None:
-                    r.start_s = now
-                append((r, start, stop))
-            q.clear()
-            total, taken = group.items, len(parts)
-        while q:
-            r = q[0]
-            if r.state == _DONE:
-                q.popleft()
-                continue
-            start = r.offset
-            take = r.items - start
-            room = cap - total
-            if take > room:
-                if total:
-                    break
-                take = room
-            r.offset = start + take
-            r.parts_pending += 1
-            if r.start_s is None:
-                r.start_s = now
-            append((r, start, start + take))
-            total += take
-            if r.offset < r.items:
-                break  # a request larger than the cap: the rest waits at the head
-            q.popleft()
-            taken += 1
-            if one_request or total >= cap:
-                break
-        group.items -= total
-        group.requests -= taken
-        self._queued_items -= total
-        self._queued_requests -= taken
-        group.hold_start = group.hold_until = None
-        self._in_flight += 1
-        self._next_batch += 1
-        return Batch(self._next_batch, reason, now, parts, total)
-
-    def _settle(self, r: Request) -> None:
-        """Mark ``r`` done and take whatever of it is still queued off the counts."""
-        if r.offset < r.items:
-            rest = r.items - r.offset
-            group = self._groups.get(r.key)
-            if group is not None:
-                group.items -= rest
-                group.requests -= 1
-            self._queued_items -= rest
-            self._queued_requests -= 1
-            r.offset = r.items
-        r.state = _DONE
-        r.pieces = None
-
-    def _may_expire(self, now: float) -> bool:
-        """False if :meth:`_expire` would surely reject nothing now.
-
-        So it is with one group whose head has not started and is before its deadline:
-        the queue is FIFO, so nothing behind the head expired either.
-        """
-        if len(self._groups) != 1:
-            return True
-        head = next(iter(self._groups.values())).head()
-        return not (
-            head is not None
-            and head.start_s is None
-            and head.arrival_s + self._config.max_latency_s > now
-        )
-
-    def _expire(self, now: float, step: Step) -> bool:
-        """Reject queued requests whose deadline passed while no batch slot was free.
-
-        Returns True if a queued request is still waiting to start (its deadline ahead).
-        """
-        max_wait = self._config.max_latency_s
-        waiting = False
-        for group in list(self._groups.values()):
-            head = group.head()  # drops finished requests off the front
-            if head is None:
-                continue
-            if head.start_s is None and head.arrival_s + max_wait > now:
-                step.wake_s = _earliest(step.wake_s, head.arrival_s + max_wait)
-                waiting = True
-                continue  # the usual case: nothing expired (FIFO, so nothing behind it either)
-            for r in group.queue:
-                if r.state == _DONE or r.start_s is not None:
-                    continue  # done, or part of it already runs: it has started
-                deadline = r.arrival_s + max_wait
-                if deadline > now:
-                    step.wake_s = _earliest(step.wake_s, deadline)
-                    waiting = True
-                    break
-                self._settle(r)
-                self.recorder.rejected(now)
-                err = OverloadError(self._label, (now - r.arrival_s) * 1000.0, max_wait * 1000.0)
-                step.rejected.append((r, None, err))
-        return waiting
-
-    def snapshot(self, now: float) -> Snapshot:
-        """An immutable picture of this method now (O(window) work)."""
-        self._count_arrivals()
-        rec = self.recorder
-        rates = rec.rates(now)
-        lat_w, wait_w = rec.window_percentiles(now)
-        lat_o, wait_o = rec.overall_percentiles()
-        counts = rec.counters()
-        fit = self.cost_model.fit
-        lat_buckets, wait_buckets = rec.buckets()
-        return Snapshot(
-            runner=self.runner,
-            method=self.name,
-            time_s=now,
-            window_s=rec.window_s,
-            config=self._config,
-            queue_requests=self._queued_requests,
-            queue_items=self._queued_items,
-            in_flight_batches=self._in_flight,
-            admitted=counts["arrived"],
-            served=counts["served"],
-            rejected=counts["rejected"],
-            failed=counts["failed"],
-            cancelled=counts["cancelled"],
-            refused=counts["refused"],
-            arrival_rate=rates["arrived"],
-            served_rate=rates["served"],
-            rejected_rate=rates["rejected"] + rates["refused"],
-            failed_rate=rates["failed"],
-            latency_ms_window=lat_w,
-            latency_ms_overall=lat_o,
-            queue_wait_ms_window=wait_w,
-            queue_wait_ms_overall=wait_o,
-            batches=rec.batches,
-            mean_batch_size=rec.window_mean_batch(now),
-            max_batch_size_seen=max(rec.batch_size_counts, default=0),
-            batch_size_counts=dict(sorted(rec.batch_size_counts.items())),
-            fire_reasons=dict(rec.fire_reasons),
-            recent_batches=tuple(rec.batch_records(last=64)),
-            cost_fit=CostFitView(fit.a_s * 1000.0, fit.b_s * 1000.0, fit.samples),
-            latency_buckets=lat_buckets,
-            latency_sum_s=rec.latency_sum_s,
-            queue_wait_buckets=wait_buckets,
-            queue_wait_sum_s=rec.wait_sum_s,
-        )
 
 
 def _earliest(a: float | None, b: float) -> float:

@@ -1,7 +1,9 @@
-"""The batching config: one frozen, validated object per runner method.
+"""The batching config: one frozen, validated object per runner method, built from layers.
 
-A live change builds a whole new ``BatchingConfig`` (validated before anything changes)
-and the queue swaps it in at the next batch boundary.
+Each setting is validated once, where it enters: a :class:`BatchingLayer` (a decorator, a
+config file section, Runner arguments, a ``configure()`` call) or a directly built
+:class:`BatchingConfig`. Layers merge into a config without a second check. A live change
+builds a whole new ``BatchingConfig`` and the queue swaps it in at the next batch boundary.
 """
 
 from __future__ import annotations
@@ -9,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from functools import cached_property
 from typing import Any
 
 from labserve.base.errors import ConfigError
 from labserve.base.vocabulary import OVERLOAD_ACTIONS, STRATEGIES, OverloadAction, Strategy
 
-__all__ = ["BatchingConfig", "validate_field"]
+__all__ = ["BatchingConfig", "BatchingLayer", "validate_field"]
 
 
 def _int_at_least(key: str, value: Any, low: int, source: str | None) -> int:
@@ -94,10 +97,15 @@ class BatchingConfig:
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, validate_field(f.name, getattr(self, f.name)))
 
-    @property
+    @cached_property
     def max_latency_s(self) -> float:
-        """``max_latency_ms`` in seconds."""
+        """``max_latency_ms`` in seconds: the unit the batching core works in."""
         return self.max_latency_ms / 1000.0
+
+    @cached_property
+    def retry_after_s(self) -> float:
+        """What a refused caller is told to wait before retrying: the wait cap, at least 1 ms."""
+        return max(self.max_latency_s, 0.001)
 
     @property
     def effective_strategy(self) -> Strategy:
@@ -106,18 +114,78 @@ class BatchingConfig:
 
     def replace(self, **changes: Any) -> BatchingConfig:
         """Return a validated copy with ``changes``; raises ConfigError and changes nothing."""
-        for key, value in changes.items():
-            validate_field(key, value)
-        return dataclasses.replace(self, **changes)
+        return self.from_layers(BatchingLayer.from_mapping(changes), base=self)
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as a plain dict (for JSON, YAML and snapshots)."""
-        return dataclasses.asdict(self)
+        return {name: getattr(self, name) for name in SETTINGS}
 
     @classmethod
-    def from_layers(cls, *layers: Mapping[str, Any]) -> BatchingConfig:
-        """Build from partial settings, later layers winning over earlier ones."""
-        merged: dict[str, Any] = {}
+    def from_layers(
+        cls, *layers: BatchingLayer | Mapping[str, Any], base: BatchingConfig | None = None
+    ) -> BatchingConfig:
+        """Merge layers over ``base`` (the defaults), later layers winning over earlier ones.
+
+        A plain mapping is checked as it becomes a :class:`BatchingLayer`; a layer's values
+        (and ``base``'s) were checked when it was built, and none is checked again here.
+        """
+        merged = (base if base is not None else _DEFAULTS).as_dict()
         for layer in layers:
-            merged.update(layer)
-        return cls(**merged)
+            if not isinstance(layer, BatchingLayer):
+                layer = BatchingLayer.from_mapping(layer)
+            merged.update(layer.settings())
+        config = object.__new__(cls)
+        for name, value in merged.items():
+            object.__setattr__(config, name, value)
+        return config
+
+
+SETTINGS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(BatchingConfig))
+"""The names of the batching settings, in declaration order."""
+_DEFAULTS = BatchingConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingLayer:
+    """Some batching settings from one source, each checked here; None means not set.
+
+    Sources, lowest precedence first: the config file's global section, the decorator, the
+    file's runner section, ``Runner(...)`` arguments, a live ``configure()``. ``path`` and
+    ``source`` say where a bad value came from in the error (``"runners.scorer.batching."``,
+    the file's name).
+
+    >>> BatchingLayer(max_batch_size=64).settings()
+    {'max_batch_size': 64}
+    """
+
+    enabled: bool | None = None
+    strategy: Strategy | None = None
+    max_batch_size: int | None = None
+    max_latency_ms: float | None = None
+    on_overload: OverloadAction | None = None
+    max_queue_size: int | None = None
+    max_concurrent_batches: int | None = None
+    isolate_errors: bool | None = None
+    path: str = dataclasses.field(default="", repr=False, compare=False)
+    source: str | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in SETTINGS:
+            value = getattr(self, name)
+            if value is not None:
+                checked = validate_field(name, value, source=self.source, path=self.path)
+                object.__setattr__(self, name, checked)
+
+    @classmethod
+    def from_mapping(
+        cls, settings: Mapping[str, Any], *, path: str = "", source: str | None = None
+    ) -> BatchingLayer:
+        """Build from ``{setting: value}``; ConfigError names an unknown key or a bad value."""
+        for key, value in settings.items():
+            if key not in SETTINGS:
+                validate_field(str(key), value, source=source, path=path)  # raises: unknown
+        return cls(**settings, path=path, source=source)
+
+    def settings(self) -> dict[str, Any]:
+        """The settings this layer sets, in declaration order."""
+        return {name: v for name in SETTINGS if (v := getattr(self, name)) is not None}

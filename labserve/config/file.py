@@ -27,11 +27,12 @@ from typing import Any
 import yaml
 
 from labserve.base.errors import ConfigError
-from labserve.config.batching import validate_field
+from labserve.config.batching import BatchingLayer
 
 __all__ = ["ENV_VAR", "ConfigFile", "load_config_file"]
 
 ENV_VAR = "LABSERVE_CONFIG"
+_EMPTY = BatchingLayer()
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,12 @@ class ConfigFile:
     """A parsed, validated config file: the global batching section and one per runner."""
 
     source: str | None = None
-    global_batching: Mapping[str, Any] = field(default_factory=dict)
-    runners: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    global_batching: BatchingLayer = field(default_factory=BatchingLayer)
+    runners: Mapping[str, BatchingLayer] = field(default_factory=dict)
 
-    def for_runner(self, name: str) -> Mapping[str, Any]:
-        """The runner's own batching section (empty when the file has none)."""
-        return self.runners.get(name, {})
+    def for_runner(self, name: str) -> BatchingLayer:
+        """The runner's own batching section (an empty layer when the file has none)."""
+        return self.runners.get(name, _EMPTY)
 
 
 def _mapping(value: Any, key: str, source: str) -> Mapping[str, Any]:
@@ -55,12 +56,10 @@ def _mapping(value: Any, key: str, source: str) -> Mapping[str, Any]:
     return value
 
 
-def _batching_section(value: Any, path: str, source: str) -> dict[str, Any]:
+def _batching_section(value: Any, path: str, source: str) -> BatchingLayer:
     section = _mapping(value, path, source)
-    return {
-        str(k): validate_field(str(k), v, source=source, path=f"{path}.")
-        for k, v in section.items()
-    }
+    settings = {str(k): v for k, v in section.items()}
+    return BatchingLayer.from_mapping(settings, path=f"{path}.", source=source)
 
 
 def parse_config(data: Any, source: str) -> ConfigFile:
@@ -70,8 +69,8 @@ def parse_config(data: Any, source: str) -> ConfigFile:
         if key != "runners":
             raise ConfigError(str(key), top[key], "a known section (only 'runners')", source=source)
     runners_section = _mapping(top.get("runners"), "runners", source)
-    global_batching: dict[str, Any] = {}
-    runners: dict[str, dict[str, Any]] = {}
+    global_batching = _EMPTY
+    runners: dict[str, BatchingLayer] = {}
     for name, value in runners_section.items():
         if name == "batching":
             global_batching = _batching_section(value, "runners.batching", source)

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from labserve.base.vocabulary import RUNNER_OUTCOMES
+from labserve.config.batching import BatchingConfig
 from labserve.metrics.histogram import LogHistogram
-from labserve.metrics.snapshot import BatchRecord, Percentiles
+from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
 
 __all__ = ["Recorder"]
 
@@ -240,3 +241,57 @@ class Recorder:
     def counters(self) -> dict[str, int]:
         """Totals since start, by kind."""
         return dict(zip(_KINDS, self.counts, strict=True))
+
+    def snapshot(
+        self,
+        now: float,
+        *,
+        runner: str,
+        method: str,
+        config: BatchingConfig,
+        queue_requests: int,
+        queue_items: int,
+        in_flight_batches: int,
+        cost_fit: CostFitView,
+    ) -> Snapshot:
+        """What was recorded, with the queue's state as given, as one immutable Snapshot."""
+        rates = self.rates(now)
+        lat_w, wait_w = self.window_percentiles(now)
+        lat_o, wait_o = self.overall_percentiles()
+        counts = self.counters()
+        lat_buckets, wait_buckets = self.buckets()
+        return Snapshot(
+            runner=runner,
+            method=method,
+            time_s=now,
+            window_s=self.window_s,
+            config=config,
+            queue_requests=queue_requests,
+            queue_items=queue_items,
+            in_flight_batches=in_flight_batches,
+            admitted=counts["arrived"],
+            served=counts["served"],
+            rejected=counts["rejected"],
+            failed=counts["failed"],
+            cancelled=counts["cancelled"],
+            refused=counts["refused"],
+            arrival_rate=rates["arrived"],
+            served_rate=rates["served"],
+            rejected_rate=rates["rejected"] + rates["refused"],
+            failed_rate=rates["failed"],
+            latency_ms_window=lat_w,
+            latency_ms_overall=lat_o,
+            queue_wait_ms_window=wait_w,
+            queue_wait_ms_overall=wait_o,
+            batches=self.batches,
+            mean_batch_size=self.window_mean_batch(now),
+            max_batch_size_seen=max(self.batch_size_counts, default=0),
+            batch_size_counts=dict(sorted(self.batch_size_counts.items())),
+            fire_reasons=dict(self.fire_reasons),
+            recent_batches=tuple(self.batch_records(last=64)),
+            cost_fit=cost_fit,
+            latency_buckets=lat_buckets,
+            latency_sum_s=self.latency_sum_s,
+            queue_wait_buckets=wait_buckets,
+            queue_wait_sum_s=self.wait_sum_s,
+        )

@@ -25,7 +25,8 @@ from typing import Any
 
 from labserve.base.clock import Clock, MonotonicClock
 from labserve.base.errors import BatchSizeMismatchError, LabServeError, RunnerStoppedError
-from labserve.batching.queue import Batch, BatchQueue, Outcome, Request, Step
+from labserve.batching.queue import BatchQueue
+from labserve.batching.requests import Batch, Outcome, Request, Step
 from labserve.config.batching import BatchingConfig
 from labserve.metrics.snapshot import BatchRecord, Snapshot
 from labserve.runtime.loop import BackgroundLoop

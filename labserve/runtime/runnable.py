@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar, overload
 
 from labserve.batching.containers import TensorSpec
-from labserve.config.batching import validate_field
+from labserve.config.batching import BatchingLayer
 
 __all__ = ["MethodSpec", "Runnable", "method"]
 
@@ -25,7 +25,7 @@ class MethodSpec:
     batchable: bool = False
     batch_dim: int | tuple[int, int] = 0
     is_async: bool = False
-    batching: dict[str, Any] = field(default_factory=dict)
+    batching: BatchingLayer = field(default_factory=BatchingLayer)
     """Batching settings given to the decorator (the decorator's layer of the config)."""
     input_spec: tuple[TensorSpec, ...] | None = None
     output_spec: tuple[TensorSpec, ...] | None = None
@@ -69,8 +69,7 @@ def method(
     ...     def predict(self, x: np.ndarray) -> np.ndarray:
     ...         return x * 2
     """
-    for key, value in batching.items():
-        validate_field(key, value, path="@labserve.method ")
+    layer = BatchingLayer.from_mapping(batching, path="@labserve.method ")
 
     def mark(f: F) -> F:
         spec = MethodSpec(
@@ -78,7 +77,7 @@ def method(
             batchable=batchable,
             batch_dim=batch_dim,
             is_async=inspect.iscoroutinefunction(f),
-            batching=dict(batching),
+            batching=layer,
             input_spec=_specs(input_spec),
             output_spec=_specs(output_spec),
         )

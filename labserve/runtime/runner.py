@@ -13,8 +13,9 @@ from typing import Any
 from labserve.base.clock import MonotonicClock
 from labserve.base.errors import LoopThreadError, RunnerStoppedError
 from labserve.batching.containers import Codec
-from labserve.batching.queue import BatchQueue, Request
-from labserve.config.batching import BatchingConfig, validate_field
+from labserve.batching.queue import BatchQueue
+from labserve.batching.requests import Request
+from labserve.config.batching import BatchingConfig, BatchingLayer
 from labserve.config.file import load_config_file
 from labserve.metrics.snapshot import BatchRecord, Snapshot
 from labserve.runtime.driver import MethodDriver
@@ -37,9 +38,9 @@ class RunnerMethod:
         self.name = spec.name
         self._fn = fn
         self._lock = threading.Lock()
-        self._config = config
         self._driver: MethodDriver | None = None
         self._queue: BatchQueue | None = None
+        self._plain_config = config  # a plain method's (unused) layers; a queue holds the rest
         if spec.batchable:
             codec = Codec(spec.name, spec.batch_dim, spec.input_spec)
             self._queue = BatchQueue(spec.name, codec, config, runner=runner.name)
@@ -51,8 +52,10 @@ class RunnerMethod:
 
     @property
     def config(self) -> BatchingConfig:
-        """The latest config asked for (in force from the next batch)."""
-        return self._config
+        """The latest config asked for (in force from the next batch). Thread-safe."""
+        if self._queue is None:
+            return self._plain_config
+        return self._queue.latest_config
 
     @property
     def model_fn(self) -> Any:
@@ -183,8 +186,7 @@ class RunnerMethod:
         if not self.batchable:
             raise TypeError(f"{self.runner.name}.{self.name} is not batchable: nothing to set")
         with self._lock:  # held until the queue has it: two callers apply in order
-            new = self._config.replace(**changes)
-            self._config = new
+            new = self.config.replace(**changes)
             if self._driver is not None:
                 self._driver.configure(new)
             else:
@@ -261,8 +263,7 @@ class Runner:
         self._lock = threading.Lock()
         self._hooked = False
         file = load_config_file(config)
-        for key, value in batching.items():
-            validate_field(key, value, path="Runner ")
+        arguments = BatchingLayer.from_mapping(batching, path="Runner ")
         method_configs = dict(method_configs or {})
         for method_name in method_configs:
             if method_name not in cls.methods:
@@ -272,14 +273,14 @@ class Runner:
                 )
         self.methods: dict[str, RunnerMethod] = {}
         for method_name, spec in cls.methods.items():
-            per_method = dict(method_configs.get(method_name, {}))
-            for key, value in per_method.items():
-                validate_field(key, value, path=f"method_configs[{method_name!r}] ")
+            per_method = BatchingLayer.from_mapping(
+                method_configs.get(method_name, {}), path=f"method_configs[{method_name!r}] "
+            )
             cfg = BatchingConfig.from_layers(
                 file.global_batching,
                 spec.batching,
                 file.for_runner(self.name),
-                batching,
+                arguments,
                 per_method,
             )
             fn = getattr(self.instance, method_name)

@@ -19,7 +19,8 @@ import numpy as np
 from labserve.base.vocabulary import REASONS, REFUSED, REJECTED, SERVED, Reason
 from labserve.batching.containers import Codec
 from labserve.batching.estimators import RateEstimator
-from labserve.batching.queue import Batch, BatchQueue, Outcome
+from labserve.batching.queue import BulkQueue
+from labserve.batching.requests import Batch, Outcome
 from labserve.config.batching import BatchingConfig
 from labserve.metrics.recorder import Recorder
 from labserve.metrics.results import RunResult
@@ -184,7 +185,7 @@ class _Run:
         # Only the adaptive strategy reads the arrival rate, and a simulation's config never
         # changes: otherwise its arrivals need not be folded into an estimate nobody reads.
         unread = config.effective_strategy != "adaptive"
-        self.queue = BatchQueue(
+        self.queue = BulkQueue(
             "sim",
             Codec("sim"),
             config,

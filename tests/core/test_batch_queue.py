@@ -13,7 +13,7 @@ from labserve.base.errors import (
 )
 from labserve.base.vocabulary import STRATEGIES
 from labserve.batching.containers import Codec, TensorSpec
-from labserve.batching.queue import BatchQueue
+from labserve.batching.queue import BatchQueue, BulkQueue
 from labserve.config.batching import BatchingConfig
 
 MS = 1e-3
@@ -21,6 +21,10 @@ MS = 1e-3
 
 def make_queue(codec=None, **settings):
     return BatchQueue("m", codec or Codec("m"), BatchingConfig(**settings))
+
+
+def make_bulk_queue(**settings):
+    return BulkQueue("m", Codec("m"), BatchingConfig(**settings))
 
 
 def rows(n, width=3, start=0, dtype=np.float64):
@@ -835,7 +839,7 @@ def test_every_admitted_request_gets_exactly_one_outcome(seed):
 
 
 def test_admit_many_queues_copies_in_order_and_refuses_past_the_queue_cap():
-    q = make_queue(strategy="greedy", max_batch_size=8, max_queue_size=3)
+    q = make_bulk_queue(strategy="greedy", max_batch_size=8, max_queue_size=3)
     proto = q.new_request((rows(2),))
     assert q.admit_many(proto, [0.0, 0.1, 0.2, 0.3, 0.4], ["a", "b", "c", "d", "e"]) == 3
     batch = q.poll(0.4).fire[0]
@@ -849,7 +853,7 @@ def test_admit_many_queues_copies_in_order_and_refuses_past_the_queue_cap():
 
 
 def test_fixed_hold_says_how_many_items_may_join_before_it_fires_full():
-    q = make_queue(strategy="fixed", max_batch_size=8, max_latency_ms=10)
+    q = make_bulk_queue(strategy="fixed", max_batch_size=8, max_latency_ms=10)
     proto = q.new_request((rows(3),))
     q.admit_many(proto, [0.0], [0])
     step = q.poll(0.0)

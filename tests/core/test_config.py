@@ -126,3 +126,20 @@ def test_from_layers_lets_later_layers_win():
 def test_from_layers_validates_the_merged_result():
     with pytest.raises(ConfigError, match="max_batch_size"):
         BatchingConfig.from_layers({"max_batch_size": 4}, {"max_batch_size": -1})
+
+
+def test_a_layer_has_every_setting_of_the_config_and_nothing_else():
+    from labserve.config.batching import SETTINGS, BatchingLayer
+
+    layer_settings = [f.name for f in dataclasses.fields(BatchingLayer) if f.repr]
+    assert layer_settings == list(SETTINGS)
+
+
+def test_a_layer_checks_each_value_once_where_it_enters():
+    from labserve.config.batching import BatchingLayer
+
+    with pytest.raises(ConfigError, match=r"@labserve.method max_batch_size must be an integer"):
+        BatchingLayer.from_mapping({"max_batch_size": 0}, path="@labserve.method ")
+    with pytest.raises(ConfigError, match="a known setting"):
+        BatchingLayer.from_mapping({"max_batch_sise": 4})
+    assert BatchingLayer(max_latency_ms=5).settings() == {"max_latency_ms": 5.0}

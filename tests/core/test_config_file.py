@@ -38,8 +38,12 @@ def write_config(tmp_path):
 
 def test_bentoml_shaped_file_gives_global_and_per_runner_sections(write_config):
     cfg = load_config_file(write_config(BENTO_SHAPED))
-    assert cfg.global_batching == {"enabled": True, "max_batch_size": 64, "max_latency_ms": 20.0}
-    assert cfg.for_runner("scorer") == {
+    assert cfg.global_batching.settings() == {
+        "enabled": True,
+        "max_batch_size": 64,
+        "max_latency_ms": 20.0,
+    }
+    assert cfg.for_runner("scorer").settings() == {
         "strategy": "fixed",
         "max_latency_ms": 5.0,
         "on_overload": "wait",
@@ -47,8 +51,8 @@ def test_bentoml_shaped_file_gives_global_and_per_runner_sections(write_config):
         "max_concurrent_batches": 2,
         "isolate_errors": True,
     }
-    assert cfg.for_runner("ranker") == {"enabled": False}
-    assert cfg.for_runner("absent") == {}
+    assert cfg.for_runner("ranker").settings() == {"enabled": False}
+    assert cfg.for_runner("absent").settings() == {}
 
 
 def test_file_sections_layer_into_a_batching_config(write_config):
@@ -151,7 +155,7 @@ def test_invalid_yaml_names_the_file(write_config):
 
 def test_an_empty_file_is_an_empty_config(write_config):
     cfg = load_config_file(write_config(""))
-    assert cfg.global_batching == {}
+    assert cfg.global_batching.settings() == {}
     assert cfg.runners == {}
 
 
@@ -167,14 +171,14 @@ def test_env_var_names_the_file_when_no_path_is_given(write_config, monkeypatch)
     monkeypatch.setenv(ENV_VAR, str(path))
     cfg = load_config_file()
     assert cfg.source == str(path)
-    assert cfg.for_runner("scorer") == {"max_batch_size": 3}
+    assert cfg.for_runner("scorer").settings() == {"max_batch_size": 3}
 
 
 def test_an_explicit_path_wins_over_the_env_var(write_config, monkeypatch):
     env_path = write_config("runners: {batching: {max_batch_size: 3}}", name="env.yaml")
     arg_path = write_config("runners: {batching: {max_batch_size: 7}}", name="arg.yaml")
     monkeypatch.setenv(ENV_VAR, str(env_path))
-    assert load_config_file(arg_path).global_batching == {"max_batch_size": 7}
+    assert load_config_file(arg_path).global_batching.settings() == {"max_batch_size": 7}
 
 
 def test_env_var_pointing_at_a_bad_file_reports_that_file(write_config, monkeypatch):

@@ -1,0 +1,124 @@
+"""What the batch queue hands its owner: requests, fired batches, outcomes and decisions.
+
+Plain data, no behaviour beyond stacking a batch's inputs; the queue
+(:mod:`labserve.batching.queue`) creates and updates them, its owner (the asyncio driver
+or the simulator) reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from labserve.base.vocabulary import Reason
+from labserve.batching.containers import Codec
+
+__all__ = ["DONE", "QUEUED", "Batch", "Outcome", "Request", "Step"]
+
+QUEUED, DONE = 0, 1
+"""A request's state: still waiting (wholly or in part), or given its outcome."""
+
+
+class Request:
+    """One caller's request as the queue tracks it; ``handle`` is the owner's (a future)."""
+
+    __slots__ = (
+        "args",
+        "arrival_s",
+        "handle",
+        "id",
+        "items",
+        "key",
+        "offset",
+        "parts_pending",
+        "pieces",
+        "start_s",
+        "state",
+    )
+
+    def __init__(
+        self,
+        rid: int,
+        args: tuple[Any, ...],
+        items: int,
+        key: Hashable,
+        handle: Any,
+        arrival_s: float = 0.0,
+    ):
+        self.id = rid
+        self.args = args
+        self.items = items
+        self.key = key
+        self.handle = handle
+        self.arrival_s = arrival_s
+        self.start_s: float | None = None  # when its first batch fired
+        self.offset = 0  # items already taken into batches
+        self.parts_pending = 0  # taken parts whose batch has not finished
+        self.pieces: list[tuple[int, Any]] | None = None  # outputs of a split request
+        self.state = QUEUED
+
+    @property
+    def done(self) -> bool:
+        """True once the request has its outcome."""
+        return self.state == DONE
+
+
+@dataclass(slots=True)
+class Batch:
+    """A fired batch: parts ``(request, start, stop)`` of one group, stacked by :meth:`stack`."""
+
+    id: int
+    reason: Reason
+    start_s: float
+    parts: list[tuple[Request, int, int]]
+    items: int
+
+    def stack(self, codec: Codec) -> tuple[Any, ...]:
+        """The model's input: the parts stacked along the batch axis (pure; any thread)."""
+        return codec.stack(
+            [
+                r.args if (a == 0 and b == r.items) else codec.slice(r.args, a, b)
+                for r, a, b in self.parts
+            ]
+        )
+
+    @property
+    def counts(self) -> list[int]:
+        """Items of each part, in order (how the output is split)."""
+        return [b - a for _, a, b in self.parts]
+
+    def halves(self) -> tuple[Batch, Batch]:
+        """Two batches with the first and second half of the parts (to isolate an error)."""
+        mid = len(self.parts) // 2
+        left, right = self.parts[:mid], self.parts[mid:]
+        return (
+            Batch(self.id, self.reason, self.start_s, left, sum(b - a for _, a, b in left)),
+            Batch(self.id, self.reason, self.start_s, right, sum(b - a for _, a, b in right)),
+        )
+
+
+Outcome = tuple[Request, Any, BaseException | None]
+"""(request, result, error): exactly one of result and error is meaningful."""
+
+
+@dataclass(slots=True)
+class Step:
+    """What the owner must do after an event."""
+
+    fire: list[Batch] = field(default_factory=list)
+    """Batches to run now (each holds one batch slot until :meth:`BatchQueue.release`)."""
+    rejected: list[Outcome] = field(default_factory=list)
+    """Requests rejected for overload, with their error."""
+    wake_s: float | None = None
+    """Call :meth:`BatchQueue.poll` again at this time, unless another event comes first."""
+    quiet_items: int | None = 0
+    """Items that may still arrive, into the group(s) already queued, before this decision
+    can change (None: no limit, as every batch slot is busy). Until then, or until
+    ``wake_s``, a batch finishes or the config changes, :meth:`BatchQueue.poll` would
+    decide nothing new: a driver may admit that many with no poll in between."""
+    arrival_wake_s: float | None = None
+    """Set when every batch slot is busy and no queued request waits for its deadline
+    (``quiet_items`` is None): the first request admitted after this poll, at time t,
+    makes the next :meth:`BatchQueue.poll` decide only ``wake_s = t + arrival_wake_s``.
+    A driver admitting in bulk may set that timer itself instead of polling."""
