@@ -490,6 +490,8 @@ class BatchQueue:
         """An immutable picture of this method now (O(window) work)."""
         self._count_arrivals()
         fit = self.cost_model.fit
+        items, _ = self.cost_model.observations()
+        low, high = (int(items.min()), int(items.max())) if len(items) else (0, 0)
         return self.recorder.snapshot(
             now,
             runner=self.runner,
@@ -498,7 +500,7 @@ class BatchQueue:
             queue_requests=self._queued_requests,
             queue_items=self._queued_items,
             in_flight_batches=self._in_flight,
-            cost_fit=CostFitView(fit.a_s * 1000.0, fit.b_s * 1000.0, fit.samples),
+            cost_fit=CostFitView(fit.a_s * 1000.0, fit.b_s * 1000.0, fit.samples, low, high),
         )
 
 

@@ -42,6 +42,10 @@ class CostFitView(NamedTuple):
     a_ms: float
     b_ms: float
     samples: int
+    min_items: int = 0
+    """The smallest batch the fit saw (0 before any): the fit holds from here..."""
+    max_items: int = 0
+    """...to the largest. Equal: one batch size only, so the slope is unknown (taken as 0)."""
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from labserve.base.clock import Clock, MonotonicClock
+from labserve.base.clock import Clock
 from labserve.base.errors import BatchSizeMismatchError, LabServeError, RunnerStoppedError
 from labserve.batching.queue import BatchQueue
 from labserve.batching.requests import Batch, Outcome, Request, Step
@@ -64,13 +64,13 @@ class MethodDriver:
         *,
         is_async: bool,
         bg: BackgroundLoop,
-        clock: Clock | None = None,
+        clock: Clock,
     ) -> None:
         self.queue = queue
         self._fn = fn
         self._is_async = is_async
         self._bg = bg
-        self._clock = clock or MonotonicClock()
+        self._clock = clock  # monotonic, and the loop's timers must agree with it
         self._lock = threading.Lock()  # guards every call into self.queue
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None

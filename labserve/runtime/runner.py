@@ -10,7 +10,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from labserve.base.clock import MonotonicClock
+from labserve.base.clock import Clock, MonotonicClock
 from labserve.base.errors import LoopThreadError, RunnerStoppedError
 from labserve.batching.containers import Codec
 from labserve.batching.queue import BatchQueue
@@ -82,7 +82,11 @@ class RunnerMethod:
                 if self._driver is None:
                     assert self._queue is not None
                     self._driver = MethodDriver(
-                        self._queue, self._fn, is_async=self.spec.is_async, bg=self.runner.bg
+                        self._queue,
+                        self._fn,
+                        is_async=self.spec.is_async,
+                        bg=self.runner.bg,
+                        clock=self.runner.clock,
                     )
                     self.runner._started()
                 driver = self._driver
@@ -198,8 +202,8 @@ class RunnerMethod:
         """An immutable snapshot of the method's queue, batches and latencies. Thread-safe."""
         if self._queue is None:
             raise TypeError(f"{self.runner.name}.{self.name} is not batchable: it has no queue")
-        if self._driver is None:  # nothing ran yet; the time is the driver clock's
-            return self._queue.snapshot(MonotonicClock().now())
+        if self._driver is None:  # nothing ran yet; the time is the runner's clock
+            return self._queue.snapshot(self.runner.clock.now())
         return self._driver.snapshot()
 
     def reset_stats(self) -> None:
@@ -259,6 +263,8 @@ class Runner:
         self.name = name or cls.__name__.lower()
         self.instance: Runnable = runnable() if isinstance(runnable, type) else runnable
         self._bg = loop
+        self.clock: Clock = MonotonicClock()
+        """The runner's time (seconds, monotonic): snapshots, batch and request times."""
         self._stopped = False
         self._lock = threading.Lock()
         self._hooked = False

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from labserve.base.clock import SimClock
 from labserve.base.vocabulary import REASONS, REFUSED, REJECTED, SERVED, Reason
 from labserve.batching.containers import Codec
 from labserve.batching.estimators import RateEstimator
@@ -193,6 +194,7 @@ class _Run:
             recorder=_Unrecorded(),
             rate=RateEstimator(fold_every=None) if unread else None,
         )
+        self.clock = SimClock()
         self.start = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
         self.outcome = np.full(n, -1, dtype=np.int8)
@@ -293,6 +295,7 @@ class _Run:
         )
 
     def _carry_out(self, now: float) -> None:
+        self.clock.advance_to(now)  # virtual time: never backwards, or the run is wrong
         step = self.queue.poll(now)
         self.quiet = step.quiet_items
         self.arrival_wake = step.arrival_wake_s
