@@ -83,3 +83,109 @@ def test_the_ui_uses_only_labserves_public_api():
                 if a.name not in labserve.__all__
             ]
     assert offenders == []
+
+
+# -- the layer order inside the core ---------------------------------------------------
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("labserve._version", "labserve.base"),  # words, errors, clocks
+    ("labserve.config", "labserve.wire"),  # settings; what travels on the wire
+    ("labserve.metrics",),  # recorder, snapshots, RunResult
+    ("labserve.batching",),  # the sans-IO queue and strategies
+    ("labserve.runtime", "labserve.sim"),  # the two drivers: asyncio, virtual time
+    ("labserve.load", "labserve.server"),  # what drives a runner, what serves one
+    ("labserve.lab",),  # the lab's tools
+    ("labserve.testing",),  # the pytest plugin and SLO asserts
+    ("labserve.cli", "labserve"),  # the fronts: the command and the API (labserve/__init__)
+)
+"""Lowest first. A unit imports only from lower layers and from inside itself; two units of
+one layer do not import each other."""
+
+
+def _unit(module: str) -> str:
+    """The layer unit a module belongs to: its package under labserve, or itself."""
+    for layer in LAYERS:
+        for unit in layer:
+            if module == unit or (unit != "labserve" and module.startswith(unit + ".")):
+                return unit
+    return "labserve"
+
+
+def _rank(unit: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if unit in layer)
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(CORE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _core_imports() -> dict[str, set[str]]:
+    """Every labserve module and the labserve modules it imports (lazily or not)."""
+    graph: dict[str, set[str]] = {}
+    for path, _node, names in _absolute_imports(CORE):
+        deps = graph.setdefault(_module_name(path), set())
+        deps.update(n for n in names if n == "labserve" or n.startswith("labserve."))
+    return graph
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that go up a layer or sideways between two units of one layer."""
+    bad = []
+    for module, deps in graph.items():
+        unit = _unit(module)
+        for dep in deps:
+            dep_unit = _unit(dep)
+            if dep_unit == unit:
+                continue
+            if _rank(dep_unit) >= _rank(unit):
+                bad.append(f"{module} ({unit}) imports {dep} ({dep_unit})")
+    return sorted(bad)
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles among modules (package __init__ re-exports are not followed)."""
+    packages = {m for m in graph if (CORE.parent / m.replace(".", "/") / "__init__.py").exists()}
+    edges = {m: {d for d in ds if d in graph and d not in packages} for m, ds in graph.items()}
+    cycles, state = [], {}
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(edges.get(m, ())):
+            if state.get(d) == 1:
+                cycles.append([*stack[stack.index(d) :], d])
+            elif d not in state:
+                visit(d, stack)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in packages and m not in state:
+            visit(m, [])
+    return cycles
+
+
+def test_every_core_module_sits_in_a_layer():
+    units = {_unit(m) for m in _core_imports()}
+    assert units <= {u for layer in LAYERS for u in layer}
+    assert len(units) > 10
+
+
+def test_imports_only_go_down_the_layers():
+    assert layer_violations(_core_imports()) == []
+
+
+def test_the_layer_check_can_fail():
+    upward = {"labserve.base.errors": {"labserve.runtime.runner"}}
+    sideways = {"labserve.load.generator": {"labserve.server.app"}}
+    assert layer_violations(upward) == [
+        "labserve.base.errors (labserve.base) imports labserve.runtime.runner (labserve.runtime)"
+    ]
+    assert len(layer_violations(sideways)) == 1
+    assert layer_violations({"labserve.server.app": {"labserve.runtime.runner"}}) == []
+
+
+def test_no_import_cycles():
+    assert import_cycles(_core_imports()) == []
+    assert import_cycles({"labserve.x.a": {"labserve.x.b"}, "labserve.x.b": {"labserve.x.a"}})
