@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -36,8 +35,8 @@ def unanswered(futures):
             f.result(WAIT)
         except concurrent.futures.TimeoutError:
             hung.append(i)
-        except BaseException as e:
-            print("caller", i, "got", type(e).__name__, e)
+        except BaseException:
+            pass  # an error is an answer
     return hung
 
 
@@ -92,7 +91,7 @@ def test_async_model_systemexit_does_not_kill_loop(bg):
 class AsyncIsolate(labserve.Runnable):
     @labserve.method(batchable=True, max_batch_size=8, max_latency_ms=50, isolate_errors=True)
     async def predict(self, x):
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # an async model: it yields to the loop
         if len(x) > 1:
             raise ValueError("whole batch fails")
         if x[0, 0] == 1.0:
@@ -126,27 +125,37 @@ def test_sync_isolate_baseexception_leaves_no_caller_hanging(bg):
 
 
 # 5. bg.stop() times out while a sync batch runs -----------------------------------------
-class Slow(labserve.Runnable):
+class Gated(labserve.Runnable):
+    """A model that runs until the test opens its gate; ``worker`` is the thread it ran on."""
+
+    def __init__(self):
+        self.started = threading.Event()
+        self.gate = threading.Event()
+        self.worker: threading.Thread | None = None
+
     @labserve.method(batchable=True, max_batch_size=1, max_latency_ms=5)
     def predict(self, x):
-        time.sleep(1.0)
+        self.worker = threading.current_thread()
+        self.started.set()
+        self.gate.wait(WAIT)
         return x * 2
 
 
 def test_stop_timeout_with_running_sync_batch_answers_every_caller():
     b = labserve.BackgroundLoop(name="review-stop")
-    r = labserve.Runner(Slow, loop=b, on_overload="wait")
+    model = Gated()
+    r = labserve.Runner(model, loop=b, on_overload="wait")
     fs = [in_thread(r.predict.run, np.full((1, 2), float(i))) for i in range(2)]
-    time.sleep(0.2)
-    t0 = time.monotonic()
-    b.stop(timeout=0.3)
-    print("stop took", time.monotonic() - t0)
+    assert model.started.wait(WAIT)
+    b.stop(timeout=0.3)  # gives up waiting: the first batch is still in the model
     hung = unanswered(fs)
-    time.sleep(0.5)
+    model.gate.set()  # the batch finishes after the loop stopped
+    assert model.worker is not None
+    model.worker.join(WAIT)  # it delivered what it could, and its thread ended
     loops = [t.name for t in threading.enumerate() if t.name == "review-stop"]
-    print("loop threads after stop:", loops, "bg.running", b.running)
     b.stop(timeout=1)
     assert not hung, f"callers {hung} never answered after stop() gave up waiting"
+    assert not model.worker.is_alive()
     assert not loops, "a finished batch restarted the stopped loop"
 
 
@@ -170,18 +179,13 @@ def test_model_exception_with_bad_str_still_answers(bg):
 
 
 # 7. Runner.aclose() awaited on another loop (a notebook cell's loop) ------------------
-class Quick(labserve.Runnable):
-    @labserve.method(batchable=True, max_batch_size=8, max_latency_ms=5)
-    def predict(self, x):
-        time.sleep(0.2)
-        return x * 2
-
-
 def test_aclose_awaited_on_a_foreign_loop_returns(bg):
-    r = labserve.Runner(Quick, loop=bg)
+    model = Gated()
+    r = labserve.Runner(model, loop=bg)
     f = in_thread(r.predict.run, np.ones((1, 2)))
-    time.sleep(0.05)
+    assert model.started.wait(WAIT)
     done = in_thread(lambda: asyncio.run(r.aclose()))
+    model.gate.set()  # aclose() waits for the running batch, then returns
     try:
         done.result(WAIT)
     except concurrent.futures.TimeoutError:
@@ -190,18 +194,25 @@ def test_aclose_awaited_on_a_foreign_loop_returns(bg):
 
 
 # 8. async model via wait of loop stop: queued requests when loop stops -----------------
-class AsyncSlow(labserve.Runnable):
+class AsyncHung(labserve.Runnable):
+    """An async model that never finishes on its own."""
+
+    def __init__(self):
+        self.started = threading.Event()
+
     @labserve.method(batchable=True, max_batch_size=1, max_latency_ms=5)
     async def predict(self, x):
-        await asyncio.sleep(1.0)
+        self.started.set()
+        await asyncio.Event().wait()  # never set: only the loop's stop ends it
         return x * 2
 
 
 def test_stop_timeout_with_async_batches_answers_every_caller():
     b = labserve.BackgroundLoop(name="review-stop2")
-    r = labserve.Runner(AsyncSlow, loop=b, on_overload="wait")
+    model = AsyncHung()
+    r = labserve.Runner(model, loop=b, on_overload="wait")
     fs = [in_thread(r.predict.run, np.full((1, 2), float(i))) for i in range(3)]
-    time.sleep(0.2)
+    assert model.started.wait(WAIT)
     b.stop(timeout=0.3)
     hung = unanswered(fs)
     assert not hung, f"callers {hung} never answered after stop() gave up waiting"
