@@ -134,3 +134,12 @@ def test_cli_export_rejects_a_bad_value_in_one_line(capsys):
     err = capsys.readouterr().err
     assert "max_batch_size must be an integer >= 1, got 0" in err
     assert "Traceback" not in err
+
+
+def test_the_request_timeout_maps_to_each_systems_nearest_setting():
+    cfg = BatchingConfig(strategy="fixed", request_timeout_ms=2500)
+    triton = export_config(cfg, "triton")
+    assert "default_timeout_microseconds: 2500000" in triton and "timeout_action: REJECT" in triton
+    assert "request_timeout_s=2.5" in export_config(cfg, "ray")
+    assert "request_timeout_ms: 2500.0" in export_config(cfg)
+    assert "timeout" not in export_config(cfg.replace(request_timeout_ms=0), "triton")

@@ -16,9 +16,12 @@ __all__ = [
     "LabServeError",
     "LoopThreadError",
     "ModelError",
+    "ModelStuckError",
     "OverloadError",
     "QueueFullError",
+    "RequestTimeoutError",
     "RunnerStoppedError",
+    "StopTimeoutError",
 ]
 
 
@@ -158,6 +161,65 @@ class RunnerStoppedError(LabServeError):
     def __init__(self, runner: str) -> None:
         super().__init__(f"runner {runner!r} is stopped; start a new Runner to serve it again")
         self.retry_after_s = 1.0
+
+
+class RequestTimeoutError(LabServeError, TimeoutError):
+    """Raised when a request outlived ``request_timeout_ms``, queued or in a running batch.
+
+    Exactly once per request; its batch, if it runs on, keeps its slot until it returns
+    (a model call cannot be killed), and its late result is dropped.
+    """
+
+    status = 504
+
+    def __init__(self, method: str, elapsed_s: float, timeout_s: float) -> None:
+        super().__init__(method, elapsed_s, timeout_s)
+        self.method = method
+        self.elapsed_s = elapsed_s
+        self.timeout_s = timeout_s
+
+    def __str__(self) -> str:
+        return (
+            f"{self.method}: no answer after {self.elapsed_s:.3g} s "
+            f"(request_timeout_ms={self.timeout_s * 1000.0:g}); the model may be stuck"
+        )
+
+
+class ModelStuckError(LabServeError):
+    """Raised at admission while every batch slot of the method is held by a stuck batch.
+
+    A batch is stuck once it has run longer than ``request_timeout_ms``. Rather than queue
+    behind it, new requests are refused at once until a slot frees.
+    """
+
+    status = 503
+
+    def __init__(self, method: str, stuck_batches: int, running_s: float) -> None:
+        super().__init__(
+            f"{method}: not ready, every batch slot ({stuck_batches}) is held by a model call "
+            f"running for {running_s:.3g} s, past request_timeout_ms; retry later"
+        )
+        self.stuck_batches = stuck_batches
+        self.retry_after_s = 1.0
+
+
+class StopTimeoutError(LabServeError, TimeoutError):
+    """Raised by ``Runner.stop(timeout=...)`` when model calls were still running at the end.
+
+    Every caller has been answered by then (queued or in flight); the named methods' model
+    calls may still be running in their worker threads.
+    """
+
+    status = 500
+
+    def __init__(self, runner: str, stuck: list[str], timeout_s: float) -> None:
+        super().__init__(
+            f"runner {runner!r} stopped after {timeout_s:g} s with model calls still running "
+            f"in {', '.join(stuck) or 'no method'}; every caller was answered "
+            "(RunnerStoppedError), the calls themselves cannot be interrupted"
+        )
+        self.runner = runner
+        self.stuck = stuck
 
 
 class LoopThreadError(LabServeError, RuntimeError):

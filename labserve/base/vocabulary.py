@@ -41,9 +41,9 @@ OUTCOMES: tuple[str, ...] = (
 """Every way a request can end, by code (the index): what ``RunResult.outcome`` holds."""
 SERVED, REJECTED, FAILED, CANCELLED, REFUSED, TIMEOUT, CONNECT_ERROR, RESET = range(len(OUTCOMES))
 
-RUNNER_OUTCOMES: tuple[str, ...] = OUTCOMES[: REFUSED + 1]
+RUNNER_OUTCOMES: tuple[str, ...] = OUTCOMES[: TIMEOUT + 1]
 """The outcomes a runner counts in its snapshot (each a Snapshot field of that name); the
-others are given by a client's request timeout or seen only across a network."""
+others are seen only by a client across a network."""
 
 Reason = Literal["full", "timeout", "adaptive", "idle", "drain"]
 REASONS: tuple[Reason, ...] = ("full", "timeout", "adaptive", "idle", "drain")

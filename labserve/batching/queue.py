@@ -14,6 +14,7 @@ Not thread-safe: one owner calls everything.
 from __future__ import annotations
 
 import copy
+import math
 from collections import deque
 from collections.abc import Hashable, Sequence
 from itertools import repeat
@@ -22,8 +23,10 @@ from typing import Any
 from labserve.base.errors import (
     LabServeError,
     ModelError,
+    ModelStuckError,
     OverloadError,
     QueueFullError,
+    RequestTimeoutError,
     RunnerStoppedError,
 )
 from labserve.base.vocabulary import Reason
@@ -103,6 +106,10 @@ class BatchQueue:
         self._new_at = 0.0
         self._expired: list[Outcome] = []  # rejected when a slot freed, reported by poll
         self._closed = False
+        self._running: dict[int, Batch] = {}  # fired and not yet released, by id
+        self._stuck: set[int] = set()  # running batches past the request timeout
+        # The earliest time a request can time out or a batch become stuck (inf: none can).
+        self._timeout_check_s = math.inf
 
     # -- config -----------------------------------------------------------------------
 
@@ -151,6 +158,13 @@ class BatchQueue:
             self.recorder.refused(now)
             request.state = DONE
             raise QueueFullError(self._label, cfg.max_queue_size, cfg.retry_after_s)
+        if self._stuck and len(self._stuck) >= cfg.max_concurrent_batches:
+            self.recorder.refused(now)
+            request.state = DONE
+            oldest = min(b.start_s for b in self._running.values() if b.id in self._stuck)
+            raise ModelStuckError(self._label, len(self._stuck), now - oldest)
+        if self._timeout_check_s == math.inf and cfg.request_timeout_s:
+            self._timeout_check_s = now + cfg.request_timeout_s
         request.id = self._next_request
         self._next_request += 1
         request.arrival_s = now
@@ -187,16 +201,17 @@ class BatchQueue:
         return True
 
     def abort(self, exc: LabServeError, now: float) -> list[Outcome]:
-        """Fail every queued request with ``exc`` (when stopping cannot wait for them).
+        """Fail every request without an outcome, queued or in a running batch, with ``exc``.
 
-        Requests in running batches are left to finish; returns the outcomes to deliver.
+        For when stopping cannot wait any longer: a running batch keeps its slot until it
+        returns, and its late results are dropped. Returns the outcomes to deliver.
         """
         done: list[Outcome] = []
-        for group in self._groups.values():
-            for r in group.queue:
-                if r.state != DONE and r.parts_pending == 0:
-                    self._settle(r)
-                    done.append((r, None, copy.copy(exc)))
+        running = [r for b in self._running.values() for r, _, _ in b.parts]
+        for r in (*(r for g in self._groups.values() for r in g.queue), *running):
+            if r.state != DONE:
+                self._settle(r)
+                done.append((r, None, copy.copy(exc)))
         self._expired, expired = [], self._expired
         self.recorder.failed(now, len(done))
         return done + expired
@@ -220,6 +235,12 @@ class BatchQueue:
         step = Step()
         if self._expired:
             step.rejected, self._expired = self._expired, []
+        if now >= self._timeout_check_s:
+            self._check_timeouts(now, step)
+        if self._timeout_check_s != math.inf:
+            # Firing batches cannot bring it earlier: a batch becomes stuck no sooner than
+            # its requests time out.
+            step.timeout_check_s = self._timeout_check_s
         slots = self._config.max_concurrent_batches
         if self._queued_requests:
             held: list[_Group] = []
@@ -334,6 +355,9 @@ class BatchQueue:
         cfg = self._config
         all_busy = self._in_flight >= cfg.max_concurrent_batches
         self._in_flight -= 1
+        del self._running[batch.id]
+        if self._stuck:
+            self._stuck.discard(batch.id)
         reject = cfg.on_overload == "reject"
         if all_busy and self._queued_requests and reject and self._may_expire(now):
             expired = Step()
@@ -425,7 +449,8 @@ class BatchQueue:
         group.hold_start = group.hold_until = None
         self._in_flight += 1
         self._next_batch += 1
-        return Batch(self._next_batch, reason, now, parts, total)
+        batch = self._running[self._next_batch] = Batch(self._next_batch, reason, now, parts, total)
+        return batch
 
     def _settle(self, r: Request) -> None:
         """Mark ``r`` done and take whatever of it is still queued off the counts."""
@@ -486,6 +511,46 @@ class BatchQueue:
                 step.rejected.append((r, None, err))
         return waiting
 
+    def _check_timeouts(self, now: float, step: Step) -> None:
+        """Time out requests past ``request_timeout_ms``; mark batches running past it stuck.
+
+        Runs only when :attr:`_timeout_check_s` (the earliest such moment) has come, and
+        sets the next one.
+        """
+        timeout = self._config.request_timeout_s
+        if not timeout:
+            self._timeout_check_s = math.inf
+            return
+        earliest = math.inf
+        for group in self._groups.values():
+            for r in group.queue:  # FIFO: the first still in time ends the scan
+                if r.state == DONE:
+                    continue
+                if r.arrival_s + timeout > now:
+                    earliest = min(earliest, r.arrival_s + timeout)
+                    break
+                self._time_out(r, now, timeout, step)
+        for batch in self._running.values():
+            for r, _, _ in batch.parts:
+                if r.state == DONE:
+                    continue
+                if r.arrival_s + timeout > now:
+                    earliest = min(earliest, r.arrival_s + timeout)
+                else:
+                    self._time_out(r, now, timeout, step)
+            if batch.start_s + timeout <= now:
+                self._stuck.add(batch.id)
+            else:
+                earliest = min(earliest, batch.start_s + timeout)
+        self._timeout_check_s = earliest
+
+    def _time_out(self, r: Request, now: float, timeout: float, step: Step) -> None:
+        self._settle(r)
+        self.recorder.timed_out(now)
+        step.timed_out.append(
+            (r, None, RequestTimeoutError(self._label, now - r.arrival_s, timeout))
+        )
+
     def snapshot(self, now: float) -> Snapshot:
         """An immutable picture of this method now (O(window) work)."""
         self._count_arrivals()
@@ -500,6 +565,7 @@ class BatchQueue:
             queue_requests=self._queued_requests,
             queue_items=self._queued_items,
             in_flight_batches=self._in_flight,
+            stuck_batches=len(self._stuck),
             cost_fit=CostFitView(fit.a_s * 1000.0, fit.b_s * 1000.0, fit.samples, low, high),
         )
 
@@ -528,7 +594,8 @@ class BulkQueue(BatchQueue):
         """
         n = len(times)
         cfg = self._config
-        room = 0 if self._closed else max(cfg.max_queue_size - self._queued_requests, 0)
+        stuck = self._stuck and len(self._stuck) >= cfg.max_concurrent_batches
+        room = 0 if self._closed or stuck else max(cfg.max_queue_size - self._queued_requests, 0)
         k = n if n <= room else room
         if k < n:
             for t in times[k:]:
@@ -536,6 +603,8 @@ class BulkQueue(BatchQueue):
             if k == 0:
                 return 0
             times, handles = times[:k], handles[:k]
+        if self._timeout_check_s == math.inf and cfg.request_timeout_s:
+            self._timeout_check_s = times[0] + cfg.request_timeout_s
         args, items, key = request.args, request.items, request.key
         rid = self._next_request
         self._next_request = rid + k

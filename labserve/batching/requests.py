@@ -110,8 +110,13 @@ class Step:
     """Batches to run now (each holds one batch slot until :meth:`BatchQueue.release`)."""
     rejected: list[Outcome] = field(default_factory=list)
     """Requests rejected for overload, with their error."""
+    timed_out: list[Outcome] = field(default_factory=list)
+    """Requests past their request timeout (queued or in a running batch), with their error."""
     wake_s: float | None = None
     """Call :meth:`BatchQueue.poll` again at this time, unless another event comes first."""
+    timeout_check_s: float | None = None
+    """Call :meth:`BatchQueue.poll` by this time too (unless ``wake_s`` comes first): a
+    request may time out or a batch become stuck then (``request_timeout_ms``)."""
     quiet_items: int | None = 0
     """Items that may still arrive, into the group(s) already queued, before this decision
     can change (None: no limit, as every batch slot is busy). Until then, or until

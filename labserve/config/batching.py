@@ -64,6 +64,8 @@ def validate_field(key: str, value: Any, *, source: str | None = None, path: str
         return _int_at_least(name, value, 1, source)
     if key == "isolate_errors":
         return _bool(name, value, source)
+    if key == "request_timeout_ms":
+        return _number_at_least(name, value, 0.0, source)
     allowed = ", ".join(f.name for f in dataclasses.fields(BatchingConfig))
     raise ConfigError(name, value, f"a known setting (one of: {allowed})", source=source)
 
@@ -92,6 +94,11 @@ class BatchingConfig:
     """Most batches running the model at once."""
     isolate_errors: bool = False
     """On a model exception, bisect the batch so that only the poisoned request fails."""
+    request_timeout_ms: float = 60_000.0
+    """Longest a request may take from admission to its answer, queue plus model, in
+    milliseconds (0: no limit). A limit, unlike ``max_latency_ms`` (the queue wait before a
+    batch fires): past it the caller gets RequestTimeoutError (HTTP 504). Generous by
+    default, so that nothing waits forever behind a model that hangs."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -101,6 +108,11 @@ class BatchingConfig:
     def max_latency_s(self) -> float:
         """``max_latency_ms`` in seconds: the unit the batching core works in."""
         return self.max_latency_ms / 1000.0
+
+    @cached_property
+    def request_timeout_s(self) -> float:
+        """``request_timeout_ms`` in seconds (0: no limit)."""
+        return self.request_timeout_ms / 1000.0
 
     @cached_property
     def retry_after_s(self) -> float:
@@ -166,6 +178,7 @@ class BatchingLayer:
     max_queue_size: int | None = None
     max_concurrent_batches: int | None = None
     isolate_errors: bool | None = None
+    request_timeout_ms: float | None = None
     path: str = dataclasses.field(default="", repr=False, compare=False)
     source: str | None = dataclasses.field(default=None, repr=False, compare=False)
 

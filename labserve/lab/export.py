@@ -52,7 +52,8 @@ def _labserve(cfg: BatchingConfig, runner: str | None, method: str | None) -> st
         + (f" (exported from method {method!r})." if method else "."),
         "# Differs: BentoML reads only enabled, max_batch_size and max_latency_ms, and counts the"
         " estimated model time against max_latency_ms (labserve caps the queue wait);"
-        f" {', '.join(_LABSERVE_ONLY)} and isolate_errors are labserve-only.",
+        f" {', '.join(_LABSERVE_ONLY)} and isolate_errors are labserve-only;"
+        " request_timeout_ms is closest to BentoML's service-wide traffic.timeout (seconds).",
     ]
     text = yaml.safe_dump({"runners": body}, sort_keys=False, default_flow_style=False)
     return "\n".join(header) + "\n" + text
@@ -78,9 +79,16 @@ def _ray(cfg: BatchingConfig, method: str | None) -> str:
     if cfg.max_concurrent_batches != 1:
         args += f", max_concurrent_batches={cfg.max_concurrent_batches}"
     name = method or "predict"
+    timeout = ""
+    if cfg.request_timeout_s:
+        timeout = (
+            "# request_timeout_ms: Ray Serve's proxy-wide http_options.request_timeout_s="
+            f"{_number(cfg.request_timeout_s)} (serve.start), not per method.\n"
+        )
     return (
         "# Ray Serve: decorate a method of your @serve.deployment class.\n"
         f"# Differs: {note}\n"
+        f"{timeout}"
         "from ray import serve\n"
         "\n"
         "\n"
@@ -119,12 +127,22 @@ def _triton(cfg: BatchingConfig, runner: str | None, method: str | None) -> str:
         f" request while it is short of max_batch_size, like labserve's 'fixed'; {match}"
         f"{concurrency}."
     )
+    policy = [f"    max_queue_size: {cfg.max_queue_size}"]
+    if cfg.request_timeout_s:
+        lines.append(
+            "# request_timeout_ms: Triton's default_timeout_microseconds bounds only the time in"
+            " the queue (timeout_action REJECT); labserve's counts queue plus model."
+        )
+        policy += [
+            "    timeout_action: REJECT",
+            f"    default_timeout_microseconds: {round(cfg.request_timeout_ms * 1000)}",
+        ]
     lines += [
         f"max_batch_size: {cfg.max_batch_size}",
         "dynamic_batching {",
         f"  max_queue_delay_microseconds: {delay_us}",
         "  default_queue_policy {",
-        f"    max_queue_size: {cfg.max_queue_size}",
+        *policy,
         "  }",
         "}",
     ]

@@ -23,8 +23,8 @@ _QS = (50.0, 95.0, 99.0, 99.9)
 # Histogram bounds (seconds) exported to Prometheus.
 LATENCY_BOUNDS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _KINDS = ("arrived", *RUNNER_OUTCOMES)  # counted per kind; a Snapshot field each
-_ARRIVED, _SERVED, _REJECTED, _FAILED, _CANCELLED, _REFUSED = map(
-    _KINDS.index, ("arrived", "served", "rejected", "failed", "cancelled", "refused")
+_ARRIVED, _SERVED, _REJECTED, _FAILED, _CANCELLED, _REFUSED, _TIMEOUT = map(
+    _KINDS.index, ("arrived", "served", "rejected", "failed", "cancelled", "refused", "timeout")
 )
 
 
@@ -144,6 +144,11 @@ class Recorder:
         self.counts[_FAILED] += n
         self._rates.add(now, _FAILED, n)
 
+    def timed_out(self, now: float) -> None:
+        """An admitted request outlived its request timeout."""
+        self.counts[_TIMEOUT] += 1
+        self._rates.add(now, _TIMEOUT)
+
     def served(self, now: float, arrivals: Sequence[float], starts: Sequence[float]) -> None:
         """Requests answered at ``now``, with their admission and first-batch-start times."""
         n = len(arrivals)
@@ -252,6 +257,7 @@ class Recorder:
         queue_requests: int,
         queue_items: int,
         in_flight_batches: int,
+        stuck_batches: int,
         cost_fit: CostFitView,
     ) -> Snapshot:
         """What was recorded, with the queue's state as given, as one immutable Snapshot."""
@@ -275,6 +281,8 @@ class Recorder:
             failed=counts["failed"],
             cancelled=counts["cancelled"],
             refused=counts["refused"],
+            timeout=counts["timeout"],
+            stuck_batches=stuck_batches,
             arrival_rate=rates["arrived"],
             served_rate=rates["served"],
             rejected_rate=rates["rejected"] + rates["refused"],

@@ -111,10 +111,21 @@ class Snapshot:
     queue_wait_buckets: tuple[tuple[float, int], ...] = ()
     queue_wait_sum_s: float = 0.0
 
+    timeout: int = 0
+    """Admitted requests answered with RequestTimeoutError (past request_timeout_ms)."""
+    stuck_batches: int = 0
+    """Running batches past request_timeout_ms (a model call that may never return)."""
+
     @property
     def pending(self) -> int:
         """Admitted requests without an outcome yet (queued or in a running batch)."""
-        return self.admitted - self.served - self.rejected - self.failed - self.cancelled
+        done = self.served + self.rejected + self.failed + self.cancelled + self.timeout
+        return self.admitted - done
+
+    @property
+    def ready(self) -> bool:
+        """False while every batch slot is held by a stuck batch: new requests are refused."""
+        return self.stuck_batches < self.config.max_concurrent_batches
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (NaN becomes None)."""

@@ -74,6 +74,8 @@ class MethodDriver:
         self._lock = threading.Lock()  # guards every call into self.queue
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        self._check: asyncio.TimerHandle | None = None
+        self._check_at: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle: asyncio.Event | None = None
         # Arrivals from other threads wait here; one loop callback admits all that came.
@@ -169,11 +171,13 @@ class MethodDriver:
             idle = self.queue.idle and not self._delivering
         self._carry_out(step)
         self._set_timer(step.wake_s, now)
+        if step.timeout_check_s != self._check_at:
+            self._set_check(step.timeout_check_s, now)
         if idle and self._idle is not None:
             self._idle.set()
 
     def _carry_out(self, step: Step) -> None:
-        for r, value, error in step.rejected:
+        for r, value, error in (*step.rejected, *step.timed_out):
             _settle(r.handle, value, error)
         for batch in step.fire:
             self._launch(batch)
@@ -181,12 +185,27 @@ class MethodDriver:
     def _set_timer(self, wake_s: float | None, now: float) -> None:
         if wake_s == self._timer_at:
             return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._check):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._check = None
         self._timer_at = wake_s
         if wake_s is not None:
             self._timer = self._loop.call_later(max(wake_s - now, 0.0), self._on_timer)
+
+    def _set_check(self, check_s: float | None, now: float) -> None:
+        """The timeout check's own timer: it moves rarely, so it is not re-armed per poll."""
+        if self._check is not None:
+            self._check.cancel()
+            self._check = None
+        self._check_at = check_s
+        if check_s is not None:
+            self._check = self._loop.call_later(max(check_s - now, 0.0), self._on_check)
+
+    def _on_check(self) -> None:
+        self._check = None
+        self._check_at = None
+        self._pump()
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -249,7 +268,7 @@ class MethodDriver:
                 self.queue.release(batch, now, ok=error is None and outcomes is None)
                 step = self.queue.poll(now)
                 self._delivering += 1
-            args = (batch, output, error, outcomes, step.rejected)
+            args = (batch, output, error, outcomes, step.rejected + step.timed_out)
             try:
                 self._executor.submit(self._deliver, *args)
             except RuntimeError:  # the pool is shut down: deliver here, run nothing more

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from labserve.base.clock import Clock, MonotonicClock
-from labserve.base.errors import LoopThreadError, RunnerStoppedError
+from labserve.base.errors import LoopThreadError, RunnerStoppedError, StopTimeoutError
 from labserve.batching.containers import Codec
 from labserve.batching.queue import BatchQueue
 from labserve.batching.requests import Request
@@ -346,6 +346,10 @@ class Runner:
     def stop(self, timeout: float = 30.0) -> None:
         """Refuse new requests, finish the queued ones (reason ``drain``). Idempotent.
 
+        If that takes longer than ``timeout`` seconds, every caller still waiting (queued
+        or in a running batch) gets RunnerStoppedError, and StopTimeoutError names the
+        methods whose model calls are still running.
+
         From the loop thread, use ``await runner.aclose()``.
         """
         if self._bg is not None and self._bg.in_loop_thread():
@@ -357,7 +361,17 @@ class Runner:
             hooked = self._hooked
         if hooked and self.bg.running:
             self.bg.remove_shutdown_hook(self._aclose)
-            self.bg.run(self._aclose(), timeout=timeout)
+            try:
+                self.bg.run(self._aclose(), timeout=timeout)
+            except TimeoutError:
+                # Every caller was answered when the drain was cancelled; say which model
+                # calls are still running (they cannot be interrupted).
+                stuck = [
+                    f"{self.name}.{m.name}"
+                    for m in self.methods.values()
+                    if m.batchable and m.stats().in_flight_batches
+                ]
+                raise StopTimeoutError(self.name, stuck, timeout) from None
 
     async def aclose(self) -> None:
         """Like :meth:`stop`, awaitable from any running event loop."""

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from labserve.base.clock import SimClock
-from labserve.base.vocabulary import REASONS, REFUSED, REJECTED, SERVED, Reason
+from labserve.base.vocabulary import REASONS, REFUSED, REJECTED, SERVED, TIMEOUT, Reason
 from labserve.batching.containers import Codec
 from labserve.batching.estimators import RateEstimator
 from labserve.batching.queue import BulkQueue
@@ -29,7 +29,7 @@ from labserve.metrics.snapshot import BatchRecord
 
 __all__ = ["LinearCost", "simulate"]
 
-_DONE, _TIMER = 0, 1
+_DONE, _TIMER, _CHECK = 0, 1, 2  # heap events: a batch ends; the wake; a timeout check
 _REASON_CODE = {reason: code for code, reason in enumerate(REASONS)}
 
 
@@ -157,6 +157,9 @@ class _Unrecorded(Recorder):
     def failed(self, now: float, n: int = 1) -> None:
         """Not kept."""
 
+    def timed_out(self, now: float) -> None:
+        """Not kept."""
+
     def served(self, now: float, arrivals: Sequence[float], starts: Sequence[float]) -> None:
         """Not kept."""
 
@@ -202,6 +205,7 @@ class _Run:
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
         self.wake: float | None = None
+        self.check: float | None = None  # the queue's timeout check (request_timeout_ms)
         # Served runs of consecutive requests: (first, stop, batch start, finish), written
         # into the per-request arrays in one go at the end.
         self.runs: list[tuple[int, int, float, float]] = []
@@ -272,6 +276,10 @@ class _Run:
                     if what != self.wake:
                         continue  # superseded by a later decision
                     self.wake = None
+                elif kind == _CHECK:
+                    if what != self.check:
+                        continue
+                    self.check = None
                 else:
                     self._finished(what, now)
             self._carry_out(now)
@@ -301,6 +309,8 @@ class _Run:
         self.arrival_wake = step.arrival_wake_s
         if step.rejected:
             self._record(step.rejected, REJECTED, now)
+        if step.timed_out:
+            self._record(step.timed_out, TIMEOUT, now)
         for batch in step.fire:
             seconds = self.cost(batch.items)
             self.batches.append((now, seconds, batch.items, len(batch.parts), batch.reason))
@@ -308,6 +318,12 @@ class _Run:
             heapq.heappush(self.heap, (now + seconds, self.seq, _DONE, batch))
         if step.wake_s is not None:
             self._set_wake(step.wake_s)
+        check = step.timeout_check_s
+        if check is not None and check != self.check:
+            # Its own timer: set only when it moves (rarely), not alternating with wake_s.
+            self.check = check
+            self.seq += 1
+            heapq.heappush(self.heap, (check, self.seq, _CHECK, check))
 
     def _set_wake(self, wake_s: float) -> None:
         if wake_s != self.wake:

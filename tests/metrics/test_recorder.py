@@ -129,6 +129,7 @@ def test_counted_failures_and_serves_feed_their_rates_and_counters():
     serve(rec, 1.0, [0.01, 0.02])
     rec.cancelled(1.0)
     rec.refused(1.0)
+    rec.timed_out(1.0)
     assert rec.counters() == {
         "arrived": 0,
         "served": 2,
@@ -136,6 +137,7 @@ def test_counted_failures_and_serves_feed_their_rates_and_counters():
         "failed": 3,
         "cancelled": 1,
         "refused": 1,
+        "timeout": 1,
     }
     rates = rec.rates(2.0)
     assert rates["failed"] == pytest.approx(3.0)

@@ -1,0 +1,84 @@
+"""A model call that never returns: every caller still hears, exactly once, and stop() says why."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import numpy as np
+import pytest
+
+import labserve
+
+WAIT = 5.0
+
+
+class Hangs(labserve.Runnable):
+    """Hangs on the first batch until the test opens the gate; doubles afterwards."""
+
+    def __init__(self):
+        self.started = threading.Event()
+        self.gate = threading.Event()
+        self.calls = 0
+
+    @labserve.method(batchable=True, max_batch_size=4, max_latency_ms=1, strategy="greedy")
+    def predict(self, x):
+        self.calls += 1
+        if self.calls == 1:
+            self.started.set()
+            self.gate.wait(30)
+        return x * 2
+
+
+@pytest.fixture
+def bg():
+    loop = labserve.BackgroundLoop(name="hung-loop")
+    yield loop
+    loop.stop(timeout=2)
+
+
+def call(pool, runner, value):
+    return pool.submit(runner.predict.run, np.full((1, 2), float(value)))
+
+
+def test_a_hung_model_times_its_callers_out_and_refuses_new_ones_until_it_returns(bg):
+    model = Hangs()
+    runner = labserve.Runner(model, loop=bg, request_timeout_ms=200, on_overload="wait")
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        first = call(pool, runner, 1)
+        assert model.started.wait(WAIT)
+        queued = call(pool, runner, 2)  # waits behind the hung batch
+        with pytest.raises(labserve.RequestTimeoutError, match="request_timeout_ms=200"):
+            first.result(WAIT)
+        with pytest.raises(labserve.RequestTimeoutError):
+            queued.result(WAIT)
+        snap = runner.stats("predict")
+        assert snap.stuck_batches == 1 and not snap.ready and snap.timeout == 2
+        with pytest.raises(labserve.ModelStuckError):
+            runner.predict.run(np.ones((1, 2)))  # refused at once, not queued behind it
+        model.gate.set()
+        # The slot frees when the call returns; the method serves again.
+        for _ in range(50):
+            if runner.stats("predict").ready:
+                break
+            model.started.wait(0.05)
+        np.testing.assert_array_equal(call(pool, runner, 3).result(WAIT), np.full((1, 2), 6.0))
+        snap = runner.stats("predict")
+        assert snap.pending == 0 and snap.timeout == 2 and snap.served == 1
+    runner.stop()
+
+
+def test_stop_with_a_hung_model_answers_everyone_then_names_the_stuck_method(bg):
+    model = Hangs()
+    runner = labserve.Runner(model, name="slow", loop=bg, request_timeout_ms=0, on_overload="wait")
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        running = call(pool, runner, 1)
+        assert model.started.wait(WAIT)
+        queued = [call(pool, runner, v) for v in (2, 3)]
+        with pytest.raises(labserve.StopTimeoutError, match=r"slow\.predict") as info:
+            runner.stop(timeout=0.3)
+        assert isinstance(info.value, TimeoutError)
+        for future in (running, *queued):
+            with pytest.raises(labserve.RunnerStoppedError):
+                future.result(WAIT)
+        model.gate.set()
