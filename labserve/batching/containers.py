@@ -132,12 +132,21 @@ def _slice(value: Any, start: int, stop: int, axis: int) -> Any:
     return {k: _slice(v, start, stop, axis) for k, v in value.items()}
 
 
+# A batch output at least this large is copied out part by part: a caller keeping its small
+# result must not pin the whole batch's array (a view would). Below it, views are cheaper.
+_OWN_BYTES = 1 << 16
+
+
 def _split(value: Any, offsets: list[int], axis: int) -> list[Any]:
     if isinstance(value, np.ndarray):
         bounds = [0, *offsets, value.shape[axis]]
         if axis == 0:
-            return [value[a:b] for a, b in itertools.pairwise(bounds)]
-        return [_slice(value, a, b, axis) for a, b in itertools.pairwise(bounds)]
+            parts = [value[a:b] for a, b in itertools.pairwise(bounds)]
+        else:
+            parts = [_slice(value, a, b, axis) for a, b in itertools.pairwise(bounds)]
+        if value.nbytes >= _OWN_BYTES:
+            return [p.copy() for p in parts]
+        return parts
     if isinstance(value, list):
         bounds = [0, *offsets, len(value)]
         return [value[a:b] for a, b in itertools.pairwise(bounds)]

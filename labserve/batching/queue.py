@@ -157,12 +157,12 @@ class BatchQueue:
         if self._queued_requests >= cfg.max_queue_size:
             self.recorder.refused(now)
             request.state = DONE
-            raise QueueFullError(self._label, cfg.max_queue_size, cfg.retry_after_s)
+            raise QueueFullError(self.label, cfg.max_queue_size, cfg.retry_after_s)
         if self._stuck and len(self._stuck) >= cfg.max_concurrent_batches:
             self.recorder.refused(now)
             request.state = DONE
             oldest = min(b.start_s for b in self._running.values() if b.id in self._stuck)
-            raise ModelStuckError(self._label, len(self._stuck), now - oldest)
+            raise ModelStuckError(self.label, len(self._stuck), now - oldest)
         if self._timeout_check_s == math.inf and cfg.request_timeout_s:
             self._timeout_check_s = now + cfg.request_timeout_s
         request.id = self._next_request
@@ -339,7 +339,7 @@ class BatchQueue:
                 err = copy.copy(exc)
                 err.__cause__ = exc.__cause__
             else:
-                err = ModelError(self._label, exc, n_requests)
+                err = ModelError(self.label, exc, n_requests)
                 err.__cause__ = exc
             done.append((r, None, err))
         self.recorder.failed(now, len(done))
@@ -375,7 +375,8 @@ class BatchQueue:
     # -- internals --------------------------------------------------------------------
 
     @property
-    def _label(self) -> str:
+    def label(self) -> str:
+        """``runner.method``, as errors and warnings name it."""
         return f"{self.runner}.{self.name}" if self.runner else self.name
 
     def _oldest_group(self, skip: list[_Group]) -> _Group | None:
@@ -507,7 +508,7 @@ class BatchQueue:
                     break
                 self._settle(r)
                 self.recorder.rejected(now)
-                err = OverloadError(self._label, now - r.arrival_s, max_wait, cfg.retry_after_s)
+                err = OverloadError(self.label, now - r.arrival_s, max_wait, cfg.retry_after_s)
                 step.rejected.append((r, None, err))
         return waiting
 
@@ -548,7 +549,7 @@ class BatchQueue:
         self._settle(r)
         self.recorder.timed_out(now)
         step.timed_out.append(
-            (r, None, RequestTimeoutError(self._label, now - r.arrival_s, timeout))
+            (r, None, RequestTimeoutError(self.label, now - r.arrival_s, timeout))
         )
 
     def snapshot(self, now: float) -> Snapshot:

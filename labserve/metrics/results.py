@@ -10,7 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from labserve.base.vocabulary import FAILED, OUTCOMES, REASONS, REFUSED, REJECTED, SERVED
+from labserve.base.vocabulary import (
+    CANCELLED,
+    FAILED,
+    OUTCOMES,
+    REASONS,
+    REFUSED,
+    REJECTED,
+    SERVED,
+    TIMEOUT,
+)
 
 __all__ = ["RunResult"]
 _QS = (50.0, 95.0, 99.0, 99.9)
@@ -58,7 +67,12 @@ class RunResult:
         return np.asarray((self.start_s - self.arrival_s)[self.served])
 
     def summary(self) -> dict[str, Any]:
-        """Rates, outcome shares, latency and queue-wait percentiles, batch sizes, reasons."""
+        """Rates, outcome shares, latency and queue-wait percentiles, batch sizes, reasons.
+
+        ``rejected_pct`` counts rejected and refused requests, ``failed_pct`` failed ones,
+        ``timeout_pct`` those past their request timeout; ``cancelled_pct``,
+        ``connect_error_pct`` and ``reset_pct`` appear only when some request ended so.
+        """
         n = len(self.arrival_s)
         span = self.duration_s if self.duration_s > 0 else math.nan
         served = int(self.served.sum())
@@ -70,7 +84,13 @@ class RunResult:
             "goodput_items_ps": float(self.items[self.served].sum()) / span,
             "rejected_pct": 100.0 * float(counts[REJECTED] + counts[REFUSED]) / n if n else 0.0,
             "failed_pct": 100.0 * float(counts[FAILED]) / n if n else 0.0,
+            "timeout_pct": 100.0 * float(counts[TIMEOUT]) / n if n else 0.0,
         }
+        # The rarer endings are shown only when they happened (cancellations, and a
+        # client's connect errors and resets over HTTP).
+        for code in (CANCELLED, *range(TIMEOUT + 1, len(OUTCOMES))):
+            if counts[code]:
+                out[f"{OUTCOMES[code]}_pct"] = 100.0 * float(counts[code]) / n
         for name, values in (("latency", self.latency_s), ("queue_wait", self.queue_wait_s)):
             pcts = np.percentile(values, _QS) * 1000.0 if len(values) else [math.nan] * 4
             for q, v in zip(("p50", "p95", "p99", "p99_9"), pcts, strict=True):

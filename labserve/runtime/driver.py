@@ -30,6 +30,7 @@ from labserve.batching.requests import Batch, Outcome, Request, Step
 from labserve.config.batching import BatchingConfig
 from labserve.metrics.snapshot import BatchRecord, Snapshot
 from labserve.runtime.loop import BackgroundLoop
+from labserve.runtime.stall import StallWatch
 
 __all__ = ["MethodDriver"]
 
@@ -83,6 +84,7 @@ class MethodDriver:
         self._inbox_scheduled = False
         self._pump_scheduled = False
         self._delivering = 0  # batches released whose results are still being delivered
+        self._stall = StallWatch(queue.label)  # async models: warn once if one blocks the loop
         # Captured once: a late worker must not restart a loop that was stopped.
         self._loop = bg.loop
         self._executor = bg.executor
@@ -405,7 +407,8 @@ class MethodDriver:
     async def _attempt_async(self, batch: Batch, outcomes: list[Outcome]) -> bool:
         """Run ``batch`` (bisecting on error if asked); True if it ran cleanly whole."""
         try:
-            parts = self._split(batch, await self._fn(*batch.stack(self.queue.codec)))
+            call = self._fn(*batch.stack(self.queue.codec))
+            parts = self._split(batch, await self._stall.timed(call))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # SystemExit too: it must not end labserve's loop

@@ -33,6 +33,7 @@ def _slos() -> dict[str, _Slo]:
     table += [
         _Slo("rejected_pct", "rejected_pct", True),
         _Slo("failed_pct", "failed_pct", True),
+        _Slo("timeout_pct", "timeout_pct", True),
         _Slo("max_batch", "max_batch", True),
         _Slo("mean_batch", "mean_batch", False),
         _Slo("served_rps", "served_rps", False),

@@ -235,3 +235,13 @@ def test_codec_refuses_a_malformed_batch_dim(batch_dim):
 def test_codec_refuses_a_negative_batch_dim():
     with pytest.raises(ValueError, match="batch_dim"):
         Codec("m", batch_dim=(0, -1))
+
+
+def test_parts_of_a_large_batch_own_their_memory_and_small_ones_may_share_it():
+    codec = Codec("m")
+    big = np.arange(16 * 4096, dtype=np.float64).reshape(16, 4096)  # 512 KiB
+    parts = codec.split(big, [1] * 16)
+    assert all(p.base is None and p.flags.owndata for p in parts)
+    np.testing.assert_array_equal(np.concatenate(parts), big)
+    small = np.arange(16 * 4, dtype=np.float64).reshape(16, 4)
+    np.testing.assert_array_equal(np.concatenate(codec.split(small, [8, 8])), small)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 
@@ -82,3 +83,37 @@ def test_stop_with_a_hung_model_answers_everyone_then_names_the_stuck_method(bg)
             with pytest.raises(labserve.RunnerStoppedError):
                 future.result(WAIT)
         model.gate.set()
+
+
+class BlocksTheLoop(labserve.Runnable):
+    @labserve.method(batchable=True, max_batch_size=4, max_latency_ms=1, strategy="greedy")
+    async def predict(self, x):
+        threading.Event().wait(0.25)  # a blocking call inside async def: the loop stalls
+        return x * 2
+
+
+def test_an_async_model_that_blocks_the_loop_is_named_once(bg, caplog):
+    runner = labserve.Runner(BlocksTheLoop, name="blocky", loop=bg)
+    with caplog.at_level("WARNING", logger="labserve.runtime"):
+        for _ in range(2):
+            np.testing.assert_array_equal(runner.predict.run(np.ones((1, 2))), np.full((1, 2), 2))
+    warnings = [r for r in caplog.records if r.name == "labserve.runtime"]
+    assert len(warnings) == 1
+    assert "blocky.predict" in warnings[0].getMessage()
+    assert "blocked labserve's event loop" in warnings[0].getMessage()
+    runner.stop()
+
+
+class Awaits(labserve.Runnable):
+    @labserve.method(batchable=True, max_batch_size=4, max_latency_ms=1, strategy="greedy")
+    async def predict(self, x):
+        await asyncio.sleep(0.25)  # waits without blocking: no warning
+        return x * 2
+
+
+def test_an_async_model_that_awaits_is_not_reported(bg, caplog):
+    runner = labserve.Runner(Awaits, loop=bg)
+    with caplog.at_level("WARNING", logger="labserve.runtime"):
+        runner.predict.run(np.ones((1, 2)))
+    assert [r for r in caplog.records if r.name == "labserve.runtime"] == []
+    runner.stop()

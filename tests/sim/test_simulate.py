@@ -5,6 +5,7 @@ import pytest
 
 from labserve.base.vocabulary import OUTCOMES, REASONS
 from labserve.sim import LinearCost, simulate
+from labserve.testing import assert_slo
 
 MS = 1e-3
 
@@ -197,3 +198,22 @@ def test_handoff_delays_each_answer_and_leaves_batching_alone():
     np.testing.assert_allclose(handed.latency_s - plain.latency_s, 1.5 * MS)
     with pytest.raises(ValueError, match="handoff_ms must be a finite number >= 0"):
         simulate(times, handoff_ms=-1.0)
+
+
+def test_a_simulated_overload_with_a_request_timeout_ends_some_requests_in_timeouts():
+    times = np.arange(2000) * 0.0002  # 5000 req/s into a model that serves about 1,300
+    r = simulate(
+        times,
+        cost=(2.0, 1.0),
+        strategy="greedy",
+        max_batch_size=4,
+        on_overload="wait",
+        request_timeout_ms=50,
+    )
+    s = r.summary()
+    timed_out = int((r.outcome == OUTCOMES.index("timeout")).sum())
+    assert timed_out > 0 and s["timeout_pct"] == pytest.approx(100.0 * timed_out / len(times))
+    assert simulate(times[:10], cost=(2.0, 1.0)).summary()["timeout_pct"] == 0.0
+    with pytest.raises(AssertionError, match="timeout_pct: asked <= 0"):
+        assert_slo(r, timeout_pct=0)
+    assert_slo(r, timeout_pct=100)
