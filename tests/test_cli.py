@@ -7,7 +7,13 @@ from labserve.lab.sweep import format_table, sweep
 
 
 def test_sweep_rows_follow_the_grid_and_larger_caps_batch_more():
-    rows = sweep(rates=[4000], max_batch_size=[8, 64], max_latency_ms=[20], duration_s=1)
+    rows = sweep(
+        rates=[4000],
+        max_batch_size=[8, 64],
+        max_latency_ms=[20],
+        on_overload="reject",
+        duration_s=1,
+    )
     assert [(r["max_batch_size"], r["rate"]) for r in rows] == [(8, 4000), (64, 4000)]
     # At 4000 req/s a 2 ms + 0.1 ms x items model cannot keep up with batches of 8.
     assert rows[0]["rejected_pct"] > 0 == rows[1]["rejected_pct"]

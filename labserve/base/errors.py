@@ -78,22 +78,30 @@ class QueueFullError(LabServeError):
 
 
 class OverloadError(LabServeError):
-    """Raised when a queued request could not start within ``max_latency_ms``.
+    """Raised when a request cannot start within ``max_latency_ms`` for want of a batch slot.
 
-    Only with ``on_overload="reject"`` (the default); with ``"wait"`` the request stays queued.
+    Only with ``on_overload="reject"`` (BentoML's rule; the default, ``"wait"``, keeps it
+    queued). Raised at admission when the cost model predicts it (``predicted_wait_s`` is
+    then the predicted wait, ``waited_s`` 0), else when its deadline passes in the queue.
     """
 
     status = 503
 
     def __init__(
-        self, method: str, waited_s: float, max_latency_s: float, retry_after_s: float
+        self,
+        method: str,
+        waited_s: float,
+        max_latency_s: float,
+        retry_after_s: float,
+        predicted_wait_s: float | None = None,
     ) -> None:
         # Built in bulk under overload, on the batching path: the message is made when read.
-        super().__init__(method, waited_s, max_latency_s, retry_after_s)
+        super().__init__(method, waited_s, max_latency_s, retry_after_s, predicted_wait_s)
         self.method = method
         self.waited_s = waited_s
         self.max_latency_s = max_latency_s
         self.retry_after_s = retry_after_s
+        self.predicted_wait_s = predicted_wait_s
 
     @property
     def waited_ms(self) -> float:
@@ -106,10 +114,16 @@ class OverloadError(LabServeError):
         return self.max_latency_s * 1000.0
 
     def __str__(self) -> str:
+        if self.predicted_wait_s is not None:
+            said = (
+                f"the request would wait about {self.predicted_wait_s * 1000.0:.1f} ms for a "
+                "free batch slot, refused at once"
+            )
+        else:
+            said = f"the request waited {self.waited_ms:.1f} ms without a free batch slot"
         return (
-            f"{self.method}: overloaded, the request waited {self.waited_ms:.1f} ms without a "
-            f"free batch slot (max_latency_ms={self.max_latency_ms:g}); retry later or set "
-            'on_overload="wait"'
+            f"{self.method}: overloaded, {said} (max_latency_ms={self.max_latency_ms:g}); "
+            f'retry in {self.retry_after_s:.3g} s or set on_overload="wait"'
         )
 
 

@@ -7,8 +7,16 @@ shown; the queue forms the batch and keeps the hold state.
 
 Reasons: ``full`` (the cap was reached), ``timeout`` (the oldest request waited
 ``max_latency_ms``), ``adaptive`` (the adaptive strategy held the batch open and its
-model says holding longer no longer pays), ``idle`` (a slot was free and holding would
-not pay: fire what is queued), ``drain`` (the runner is stopping).
+model says holding longer no longer pays, or would miss the latency target), ``idle`` (a
+slot was free and holding would not pay: fire what is queued), ``drain`` (the runner is
+stopping).
+
+``adaptive`` has two modes. With a latency target (``latency_slo_ms``) it plans for it:
+it holds the batch open, to make it larger and the model time per request smaller, until
+the oldest request's predicted latency (its wait so far, the rest of the hold, and the
+fitted time of the batch it will then be) reaches the target, and fires at once when it
+already would not hold. Without a target it fires like ``greedy`` except at the start of a
+burst, when its cost model says a short hold saves more latency than it costs.
 """
 
 from __future__ import annotations
@@ -72,10 +80,13 @@ def decide(
     config: BatchingConfig,
     fit: CostFit,
     rates: tuple[float, float],
+    budget_s: float = 0.0,
 ) -> Decision:
     """Decide for one group while a batch slot is free.
 
-    ``rates`` is (requests/s, items/s) arriving. Never holds a request past
+    ``rates`` is (requests/s, items/s) arriving. ``budget_s`` is the latency the adaptive
+    strategy plans a request's latency to (its target, less what the queue learned it
+    must keep in hand); 0 when there is no target. Never holds a request past
     ``max_latency_ms``: ``fixed`` and ``adaptive`` fire by then with reason ``timeout``.
     """
     strategy = config.effective_strategy
@@ -88,8 +99,43 @@ def decide(
         return _TIMEOUT
     if strategy == "fixed":
         return Hold(deadline, config.max_batch_size)
+    if budget_s > 0.0:
+        cap = config.max_batch_size
+        return _toward_target(view, now, deadline, fit, rates[1], budget_s, cap)
     last_slot = view.in_flight + 1 >= config.max_concurrent_batches
     return _adaptive(view, now, deadline, fit, rates, last_slot)
+
+
+def _toward_target(
+    view: HeadView,
+    now: float,
+    deadline: float,
+    fit: CostFit,
+    item_rate: float,
+    budget_s: float,
+    cap: int,
+) -> Decision:
+    """Hold while the oldest request's predicted latency stays within ``budget_s``.
+
+    Firing at time t, the oldest request (arrived t0) takes (t - t0) + a + b*n(t), with
+    n(t) = n + r_i*(t - now) items expected by then: it grows at 1 + b*r_i per second of
+    hold. The latest t within the budget ends the hold; arrivals beyond what was expected
+    shorten it (the decision is asked again once more items than planned have come).
+    """
+    holding = view.hold_start_s is not None
+    if not fit.ready or item_rate <= 0.0:
+        return _ADAPTIVE if holding else _IDLE
+    slack = budget_s - (now - view.oldest_arrival_s) - fit.predict_s(view.items)
+    if slack <= 0.0:
+        return _ADAPTIVE if holding else _IDLE
+    hold_s = slack / (1.0 + max(fit.b_s, 0.0) * item_rate)
+    until = min(now + hold_s, deadline)
+    if view.hold_until_s is not None:
+        until = min(until, view.hold_until_s)
+    if until - now < _MIN_HOLD_S:
+        return _ADAPTIVE if holding else _IDLE
+    expected = view.items + int(item_rate * (until - now))
+    return Hold(until, min(expected + 1, cap))
 
 
 def _adaptive(

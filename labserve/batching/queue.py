@@ -33,7 +33,7 @@ from labserve.base.vocabulary import Reason
 from labserve.batching.containers import Codec
 from labserve.batching.estimators import CostFit, CostModel, RateEstimator
 from labserve.batching.policy import Decision, Fire, HeadView, decide
-from labserve.batching.requests import DONE, Batch, Outcome, Request, Step
+from labserve.batching.requests import DONE, QUEUED, Batch, Outcome, Request, Step
 from labserve.config.batching import BatchingConfig
 from labserve.metrics.recorder import Recorder
 from labserve.metrics.snapshot import BatchRecord, CostFitView, Snapshot
@@ -41,6 +41,11 @@ from labserve.metrics.snapshot import BatchRecord, CostFitView, Snapshot
 __all__ = ["BatchQueue", "BulkQueue"]
 
 _NO_FIT = CostFit(0.0, 0.0, 0)
+# The latency target's margin: each batch whose oldest request missed the target lowers
+# the planning budget by this fraction of the target (a hit raises it by a small share of
+# that), never below _MIN_BUDGET of the target.
+_STEP = 0.05
+_MIN_BUDGET = 0.2
 _NO_RATES = (0.0, 0.0)
 
 
@@ -91,6 +96,8 @@ class BatchQueue:
         self.codec = codec
         self._config = config
         self._pending_config: BatchingConfig | None = None
+        self._target_s = -1.0  # the latency target planned for (0: none)
+        self._budget_s = 0.0  # what a request's latency is planned to: the target, less a margin
         self._use(config)
         self.recorder = recorder if recorder is not None else Recorder()
         self.cost_model = cost_model if cost_model is not None else CostModel()
@@ -129,6 +136,14 @@ class BatchQueue:
         self._config = config
         self._adaptive = config.effective_strategy == "adaptive"
         self._one_request = config.effective_strategy == "off"
+        target = config.latency_slo_s if self._adaptive else 0.0
+        if target != self._target_s:
+            self._target_s = target
+            self._budget_s = target  # a new target: plan to it, and learn the margin again
+        # A miss (the oldest request of an answered batch over the target) moves the budget
+        # down by _STEP of the target; a hit moves it up so that, in balance, misses are
+        # half as frequent as the percentile allows.
+        self._miss_allowed = (100.0 - config.slo_percentile) / 200.0
 
     def configure(self, config: BatchingConfig) -> None:
         """Swap in ``config`` at the next batch boundary (the next :meth:`poll`)."""
@@ -165,6 +180,8 @@ class BatchQueue:
             raise ModelStuckError(self.label, len(self._stuck), now - oldest)
         if self._timeout_check_s == math.inf and cfg.request_timeout_s:
             self._timeout_check_s = now + cfg.request_timeout_s
+        if self._in_flight >= cfg.max_concurrent_batches and cfg.on_overload == "reject":
+            self._refuse_if_late(request, now)
         request.id = self._next_request
         self._next_request += 1
         request.arrival_s = now
@@ -182,6 +199,42 @@ class BatchQueue:
         self._new_items += request.items
         self._new_at = now
         return request
+
+    def _adaptive_admission(self) -> bool:
+        """True when admission predicts overload (reject mode, every slot busy, a fit)."""
+        cfg = self._config
+        return (
+            cfg.on_overload == "reject"
+            and self._in_flight >= cfg.max_concurrent_batches
+            and self.cost_model.fit.ready
+        )
+
+    def _refuse_if_late(self, request: Request, now: float) -> None:
+        """Refuse at once a request the cost model predicts cannot start in time (reject mode).
+
+        Every slot is busy: it starts when the first running batch is due to end, plus one
+        full batch's time (per slot) for each full batch of items queued ahead of it.
+        "In time" is within ``max_latency_ms`` and, with a latency target, early enough to
+        meet it. A wrong prediction errs both ways; the deadline check stays the backstop.
+        """
+        fit = self.cost_model.fit
+        if not fit.ready:
+            return
+        cfg = self._config
+        cap, slots = cfg.max_batch_size, cfg.max_concurrent_batches
+        full_s = fit.predict_s(cap) / slots
+        free_at = min(b.due_s for b in self._running.values())
+        queued = self._queued_items
+        wait = max(free_at - now, 0.0) + (queued // cap) * full_s
+        limit = cfg.max_latency_s
+        if self._target_s > 0.0:
+            limit = min(limit, self._target_s - fit.predict_s(min(cap, queued % cap + 1)))
+        if wait <= limit:
+            return
+        self.recorder.refused(now)
+        request.state = DONE
+        drain = max(free_at - now, 0.0) + (queued / cap) * full_s
+        raise OverloadError(self.label, 0.0, limit, max(drain, 0.001), predicted_wait_s=wait)
 
     def _count_arrivals(self) -> None:
         if self._new_requests:
@@ -268,7 +321,7 @@ class BatchQueue:
                         self._in_flight,
                     )
                     rates = self.rate.rates(now) if adaptive else _NO_RATES
-                    decision = decide(view, now, cfg, fit, rates)
+                    decision = decide(view, now, cfg, fit, rates, self._budget_s)
                 if isinstance(decision, Fire):
                     step.fire.append(self._form(group, decision.reason, now))
                     continue
@@ -288,6 +341,8 @@ class BatchQueue:
         # earliest deadline (when no queued request is still waiting to start).
         if self._config.on_overload != "reject":
             step.quiet_items = None
+        elif self._adaptive_admission():
+            step.quiet_items = 0  # each arrival is judged at admission: admit them one by one
         elif self._queued_requests and self._expire(now, step):
             step.quiet_items = None
         elif not self._closed:
@@ -344,6 +399,20 @@ class BatchQueue:
             done.append((r, None, err))
         self.recorder.failed(now, len(done))
         return done
+
+    def answered(self, batch: Batch, now: float) -> None:
+        """A batch's callers were handed their results at ``now`` (after the hand-off).
+
+        With a latency target, the latency of its oldest request (the longest in the
+        batch) tunes the margin the adaptive strategy keeps: it learns there what it cannot
+        predict (hand-off, cost jitter, arrivals beyond the expected). Cheap: once a batch.
+        """
+        target = self._target_s
+        if target <= 0.0 or not batch.parts:
+            return
+        missed = now - batch.parts[0][0].arrival_s > target
+        step = _STEP * target * (self._miss_allowed - missed)
+        self._budget_s = min(max(self._budget_s + step, _MIN_BUDGET * target), target)
 
     def release(self, batch: Batch, now: float, *, ok: bool) -> None:
         """The batch's slot is free again; record it (and its duration if it ran cleanly).
@@ -451,6 +520,8 @@ class BatchQueue:
         self._in_flight += 1
         self._next_batch += 1
         batch = self._running[self._next_batch] = Batch(self._next_batch, reason, now, parts, total)
+        if self._config.on_overload == "reject":  # admission predicts with it
+            batch.due_s = now + self.cost_model.fit.predict_s(total)
         return batch
 
     def _settle(self, r: Request) -> None:
@@ -590,8 +661,10 @@ class BulkQueue(BatchQueue):
         without a poll. The rest were refused (QueueFullError or RunnerStoppedError) and
         get no other outcome. Admitting no more than the last poll's
         :attr:`Step.quiet_items` allow leaves every batching decision as it would be with
-        a poll after each arrival. The rate estimate keeps ``times`` until it is next
-        read: do not change the sequence afterwards.
+        a poll after each arrival (with ``on_overload="reject"`` and every slot busy that
+        is one at a time: each arrival is then judged at admission, as :meth:`admit`
+        does). The rate estimate keeps ``times`` until it is next read: do not change the
+        sequence afterwards.
         """
         n = len(times)
         cfg = self._config
@@ -606,6 +679,12 @@ class BulkQueue(BatchQueue):
             times, handles = times[:k], handles[:k]
         if self._timeout_check_s == math.inf and cfg.request_timeout_s:
             self._timeout_check_s = times[0] + cfg.request_timeout_s
+        if k == 1 and self._adaptive_admission():
+            try:
+                self._refuse_if_late(request, times[0])
+            except OverloadError:
+                request.state = QUEUED  # the prototype is copied again for the next arrival
+                return 0
         args, items, key = request.args, request.items, request.key
         rid = self._next_request
         self._next_request = rid + k

@@ -73,6 +73,8 @@ class Batch:
     start_s: float
     parts: list[tuple[Request, int, int]]
     items: int
+    due_s: float = 0.0
+    """When the cost model expects it to end (set only when admission predicts overload)."""
 
     def stack(self, codec: Codec) -> tuple[Any, ...]:
         """The model's input: the parts stacked along the batch axis (pure; any thread)."""

@@ -66,6 +66,15 @@ def validate_field(key: str, value: Any, *, source: str | None = None, path: str
         return _bool(name, value, source)
     if key == "request_timeout_ms":
         return _number_at_least(name, value, 0.0, source)
+    if key == "latency_slo_ms":
+        return _number_at_least(name, value, 0.0, source)
+    if key == "slo_percentile":
+        number = _number_at_least(name, value, 0.0, source)
+        if not 0.0 < number < 100.0:
+            raise ConfigError(
+                name, value, "a percentile between 0 and 100 (exclusive)", source=source
+            )
+        return number
     allowed = ", ".join(f.name for f in dataclasses.fields(BatchingConfig))
     raise ConfigError(name, value, f"a known setting (one of: {allowed})", source=source)
 
@@ -86,14 +95,24 @@ class BatchingConfig:
     """Most items (along the batch axis, not requests) in one model call."""
     max_latency_ms: float = 10.0
     """Longest a request may wait in the queue before its batch fires, in milliseconds."""
-    on_overload: OverloadAction = "reject"
-    """What happens to a request still queued at its deadline with no free batch slot."""
+    on_overload: OverloadAction = "wait"
+    """What happens to a request that cannot start within ``max_latency_ms`` for want of a
+    free batch slot: ``"wait"`` (Ray Serve, Triton, TorchServe) keeps it queued until a
+    slot frees; ``"reject"`` (BentoML) refuses it with OverloadError (HTTP 503), at
+    admission when the cost model predicts it, else at its deadline."""
     max_queue_size: int = 10_000
     """Most requests waiting; the next one is refused at admission."""
     max_concurrent_batches: int = 1
     """Most batches running the model at once."""
     isolate_errors: bool = False
     """On a model exception, bisect the batch so that only the poisoned request fails."""
+    latency_slo_ms: float = 0.0
+    """A latency target for a request's whole latency (queue plus model), in milliseconds,
+    at the ``slo_percentile``-th percentile; 0: none. A goal, not a limit: with a target
+    the ``adaptive`` strategy holds batches open to make them larger (less model time
+    per request) while its live cost model predicts the target still holds."""
+    slo_percentile: float = 99.0
+    """The percentile of latency that ``latency_slo_ms`` is about (50 < p < 100 usually)."""
     request_timeout_ms: float = 60_000.0
     """Longest a request may take from admission to its answer, queue plus model, in
     milliseconds (0: no limit). A limit, unlike ``max_latency_ms`` (the queue wait before a
@@ -113,6 +132,11 @@ class BatchingConfig:
     def request_timeout_s(self) -> float:
         """``request_timeout_ms`` in seconds (0: no limit)."""
         return self.request_timeout_ms / 1000.0
+
+    @cached_property
+    def latency_slo_s(self) -> float:
+        """``latency_slo_ms`` in seconds (0: no target)."""
+        return self.latency_slo_ms / 1000.0
 
     @cached_property
     def retry_after_s(self) -> float:
@@ -178,6 +202,8 @@ class BatchingLayer:
     max_queue_size: int | None = None
     max_concurrent_batches: int | None = None
     isolate_errors: bool | None = None
+    latency_slo_ms: float | None = None
+    slo_percentile: float | None = None
     request_timeout_ms: float | None = None
     path: str = dataclasses.field(default="", repr=False, compare=False)
     source: str | None = dataclasses.field(default=None, repr=False, compare=False)

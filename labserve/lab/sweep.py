@@ -1,4 +1,4 @@
-"""Sweeps: one table over strategy x max_batch_size x max_latency_ms x rate, simulated or real."""
+"""Sweeps: one table over strategy x caps x latency target x rate, simulated or real."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ def sweep(
     strategies: Sequence[str] = ("adaptive",),
     max_batch_size: Sequence[int] = (32,),
     max_latency_ms: Sequence[float] = (10.0,),
+    latency_slo_ms: Sequence[float] = (0.0,),
+    on_overload: str = "wait",
     duration_s: float = 10.0,
     cost: CostLike = (2.0, 0.1),
     method: RunnerMethod | None = None,
@@ -44,7 +46,8 @@ def sweep(
     Simulated on Poisson arrivals with ``cost`` unless ``method`` (a runner method) and
     ``example`` are given: then each point is a real open-loop run after
     ``configure()`` (the method's config is restored afterwards). ``progress(done, total)``
-    is called after each point.
+    is called after each point. ``latency_slo_ms`` sweeps the latency target (0: none);
+    ``on_overload`` applies to every point.
 
     >>> rows = sweep(rates=[1000], max_batch_size=[8, 64], duration_s=1)
     >>> [r["max_batch_size"] for r in rows]
@@ -52,15 +55,19 @@ def sweep(
     """
     if method is not None and example is None:
         raise TypeError("a real sweep needs example= (one request to send)")
-    grid = list(itertools.product(strategies, max_batch_size, max_latency_ms, rates))
+    grid = list(
+        itertools.product(strategies, max_batch_size, max_latency_ms, latency_slo_ms, rates)
+    )
     rows: list[dict[str, Any]] = []
     before = method.config if method is not None else None
     try:
-        for done, (strategy, cap, wait_ms, rate) in enumerate(grid, start=1):
+        for done, (strategy, cap, wait_ms, slo_ms, rate) in enumerate(grid, start=1):
             settings: dict[str, Any] = {
                 "strategy": strategy,
                 "max_batch_size": cap,
                 "max_latency_ms": wait_ms,
+                "latency_slo_ms": slo_ms,
+                "on_overload": on_overload,
             }
             arrivals = PoissonArrivals(rate)
             if method is None:

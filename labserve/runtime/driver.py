@@ -247,12 +247,17 @@ class MethodDriver:
             return False
         return True
 
-    def _answer_on_loop(self, outcomes: list[Outcome], delivered: bool = False) -> None:
+    def _answer_on_loop(
+        self, outcomes: list[Outcome], delivered: bool = False, batch: Batch | None = None
+    ) -> None:
         for r, value, error in outcomes:
             _settle(r.handle, value, error)  # no-op for those a worker already answered
-        if delivered:
+        if delivered or batch is not None:
             with self._lock:
-                self._delivering -= 1
+                if delivered:
+                    self._delivering -= 1
+                if batch is not None:  # its callers have their answers: the latency is known
+                    self.queue.answered(batch, self._clock.now())
         self._pump()  # fresh decision and timer from the current state
 
     # -- worker threads (synchronous models) ---------------------------------------------
@@ -315,7 +320,8 @@ class MethodDriver:
         finally:
             # The loop answers the rest and counts the delivery done (so that stop() waits
             # for it); if the loop is gone, nobody is left to answer on it.
-            if not self._call_loop(self._answer_on_loop, [*(outcomes or ()), *rejected], True):
+            answered = [*(outcomes or ()), *rejected]
+            if not self._call_loop(self._answer_on_loop, answered, True, batch):
                 with self._lock:
                     self._delivering -= 1
 
@@ -402,7 +408,7 @@ class MethodDriver:
         finally:
             with self._lock:
                 self.queue.release(batch, self._clock.now(), ok=ok)
-            self._answer_on_loop(outcomes)
+            self._answer_on_loop(outcomes, False, batch)
 
     async def _attempt_async(self, batch: Batch, outcomes: list[Outcome]) -> bool:
         """Run ``batch`` (bisecting on error if asked); True if it ran cleanly whole."""

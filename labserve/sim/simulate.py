@@ -198,6 +198,7 @@ class _Run:
             rate=RateEstimator(fold_every=None) if unread else None,
         )
         self.clock = SimClock()
+        self.targeted = config.latency_slo_ms > 0 and config.effective_strategy == "adaptive"
         self.start = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
         self.outcome = np.full(n, -1, dtype=np.int8)
@@ -344,6 +345,8 @@ class _Run:
             outputs = [[None] * (b - a) for _, a, b in parts]
         done = self.queue.complete(batch, outputs, now)
         self.queue.release(batch, now, ok=True)
+        if self.targeted:
+            self.queue.answered(batch, now + self.handoff_s)
         if not done:
             return
         first, last = done[0][0].handle, done[-1][0].handle

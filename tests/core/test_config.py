@@ -13,7 +13,7 @@ def test_defaults_are_valid_and_adaptive():
     assert cfg.strategy == "adaptive"
     assert cfg.effective_strategy == "adaptive"
     assert cfg.max_concurrent_batches == 1
-    assert cfg.on_overload == "reject"
+    assert cfg.on_overload == "wait"  # never shed by surprise; max_queue_size bounds it
 
 
 def test_validation_message_names_key_rule_and_value():

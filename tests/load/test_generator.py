@@ -48,7 +48,9 @@ def test_closed_loop_keeps_at_most_its_clients_in_flight(runner):
 
 
 def test_overload_outcomes_are_recorded_as_rejected():
-    slow = labserve.Runner(SleepModel(a_ms=5.0, b_ms=0.0), name="slow", max_latency_ms=1)
+    slow = labserve.Runner(
+        SleepModel(a_ms=5.0, b_ms=0.0), name="slow", max_latency_ms=1, on_overload="reject"
+    )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", LoadWarning)

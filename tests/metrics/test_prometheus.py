@@ -14,7 +14,9 @@ def traffic():
     q = BatchQueue(
         "predict",
         Codec("predict"),
-        BatchingConfig(strategy="greedy", max_batch_size=4, max_latency_ms=10),
+        BatchingConfig(
+            strategy="greedy", max_batch_size=4, max_latency_ms=10, on_overload="reject"
+        ),
         runner="scorer",
     )
     x = np.ones((1, 2))

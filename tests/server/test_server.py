@@ -108,7 +108,7 @@ def test_bad_input_gets_its_status_and_the_server_keeps_serving(
 
 
 def test_overload_is_503_with_retry_after():
-    runner = labserve.Runner(Slow, name="slow")
+    runner = labserve.Runner(Slow, name="slow", on_overload="reject")
     server = serve(runner)
     try:
         with concurrent.futures.ThreadPoolExecutor(8) as pool:

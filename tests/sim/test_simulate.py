@@ -45,7 +45,13 @@ def test_greedy_runs_each_request_alone_when_arrivals_are_far_apart():
 
 def test_every_request_gets_exactly_one_outcome_under_overload():
     cap, wait_ms = 16, 5
-    r = simulate(poisson(20000, 20000), cost=(2.0, 0.2), max_batch_size=cap, max_latency_ms=wait_ms)
+    r = simulate(
+        poisson(20000, 20000),
+        cost=(2.0, 0.2),
+        max_batch_size=cap,
+        max_latency_ms=wait_ms,
+        on_overload="reject",
+    )
     assert set(np.unique(r.outcome).tolist()) <= set(range(len(OUTCOMES)))
     s = r.summary()
     assert s["rejected_pct"] > 0
