@@ -6,6 +6,7 @@ answers with, so a caller in a notebook and a client over HTTP read the same wor
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = [
@@ -15,10 +16,15 @@ __all__ = [
     "InputError",
     "LabServeError",
     "LoopThreadError",
+    "MethodNotAllowedError",
     "ModelError",
+    "NotFoundError",
     "OverloadError",
+    "PayloadTooLargeError",
     "QueueFullError",
     "RunnerStoppedError",
+    "ServerError",
+    "UnauthorizedError",
 ]
 
 
@@ -34,7 +40,7 @@ class LabServeError(Exception):
 
     @property
     def kind(self) -> str:
-        """A short machine-readable name, e.g. ``"overload"``; the server's ``error`` field."""
+        """The class name, e.g. ``"OverloadError"``: the ``error`` field on the wire, always."""
         return type(self).__name__
 
 
@@ -172,3 +178,77 @@ class ConfigError(LabServeError, ValueError):
         self.value = value
         self.rule = rule
         self.source = source
+
+
+# Errors the HTTP server answers with on its own (no runner involved). Their class name is
+# the ``error`` field on the wire, as for every other error.
+
+
+class NotFoundError(LabServeError):
+    """Raised when a request names a route, runner, method or model the server does not serve.
+
+    The message lists what is served, so a typo is easy to see.
+    """
+
+    status = 404
+
+    def __init__(
+        self, what: str, name: str, *, served: Iterable[str] = (), within: str | None = None
+    ) -> None:
+        self.what = what
+        self.name = name
+        self.served = tuple(served)
+        self.within = within
+        where = f"{within} has " if within else ""
+        listed = f" (served: {', '.join(self.served) or 'none'})" if what != "route" else ""
+        super().__init__(f"{where}no {what} {name!r}{listed}")
+
+
+class UnauthorizedError(LabServeError):
+    """Raised when a route that needs the server's token is called without it, or a wrong one."""
+
+    status = 401
+
+    def __init__(self) -> None:
+        super().__init__("a valid token is required (header Authorization: Bearer <server.token>)")
+
+
+class MethodNotAllowedError(LabServeError):
+    """Raised when a route is called with an HTTP method it does not answer (GET on infer)."""
+
+    status = 405
+
+    def __init__(self, method: str, path: str) -> None:
+        super().__init__(f"Method Not Allowed: {method} {path}")
+        self.method = method
+        self.path = path
+
+
+class PayloadTooLargeError(LabServeError):
+    """Raised when a request body is over the server's ``max_body_bytes``.
+
+    ``size_bytes`` is the declared size when the client sent one, else None.
+    """
+
+    status = 413
+
+    def __init__(self, limit_bytes: int, size_bytes: int | None = None) -> None:
+        size = f"of {size_bytes} bytes " if size_bytes is not None else ""
+        super().__init__(
+            f"body {size}is over the {limit_bytes}-byte limit (the server's max_body_bytes)"
+        )
+        self.limit_bytes = limit_bytes
+        self.size_bytes = size_bytes
+
+
+class ServerError(LabServeError):
+    """Raised when the server failed on its own: a bug in labserve, not in the request or model.
+
+    The server logs the traceback to the ``labserve.server`` logger.
+    """
+
+    status = 500
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"internal server error: {detail}")
+        self.detail = detail

@@ -7,7 +7,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Iterable
-from typing import Any
+from types import MappingProxyType
 
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
@@ -15,6 +15,7 @@ from tornado.netutil import bind_sockets
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runner import Runner
 from labserve.server.app import make_app
+from labserve.server.handlers import ServerState
 
 __all__ = ["Server", "serve"]
 
@@ -65,12 +66,12 @@ class Server:
         self._bg = loop
         self._http: HTTPServer | None = None
         self._sockets: list[socket.socket] = []
-        self._state: dict[str, Any] = {
-            "runners": {r.name: r for r in runner_list},
-            "token": self.token,
-            "token_everywhere": not _loopback(host),
-            "max_body_bytes": max_body_bytes,
-        }
+        self._state = ServerState(
+            runners=MappingProxyType({r.name: r for r in runner_list}),
+            token=self.token,
+            token_everywhere=not _loopback(host),
+            max_body_bytes=max_body_bytes,
+        )
 
     @property
     def url(self) -> str:
@@ -81,7 +82,7 @@ class Server:
     @property
     def runners(self) -> dict[str, Runner]:
         """The served runners by name (a copy)."""
-        return dict(self._state["runners"])
+        return dict(self._state.runners)
 
     @property
     def running(self) -> bool:
@@ -110,9 +111,7 @@ class Server:
     def _listen(self) -> None:
         # On the loop thread: tornado attaches to the loop it is built on.
         self._sockets = bind_sockets(self.requested_port, address=self.host)
-        self._http = HTTPServer(
-            make_app(self._state), max_body_size=self._state["max_body_bytes"] + 1
-        )
+        self._http = HTTPServer(make_app(self._state), max_body_size=self._state.max_body_bytes + 1)
         self._http.add_sockets(self._sockets)
         self.port = self._sockets[0].getsockname()[1]
 
@@ -143,7 +142,7 @@ class Server:
 
     def __repr__(self) -> str:
         state = f"listening on {self.url}" if self._http is not None else "stopped"
-        return f"<labserve.Server {state} runners={list(self._state['runners'])}>"
+        return f"<labserve.Server {state} runners={list(self._state.runners)}>"
 
 
 def serve(

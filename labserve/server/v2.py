@@ -8,16 +8,17 @@ order; a dict result gives outputs named by its keys, a tuple ``output__0``, ``o
 from __future__ import annotations
 
 import json
-from typing import Any, NoReturn
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import tornado.web
 
 from labserve._version import __version__
-from labserve.base.errors import InputError, LabServeError
+from labserve.base.errors import InputError, LabServeError, NotFoundError
 from labserve.batching.containers import TensorSpec
 from labserve.runtime.runner import Runner, RunnerMethod
-from labserve.server.app import _Base, _BodyMixin
+from labserve.server.handlers import BaseHandler, BodyHandler
 from labserve.wire.datatypes import datatype, numpy_dtype
 
 __all__ = ["models", "routes"]
@@ -25,7 +26,7 @@ __all__ = ["models", "routes"]
 _HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
-def models(runners: dict[str, Runner]) -> dict[str, RunnerMethod]:
+def models(runners: Mapping[str, Runner]) -> dict[str, RunnerMethod]:
     """Every served model name and the method behind it."""
     found: dict[str, RunnerMethod] = {}
     for name, runner in runners.items():
@@ -37,18 +38,16 @@ def models(runners: dict[str, Runner]) -> dict[str, RunnerMethod]:
     return found
 
 
-class _V2(_Base):
-    def fail(
-        self, status: int, error: str, detail: str, retry_after_s: float | None = None
-    ) -> NoReturn:
+class _V2(BaseHandler):
+    def error_body(self, error: LabServeError) -> dict[str, str]:
         # v2 clients (tritonclient) show only "error": put the message there too.
-        super().fail(status, f"{error}: {detail}", detail, retry_after_s)
+        return {"error": f"{error.kind}: {error}", "detail": str(error)}
 
     def model(self, name: str) -> RunnerMethod:
-        method = models(self.runners()).get(name)
+        served = models(self.runners())
+        method = served.get(name)
         if method is None:
-            known = ", ".join(models(self.runners())) or "none"
-            self.fail(404, "not_found", f"no model {name!r} (served: {known})")
+            self.fail(NotFoundError("model", name, served=served))
         return method
 
 
@@ -93,17 +92,16 @@ def _tensors(prefix: str, specs: tuple[TensorSpec, ...] | None) -> list[dict[str
 
 
 @tornado.web.stream_request_body
-class _Infer(_BodyMixin, _V2):
+class _Infer(BodyHandler, _V2):
     async def post(self, name: str, version: str | None = None) -> None:
         method = self.model(name)
-        body = b"".join(self._chunks)
         try:
-            request, binary = _split_body(body, self.request.headers.get(_HEADER_LENGTH))
+            request, binary = _split_body(self.body(), self.request.headers.get(_HEADER_LENGTH))
             args = _inputs(request, binary)
             result = await method.async_run(*args)
             outputs = _outputs(result)
         except LabServeError as exc:
-            self.fail(exc.status, exc.kind, str(exc), getattr(exc, "retry_after_s", None))
+            self.fail(exc)
         self._reply(name, request, outputs)
 
     def _reply(
