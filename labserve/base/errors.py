@@ -13,18 +13,22 @@ __all__ = [
     "BatchSizeMismatchError",
     "CancelledRequestError",
     "ConfigError",
+    "HostError",
     "InputError",
     "LabServeError",
     "LoopThreadError",
     "MethodNotAllowedError",
     "ModelError",
     "NotFoundError",
+    "OriginError",
+    "OutputError",
     "OverloadError",
     "PayloadTooLargeError",
     "QueueFullError",
     "RunnerStoppedError",
     "ServerError",
     "UnauthorizedError",
+    "UnsupportedMediaTypeError",
 ]
 
 
@@ -239,6 +243,71 @@ class PayloadTooLargeError(LabServeError):
         )
         self.limit_bytes = limit_bytes
         self.size_bytes = size_bytes
+
+
+class UnsupportedMediaTypeError(LabServeError):
+    """Raised when a body's Content-Type is not one the route documents.
+
+    A page on another site can send ``text/plain`` without asking the browser first, so
+    anything but the route's own types is refused before the body is read.
+    """
+
+    status = 415
+
+    def __init__(self, content_type: str | None, accepted: Iterable[str]) -> None:
+        self.content_type = content_type
+        self.accepted = tuple(accepted)
+        sent = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+        super().__init__(f"{sent} is not accepted here; send one of: {', '.join(self.accepted)}")
+
+
+class OriginError(LabServeError):
+    """Raised when a request comes from a web page of another origin (its ``Origin`` header).
+
+    As in Jupyter Server: a page in the user's browser must not drive the server. Allow
+    chosen origins with ``serve(allow_origin=[...])`` (or ``"*"``).
+    """
+
+    status = 403
+
+    def __init__(self, origin: str) -> None:
+        super().__init__(
+            f"cross-origin request refused: Origin {origin!r} is not this server's own; "
+            "allow it with serve(allow_origin=[...])"
+        )
+        self.origin = origin
+
+
+class HostError(LabServeError):
+    """Raised when the ``Host`` header names neither a loopback name nor the bound address.
+
+    The guard against DNS rebinding (a foreign name resolving to 127.0.0.1), as Jupyter
+    Server's ``allow_remote_access``. Allow chosen names with ``serve(allow_hosts=[...])``.
+    """
+
+    status = 403
+
+    def __init__(self, host: str) -> None:
+        super().__init__(
+            f"Host {host!r} is not a loopback name or the address the server is bound to "
+            "(a DNS rebinding guard); allow it with serve(allow_hosts=[...])"
+        )
+        self.host = host
+
+
+class OutputError(LabServeError):
+    """Raised when a result cannot be sent on the wire: the model's fault, not the client's.
+
+    For example a dtype with no Open Inference Protocol name (complex, strings), or values
+    that JSON cannot hold.
+    """
+
+    status = 500
+
+    def __init__(self, what: str, wire: str) -> None:
+        super().__init__(f"the method's result cannot be sent as {wire}: {what}")
+        self.what = what
+        self.wire = wire
 
 
 class ServerError(LabServeError):

@@ -10,12 +10,18 @@ import tornado.web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from labserve.base.errors import ConfigError, InputError, LabServeError, NotFoundError
+from labserve.base.errors import (
+    ConfigError,
+    InputError,
+    LabServeError,
+    NotFoundError,
+    PayloadTooLargeError,
+)
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.runtime.runner import Runner, RunnerMethod
 from labserve.server import v2
 from labserve.server.handlers import BaseHandler, BodyHandler, ServerState
-from labserve.wire.codec import decode, encode
+from labserve.wire.codec import JSON, NPY, decode, encode
 
 __all__ = ["make_app"]
 
@@ -24,16 +30,22 @@ __all__ = ["make_app"]
 class _Infer(BodyHandler):
     """``POST /runners/{name}/{method}``: one request, JSON or ``.npy``."""
 
+    content_types = (JSON, NPY)
+
     async def post(self, runner_name: str, method_name: str) -> None:
+        body = self.body()
         method = self._method(runner_name, method_name)
         try:
-            arg, kind = decode(self.body(), self.request.headers.get("Content-Type", ""))
-            result = await method.async_run(arg)
+            arg, kind = decode(body, self.request.headers.get("Content-Type", ""))
         except LabServeError as exc:
             self.fail(exc)
-        body, content_type = encode(result, kind)
+        result = await self.call_model(method, arg)
+        try:
+            reply, content_type = encode(result, kind)
+        except LabServeError as exc:
+            self.fail(exc)
         self.set_header("Content-Type", content_type)
-        self.finish(body)
+        self.finish(reply)
 
     def _method(self, runner_name: str, method_name: str) -> RunnerMethod:
         runner = self.runners().get(runner_name)
@@ -82,15 +94,25 @@ class _Config(BaseHandler):
 
     def patch(self) -> None:
         self.require_token()
+        self.require_content_type((JSON,))
+        if len(self.request.body) > self.state.max_body_bytes:
+            self.fail(PayloadTooLargeError(self.state.max_body_bytes, len(self.request.body)))
         try:
             body = json.loads(self.request.body or b"{}")
-        except ValueError as exc:
-            self.fail(InputError(f"body is not valid JSON: {exc}"))
+        except (ValueError, RecursionError) as exc:
+            self.fail(InputError(f"body is not valid JSON: {exc!r}"))
         if not isinstance(body, dict):
             self.fail(InputError("body must be a JSON object"))
         runner_name = body.pop("runner", None)
         method_name = body.pop("method", None)
-        runner = self.runners().get(str(runner_name))
+        if not isinstance(runner_name, str) or not isinstance(method_name, str):
+            self.fail(
+                InputError(
+                    '"runner" and "method" must be strings, got '
+                    f"{type(runner_name).__name__} and {type(method_name).__name__}"
+                )
+            )
+        runner = self.runners().get(runner_name)
         if runner is None or method_name not in runner.methods:
             self.fail(
                 NotFoundError(
@@ -105,11 +127,11 @@ class _Config(BaseHandler):
                 )
             )
         try:
-            runner.configure(str(method_name), **body)
+            runner.configure(method_name, **body)
         except ConfigError as exc:
             self.fail(exc)
-        except TypeError as exc:
-            self.fail(ConfigError("body", sorted(body), f"known settings ({exc})"))
+        except (TypeError, ValueError) as exc:  # an unknown key, or a plain method
+            self.fail(ConfigError("the request", sorted(body), f"settings it knows ({exc})"))
         self.reply_json(_configs(self.runners()))
 
 

@@ -168,7 +168,7 @@ def test_patch_config_needs_the_token_validates_and_applies(served):
     change = json.dumps({"runner": "model", "method": "predict", "max_batch_size": 2}).encode()
     assert call(served, "/config", change, "PATCH")[0] == 401
     bad = json.dumps({"runner": "model", "method": "predict", "max_batch_size": 0}).encode()
-    auth = {"Authorization": f"Bearer {served.token}"}
+    auth = {"Authorization": f"Bearer {served.token}", "Content-Type": "application/json"}
     status, _, body = call(served, "/config", bad, "PATCH", auth)
     assert status == 422 and "max_batch_size must be an integer >= 1" in json.loads(body)["detail"]
     assert json.loads(call(served, "/config")[2])["model"]["predict"]["max_batch_size"] == 16
