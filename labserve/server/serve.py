@@ -15,8 +15,8 @@ from tornado.netutil import bind_sockets
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runner import Runner
 from labserve.server.app import make_app
-from labserve.server.handlers import ServerState
-from labserve.server.listener import Listener
+from labserve.server.handlers import DISCARD_BYTES, ServerState
+from labserve.server.listener import BoundedHTTPServer, Listener
 
 __all__ = ["Server", "serve"]
 
@@ -101,22 +101,10 @@ class Server:
             raise ValueError(
                 f"binding {host!r} (not loopback) needs token=...: every route will require it"
             )
-        for name, value in (
-            ("max_body_bytes", max_body_bytes),
-            ("max_connections", max_connections),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name, seconds in (
-            ("idle_timeout_s", idle_timeout_s),
-            ("body_timeout_s", body_timeout_s),
-        ):
-            if (
-                isinstance(seconds, bool)
-                or not isinstance(seconds, (int, float))
-                or not seconds > 0
-            ):
-                raise ValueError(f"{name} must be a number of seconds > 0, got {seconds!r}")
+        _check_count("max_body_bytes", max_body_bytes)
+        _check_count("max_connections", max_connections)
+        _check_seconds("idle_timeout_s", idle_timeout_s)
+        _check_seconds("body_timeout_s", body_timeout_s)
         self.max_connections = max_connections
         self.idle_timeout_s = float(idle_timeout_s)
         self.body_timeout_s = float(body_timeout_s)
@@ -176,8 +164,14 @@ class Server:
     def _listen(self) -> None:
         # On the loop thread: tornado attaches to the loop it is built on.
         self._sockets = bind_sockets(self.requested_port, address=self.host)
-        self._http = HTTPServer(make_app(self._state), max_body_size=self._state.max_body_bytes + 1)
-        self._http.add_sockets(self._sockets)
+        self._http = BoundedHTTPServer(
+            make_app(self._state),
+            max_body_size=self._state.max_body_bytes + DISCARD_BYTES,
+            idle_connection_timeout=self.idle_timeout_s,  # tornado: also the headers' timeout
+            body_timeout=self.body_timeout_s,
+        )
+        self._listener = Listener(self._http, self._sockets, self.max_connections)
+        self._listener.start()
         self.port = self._sockets[0].getsockname()[1]
 
     def stop(self) -> None:
