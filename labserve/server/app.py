@@ -15,7 +15,6 @@ from labserve.base.errors import (
     InputError,
     LabServeError,
     NotFoundError,
-    PayloadTooLargeError,
 )
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.runtime.runner import Runner, RunnerMethod
@@ -88,17 +87,17 @@ class _Metrics(BaseHandler):
         self.finish(generate_latest(registry))
 
 
-class _Config(BaseHandler):
+@tornado.web.stream_request_body
+class _Config(BodyHandler):
+    token_methods = frozenset({"PATCH"})
+
     def get(self) -> None:
         self.reply_json(_configs(self.runners()))
 
     def patch(self) -> None:
-        self.require_token()
-        self.require_content_type((JSON,))
-        if len(self.request.body) > self.state.max_body_bytes:
-            self.fail(PayloadTooLargeError(self.state.max_body_bytes, len(self.request.body)))
+        raw = self.body()
         try:
-            body = json.loads(self.request.body or b"{}")
+            body = json.loads(raw or b"{}")
         except (ValueError, RecursionError) as exc:
             self.fail(InputError(f"body is not valid JSON: {exc!r}"))
         if not isinstance(body, dict):

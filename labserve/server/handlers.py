@@ -47,6 +47,7 @@ DISCARD_BYTES = 64 * 1024 * 1024
 """How much of a refused body is read and dropped, so that clients which send the whole
 body before reading (urllib, http.client) see the JSON error instead of a reset."""
 
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 _TOKEN_IN_URI = re.compile(r"((?:^|[?&;])token=)[^&;#]*", re.IGNORECASE)
 
@@ -100,6 +101,9 @@ def redact(uri: str) -> str:
 class BaseHandler(tornado.web.RequestHandler):
     """JSON errors ``{"error": class name, "detail": message}`` with their status; the guards."""
 
+    token_methods: frozenset[str] = frozenset()
+    """HTTP methods of the route that need the token even on loopback."""
+
     def initialize(self, state: ServerState) -> None:
         """Called by tornado with the route's arguments."""
         self.state = state
@@ -123,7 +127,8 @@ class BaseHandler(tornado.web.RequestHandler):
             if origin in self.state.allow_origins or "*" in self.state.allow_origins:
                 self.set_header("Access-Control-Allow-Origin", origin)
                 self.set_header("Vary", "Origin")
-        if self.state.token_everywhere and self.request.method != "OPTIONS":
+        method = self.request.method or ""
+        if method in self.token_methods or (self.state.token_everywhere and method != "OPTIONS"):
             return self.token_refusal()
         return None
 
@@ -135,12 +140,6 @@ class BaseHandler(tornado.web.RequestHandler):
             return UnauthorizedError()
         return None
 
-    def require_token(self) -> None:
-        """Fail with UnauthorizedError unless the request carries the server's token."""
-        error = self.token_refusal()
-        if error is not None:
-            self.fail(error)
-
     def options(self, *args: str) -> None:
         """A CORS preflight from an allowed origin (the guards refused the others)."""
         self.set_header("Access-Control-Allow-Methods", "GET, POST, PATCH, OPTIONS")
@@ -150,15 +149,6 @@ class BaseHandler(tornado.web.RequestHandler):
         )
         self.set_status(204)
         self.finish()
-
-    def require_content_type(self, accepted: Collection[str | None]) -> None:
-        """Fail with UnsupportedMediaTypeError unless the body's media type is ``accepted``.
-
-        None in ``accepted`` admits a request without a Content-Type header.
-        """
-        error = self.content_type_refusal(accepted)
-        if error is not None:
-            self.fail(error)
 
     def content_type_refusal(
         self, accepted: Collection[str | None]
@@ -254,6 +244,7 @@ class BaseHandler(tornado.web.RequestHandler):
             self.fail(exc)
         except asyncio.CancelledError:
             if not self._gone:
+                self._call.cancel()
                 raise  # the handler itself is being cancelled (the server stops)
             log.info("%s %s: the client went away", self.request.method, self.logged_uri())
             raise tornado.web.Finish() from None
@@ -280,10 +271,10 @@ class BodyHandler(BaseHandler):
         self._chunks: list[bytes] = []
         self._size = 0
         self._refused: LabServeError | None = self.refusal()
-        if self.request.method != "POST":
+        if self.request.method not in _BODY_METHODS:
             if self._refused is not None:
                 self.fail(self._refused)
-            return  # tornado answers 405 (no body to read)
+            return  # a route without a body, or tornado's 405
         self._refused = self._refused or self.content_type_refusal(self.content_types)
         length = _content_length(self.request.headers.get("Content-Length"))
         if length is not None and length > limit:

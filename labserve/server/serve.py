@@ -15,7 +15,7 @@ from tornado.netutil import bind_sockets
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runner import Runner
 from labserve.server.app import make_app
-from labserve.server.handlers import DISCARD_BYTES, ServerState
+from labserve.server.handlers import ServerState
 from labserve.server.listener import BoundedHTTPServer, Listener
 
 __all__ = ["Server", "serve"]
@@ -166,7 +166,8 @@ class Server:
         self._sockets = bind_sockets(self.requested_port, address=self.host)
         self._http = BoundedHTTPServer(
             make_app(self._state),
-            max_body_size=self._state.max_body_bytes + DISCARD_BYTES,
+            # Routes with a body raise it per request to read and drop past the limit.
+            max_body_size=self._state.max_body_bytes + 1,
             idle_connection_timeout=self.idle_timeout_s,  # tornado: also the headers' timeout
             body_timeout=self.body_timeout_s,
         )
