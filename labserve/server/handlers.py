@@ -48,7 +48,10 @@ DISCARD_BYTES = 64 * 1024 * 1024
 body before reading (urllib, http.client) see the JSON error instead of a reset."""
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-_LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+# Loopback names, and the commonest loopback addresses (checked first: no parsing).
+_LOCAL_NAMES = frozenset(
+    {"localhost", "localhost.localdomain", "ip6-localhost", "127.0.0.1", "::1"}
+)
 _TOKEN_IN_URI = re.compile(r"((?:^|[?&;])token=)[^&;#]*", re.IGNORECASE)
 
 
@@ -301,28 +304,27 @@ class BodyHandler(BaseHandler):
         return b"".join(self._chunks)
 
 
-_signatures: weakref.WeakKeyDictionary[RunnerMethod, inspect.Signature | None] = (
-    weakref.WeakKeyDictionary()
-)
+# Per method, per number of inputs: why the model cannot take them (None: it can).
+_arity: weakref.WeakKeyDictionary[RunnerMethod, dict[int, str | None]] = weakref.WeakKeyDictionary()
 
 
 def _check_arity(method: RunnerMethod, args: tuple[Any, ...]) -> None:
     """InputError if the model cannot take ``args`` (a wrong number of inputs)."""
-    if method not in _signatures:
+    known = _arity.setdefault(method, {})
+    if len(args) not in known:
         try:
-            _signatures[method] = inspect.signature(method.model_fn)
-        except (TypeError, ValueError):
-            _signatures[method] = None  # a callable without a signature: let the call decide
-    signature = _signatures[method]
-    if signature is None:
-        return
-    try:
-        signature.bind(*args)
-    except TypeError as exc:
+            inspect.signature(method.model_fn).bind(*args)
+            known[len(args)] = None
+        except TypeError as exc:
+            known[len(args)] = str(exc)
+        except ValueError:
+            known[len(args)] = None  # a callable without a signature: let the call decide
+    why = known[len(args)]
+    if why is not None:
         raise InputError(
             f"{method.runner.name}.{method.name} cannot take {len(args)} input"
-            f"{'s' if len(args) != 1 else ''}: {exc}"
-        ) from None
+            f"{'s' if len(args) != 1 else ''}: {why}"
+        )
 
 
 def _content_length(value: str | None) -> int | None:

@@ -106,18 +106,27 @@ def dumps(data: Any) -> bytes:
     """Standard JSON bytes of ``data`` (already :func:`jsonable`); OutputError if impossible."""
     try:
         return json.dumps(data, allow_nan=False).encode()
+    except ValueError:
+        pass  # NaN or an infinity: rewritten as null below (rare, so checked only then)
+    except (TypeError, RecursionError) as exc:
+        raise OutputError(str(exc), "JSON") from exc
+    try:
+        return json.dumps(_finite(data), allow_nan=False).encode()
     except (TypeError, ValueError, RecursionError) as exc:
         raise OutputError(str(exc), "JSON") from exc
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` with arrays as lists and NaN or infinities as None; OutputError if impossible."""
+    """``value`` with arrays and numpy scalars as Python lists and numbers.
+
+    OutputError for values JSON cannot hold (complex, strings, objects in arrays).
+    """
     if isinstance(value, np.ndarray):
-        return _array_list(value)
+        if value.dtype.kind not in "biuf":
+            raise OutputError(f"{value.dtype} values", "JSON")
+        return value.tolist()
     if isinstance(value, np.generic):
-        return jsonable(_array_list(np.asarray(value)))
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
+        return jsonable(np.asarray(value))
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -125,13 +134,12 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def _array_list(arr: np.ndarray) -> Any:
-    if arr.dtype.kind not in "biuf":
-        raise OutputError(f"{arr.dtype} values", "JSON")
-    if arr.dtype.kind == "f":
-        finite = np.isfinite(arr)
-        if not finite.all():
-            with_none = arr.astype(object)
-            with_none[~finite] = None
-            return with_none.tolist()
-    return arr.tolist()
+def _finite(data: Any) -> Any:
+    """Plain JSON data with NaN and infinities replaced by None."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_finite(v) for v in data]
+    return data
