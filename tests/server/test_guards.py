@@ -163,7 +163,7 @@ def test_a_token_in_the_query_is_never_logged(served, raw_http, caplog):
     assert secret not in logged  # ... without the token
 
 
-def test_the_defaults_bind_loopback_and_options_are_validated(model):
+def test_the_new_server_options_are_validated(model):
     runner = labserve.Runner(model, name="m")
     try:
         with pytest.raises(ValueError, match="max_connections must be an integer >= 1"):
