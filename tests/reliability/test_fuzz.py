@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import struct
 
 import numpy as np
@@ -24,6 +25,7 @@ FUZZ = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     derandomize=True,  # the same examples every run: a failure repeats
+    database=None,  # and nothing written to .hypothesis/
 )
 
 
@@ -214,3 +216,50 @@ def test_the_server_still_serves_after_the_fuzz(server, conn):
         conn, "/runners/echo/predict", b"[[1.5, 2]]", {"Content-Type": "application/json"}
     )
     assert status == 200 and json.loads(body) == [[1.5, 2.0]]
+
+
+header_text = st.text(
+    alphabet=st.characters(min_codepoint=32, max_codepoint=255, exclude_characters="\r\n"),
+    max_size=12,
+)
+
+
+@FUZZ
+@given(
+    method=st.sampled_from(["GET", "POST", "PATCH", "PUT", "OPTIONS", "DELETE", "BREW", ""]),
+    path=st.sampled_from(["/runners/echo/predict", "/v2/models/echo/infer", "/config", "/stats"])
+    | header_text.map(lambda t: "/" + t),
+    headers=st.dictionaries(
+        st.sampled_from(
+            [
+                "Host",
+                "Origin",
+                "Content-Type",
+                "Content-Length",
+                "Transfer-Encoding",
+                "Authorization",
+                "Inference-Header-Content-Length",
+                "X-Other",
+            ]
+        ),
+        header_text,
+        max_size=5,
+    ),
+    body=st.binary(max_size=24),
+)
+def test_any_request_line_and_headers_get_an_answer_below_500_or_a_close(
+    server, method, path, headers, body
+):
+    head = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in headers.items())]
+    if "Host" not in headers:
+        head.append(f"Host: 127.0.0.1:{server.port}")
+    raw = ("\r\n".join([*head, "Connection: close"]) + "\r\n\r\n").encode("latin-1") + body
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(raw)
+        sock.shutdown(socket.SHUT_WR)  # a body shorter than announced ends here
+        reply = b""
+        while chunk := sock.recv(65536):  # a hang is a socket timeout: a failure
+            reply += chunk
+    if reply:  # tornado closes without a word on a request it cannot parse
+        status = int(reply.split(b" ", 2)[1])
+        assert status < 500, reply[:300]
