@@ -5,6 +5,7 @@ are JSON errors with the model's words, not a bare "Internal Server Error".
 """
 
 import json
+import logging
 import socket
 import struct
 import threading
@@ -156,10 +157,19 @@ X = {"name": "x", "datatype": "FP64", "shape": [1, 1], "data": [1.0]}
     ],
 )
 def test_client_input_is_a_4xx_json_error_naming_the_problem(
-    served, path, body, content_type, words
+    served, path, body, content_type, words, caplog
 ):
-    status, error = error_of(post(served, path, body, content_type))
+    with caplog.at_level(logging.DEBUG):
+        status, error = error_of(post(served, path, body, content_type))
     assert 400 <= status < 500 and words in error["detail"], error
+    assert_logged_once_briefly(caplog)
+
+
+def assert_logged_once_briefly(caplog):
+    """One INFO line on the labserve.server logger; no traceback, nothing louder."""
+    records = [r for r in caplog.records if r.name.startswith(("labserve", "tornado", "asyncio"))]
+    assert [(r.name, r.levelno) for r in records] == [("labserve.server", logging.INFO)]
+    assert records[0].exc_info is None
 
 
 def test_binary_data_size_larger_than_the_bytes_sent_is_refused(served):
@@ -176,6 +186,20 @@ def test_binary_data_size_larger_than_the_bytes_sent_is_refused(served):
         )
     )
     assert status == 400 and "binary_data_size is 8 but only 4 bytes" in error["detail"]
+
+
+def test_patch_config_refusals_reach_urllib_as_json(served):
+    big = json.dumps({"runner": "m", "method": "predict", "pad": "x" * 3_000_000}).encode()
+    for headers, status in (
+        ({"Content-Type": "application/json"}, 401),  # the token comes first
+        ({"Content-Type": "text/plain", "Authorization": f"Bearer {served.token}"}, 415),
+        ({"Content-Type": "application/json", "Authorization": f"Bearer {served.token}"}, 413),
+    ):
+        req = urllib.request.Request(served.url + "/config", big, headers, method="PATCH")
+        with pytest.raises(urllib.error.HTTPError) as info, urllib.request.urlopen(req, timeout=30):
+            pass
+        with info.value as err:
+            assert err.code == status and json.loads(err.read())["error"]
 
 
 def test_a_list_as_the_method_in_patch_config_is_400(served):
@@ -223,8 +247,9 @@ def test_an_oversized_body_reaches_urllib_as_the_json_413(served):
     assert post(served, "/runners/m/predict", b"[[1]]")[0] == 200
 
 
-def test_an_oversized_chunked_body_is_the_json_413(served):
+def test_an_oversized_chunked_body_is_the_json_413(served, caplog):
     chunk = b"1," * 32768
+    caplog.set_level(logging.DEBUG)
     with socket.create_connection(("127.0.0.1", served.port), timeout=30) as sock:
         sock.sendall(
             b"POST /runners/m/predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -237,6 +262,7 @@ def test_an_oversized_chunked_body_is_the_json_413(served):
         reply = sock.makefile("rb").read(4096).decode()
     assert reply.startswith("HTTP/1.1 413"), reply[:200]
     assert '"error": "PayloadTooLargeError"' in reply
+    assert_logged_once_briefly(caplog)  # it used to log tornado's "Uncaught exception" traceback
 
 
 class Gate(labserve.Runnable):
