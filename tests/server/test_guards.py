@@ -150,6 +150,7 @@ def test_a_token_in_the_query_is_never_logged(served, raw_http, caplog):
             {"Content-Type": "application/json"},
         )
         raw_http(served.port, "GET", f"/nowhere?a=1&token={secret}")
+        raw_http(served.port, "GET", f"/nowhere?tok%65n={secret}")  # decoded as token=
         raw_http(served.port, "GET", f"/runners/m/predict?token={secret}")  # 405, from tornado
         raw_http(
             served.port,
