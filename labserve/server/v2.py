@@ -14,7 +14,7 @@ import numpy as np
 import tornado.web
 
 from labserve._version import __version__
-from labserve.base.errors import LabServeError, NotFoundError
+from labserve.base.errors import InputError, LabServeError, NotFoundError, OutputError
 from labserve.batching.containers import TensorSpec
 from labserve.runtime.runner import Runner, RunnerMethod
 from labserve.server.handlers import BaseHandler, BodyHandler
@@ -71,13 +71,18 @@ class _Ready(_V2):
 class _Metadata(_V2):
     def get(self, name: str, version: str | None = None) -> None:
         spec = self.model(name).spec
+        try:
+            inputs = _tensors("input", spec.input_spec)
+            outs = _tensors("output", spec.output_spec)
+        except InputError as exc:  # a declared dtype with no v2 name: the model's side
+            self.fail(OutputError(str(exc), "v2 metadata"))
         self.reply_json(
             {
                 "name": name,
                 "versions": ["1"],
                 "platform": "labserve",
-                "inputs": _tensors("input", spec.input_spec),
-                "outputs": _tensors("output", spec.output_spec),
+                "inputs": inputs,
+                "outputs": outs,
             }
         )
 

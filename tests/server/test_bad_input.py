@@ -309,3 +309,23 @@ def _wait(condition, timeout_s=20.0):
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.01)
+
+
+class Complex(labserve.Runnable):
+    @labserve.method(batchable=True, input_spec=labserve.TensorSpec("complex64", (2,)))
+    def predict(self, x):
+        return x
+
+
+def test_metadata_of_a_dtype_with_no_v2_name_is_a_json_500_that_says_so():
+    runner = labserve.Runner(Complex, name="c")
+    server = serve(runner)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(server.url + "/v2/models/c", timeout=10)
+        with info.value as err:
+            assert err.code == 500
+            assert "no v2 datatype for numpy complex64" in json.loads(err.read())["detail"]
+    finally:
+        server.stop()
+        runner.stop()
