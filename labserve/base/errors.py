@@ -6,22 +6,32 @@ answers with, so a caller in a notebook and a client over HTTP read the same wor
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = [
     "BatchSizeMismatchError",
     "CancelledRequestError",
     "ConfigError",
+    "HostError",
     "InputError",
     "LabServeError",
     "LoopThreadError",
+    "MethodNotAllowedError",
     "ModelError",
     "ModelStuckError",
+    "NotFoundError",
+    "OriginError",
+    "OutputError",
     "OverloadError",
+    "PayloadTooLargeError",
     "QueueFullError",
     "RequestTimeoutError",
     "RunnerStoppedError",
+    "ServerError",
     "StopTimeoutError",
+    "UnauthorizedError",
+    "UnsupportedMediaTypeError",
 ]
 
 
@@ -37,7 +47,7 @@ class LabServeError(Exception):
 
     @property
     def kind(self) -> str:
-        """A short machine-readable name, e.g. ``"overload"``; the server's ``error`` field."""
+        """The class name, e.g. ``"OverloadError"``: the ``error`` field on the wire, always."""
         return type(self).__name__
 
 
@@ -260,3 +270,142 @@ class ConfigError(LabServeError, ValueError):
         self.value = value
         self.rule = rule
         self.source = source
+
+
+# Errors the HTTP server answers with on its own (no runner involved). Their class name is
+# the ``error`` field on the wire, as for every other error.
+
+
+class NotFoundError(LabServeError):
+    """Raised when a request names a route, runner, method or model the server does not serve.
+
+    The message lists what is served, so a typo is easy to see.
+    """
+
+    status = 404
+
+    def __init__(
+        self, what: str, name: str, *, served: Iterable[str] = (), within: str | None = None
+    ) -> None:
+        self.what = what
+        self.name = name
+        self.served = tuple(served)
+        self.within = within
+        where = f"{within} has " if within else ""
+        listed = f" (served: {', '.join(self.served) or 'none'})" if what != "route" else ""
+        super().__init__(f"{where}no {what} {name!r}{listed}")
+
+
+class UnauthorizedError(LabServeError):
+    """Raised when a route that needs the server's token is called without it, or a wrong one."""
+
+    status = 401
+
+    def __init__(self) -> None:
+        super().__init__("a valid token is required (header Authorization: Bearer <server.token>)")
+
+
+class MethodNotAllowedError(LabServeError):
+    """Raised when a route is called with an HTTP method it does not answer (GET on infer)."""
+
+    status = 405
+
+    def __init__(self, method: str, path: str) -> None:
+        super().__init__(f"Method Not Allowed: {method} {path}")
+        self.method = method
+        self.path = path
+
+
+class PayloadTooLargeError(LabServeError):
+    """Raised when a request body is over the server's ``max_body_bytes``.
+
+    ``size_bytes`` is the declared size when the client sent one, else None.
+    """
+
+    status = 413
+
+    def __init__(self, limit_bytes: int, size_bytes: int | None = None) -> None:
+        size = f"of {size_bytes} bytes " if size_bytes is not None else ""
+        super().__init__(
+            f"body {size}is over the {limit_bytes}-byte limit (the server's max_body_bytes)"
+        )
+        self.limit_bytes = limit_bytes
+        self.size_bytes = size_bytes
+
+
+class UnsupportedMediaTypeError(LabServeError):
+    """Raised when a body's Content-Type is not one the route documents.
+
+    A page on another site can send ``text/plain`` without asking the browser first, so
+    anything but the route's own types is refused before the body is read.
+    """
+
+    status = 415
+
+    def __init__(self, content_type: str | None, accepted: Iterable[str]) -> None:
+        self.content_type = content_type
+        self.accepted = tuple(accepted)
+        sent = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+        super().__init__(f"{sent} is not accepted here; send one of: {', '.join(self.accepted)}")
+
+
+class OriginError(LabServeError):
+    """Raised when a request comes from a web page of another origin (its ``Origin`` header).
+
+    As in Jupyter Server: a page in the user's browser must not drive the server. Allow
+    chosen origins with ``serve(allow_origin=[...])`` (or ``"*"``).
+    """
+
+    status = 403
+
+    def __init__(self, origin: str) -> None:
+        super().__init__(
+            f"cross-origin request refused: Origin {origin!r} is not this server's own; "
+            "allow it with serve(allow_origin=[...])"
+        )
+        self.origin = origin
+
+
+class HostError(LabServeError):
+    """Raised when the ``Host`` header names neither a loopback name nor the bound address.
+
+    The guard against DNS rebinding (a foreign name resolving to 127.0.0.1), as Jupyter
+    Server's ``allow_remote_access``. Allow chosen names with ``serve(allow_hosts=[...])``.
+    """
+
+    status = 403
+
+    def __init__(self, host: str) -> None:
+        super().__init__(
+            f"Host {host!r} is not a loopback name or the address the server is bound to "
+            "(a DNS rebinding guard); allow it with serve(allow_hosts=[...])"
+        )
+        self.host = host
+
+
+class OutputError(LabServeError):
+    """Raised when a result cannot be sent on the wire: the model's fault, not the client's.
+
+    For example a dtype with no Open Inference Protocol name (complex, strings), or values
+    that JSON cannot hold.
+    """
+
+    status = 500
+
+    def __init__(self, what: str, wire: str) -> None:
+        super().__init__(f"the method's result cannot be sent as {wire}: {what}")
+        self.what = what
+        self.wire = wire
+
+
+class ServerError(LabServeError):
+    """Raised when the server failed on its own: a bug in labserve, not in the request or model.
+
+    The server logs the traceback to the ``labserve.server`` logger.
+    """
+
+    status = 500
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"internal server error: {detail}")
+        self.detail = detail

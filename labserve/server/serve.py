@@ -7,7 +7,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Iterable
-from typing import Any
+from types import MappingProxyType
 
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
@@ -15,6 +15,8 @@ from tornado.netutil import bind_sockets
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runner import Runner
 from labserve.server.app import make_app
+from labserve.server.handlers import ServerState
+from labserve.server.listener import BoundedHTTPServer, Listener
 
 __all__ = ["Server", "serve"]
 
@@ -31,11 +33,49 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _check_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+
+
+def _names(what: str, value: str | Iterable[str], *, lower: bool = False) -> frozenset[str]:
+    names = [value] if isinstance(value, str) else list(value)
+    if not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"{what} must be a string or strings, got {value!r}")
+    return frozenset(n.lower() if lower else n.rstrip("/") for n in names)
+
+
 class Server:
     """An HTTP server for runners, on labserve's background loop.
 
     ``start()`` returns once it listens (``url``, ``port``, ``token`` set); ``stop()`` is
     idempotent and closes its sockets. Thread-safe; a context manager.
+
+    Guarded by default (README, "Security"): a request whose ``Host`` is not a loopback
+    name or the bound address is refused (403, against DNS rebinding), as is one sent by a
+    page of another origin (403) or with a Content-Type its route does not document (415).
+
+    Args:
+        runners: the runners to serve, by their names.
+        host: the address to bind; anything but loopback needs ``token``.
+        port: the port; 0 picks a free one.
+        token: required by ``PATCH /config``, and by every route off loopback; generated
+            when None.
+        max_body_bytes: the largest request body; larger ones get 413.
+        allow_origin: web origins (``"https://app.example:8443"``) whose pages may call the
+            server, besides its own; ``"*"`` allows any. None by default, as Jupyter Server.
+        allow_hosts: Host names served besides loopback names and the bound address;
+            ``"*"`` turns the check off (behind a proxy that sets its own Host).
+        max_connections: connections open at once; more wait in the listen backlog.
+        idle_timeout_s: how long a connection may sit without sending a request, or take to
+            send its headers, before it is closed.
+        body_timeout_s: how long a request may take to send its body.
+        loop: the background loop to run on (labserve's by default).
     """
 
     def __init__(
@@ -46,6 +86,11 @@ class Server:
         port: int = 0,
         token: str | None = None,
         max_body_bytes: int = 16 * 1024 * 1024,
+        allow_origin: str | Iterable[str] = (),
+        allow_hosts: str | Iterable[str] = (),
+        max_connections: int = 512,
+        idle_timeout_s: float = 60.0,
+        body_timeout_s: float = 60.0,
         loop: BackgroundLoop | None = None,
     ) -> None:
         runner_list = [runners] if isinstance(runners, Runner) else list(runners)
@@ -56,8 +101,13 @@ class Server:
             raise ValueError(
                 f"binding {host!r} (not loopback) needs token=...: every route will require it"
             )
-        if max_body_bytes < 1:
-            raise ValueError(f"max_body_bytes must be an integer >= 1, got {max_body_bytes!r}")
+        _check_count("max_body_bytes", max_body_bytes)
+        _check_count("max_connections", max_connections)
+        _check_seconds("idle_timeout_s", idle_timeout_s)
+        _check_seconds("body_timeout_s", body_timeout_s)
+        self.max_connections = max_connections
+        self.idle_timeout_s = float(idle_timeout_s)
+        self.body_timeout_s = float(body_timeout_s)
         self.host = host
         self.requested_port = port
         self.port = 0
@@ -65,12 +115,16 @@ class Server:
         self._bg = loop
         self._http: HTTPServer | None = None
         self._sockets: list[socket.socket] = []
-        self._state: dict[str, Any] = {
-            "runners": {r.name: r for r in runner_list},
-            "token": self.token,
-            "token_everywhere": not _loopback(host),
-            "max_body_bytes": max_body_bytes,
-        }
+        self._listener: Listener | None = None
+        self._state = ServerState(
+            runners=MappingProxyType({r.name: r for r in runner_list}),
+            token=self.token,
+            token_everywhere=not _loopback(host),
+            max_body_bytes=max_body_bytes,
+            bound_host=host,
+            allow_origins=_names("allow_origin", allow_origin),
+            allow_hosts=_names("allow_hosts", allow_hosts, lower=True),
+        )
 
     @property
     def url(self) -> str:
@@ -81,7 +135,7 @@ class Server:
     @property
     def runners(self) -> dict[str, Runner]:
         """The served runners by name (a copy)."""
-        return dict(self._state["runners"])
+        return dict(self._state.runners)
 
     @property
     def running(self) -> bool:
@@ -110,10 +164,15 @@ class Server:
     def _listen(self) -> None:
         # On the loop thread: tornado attaches to the loop it is built on.
         self._sockets = bind_sockets(self.requested_port, address=self.host)
-        self._http = HTTPServer(
-            make_app(self._state), max_body_size=self._state["max_body_bytes"] + 1
+        self._http = BoundedHTTPServer(
+            make_app(self._state),
+            # Routes with a body raise it per request to read and drop past the limit.
+            max_body_size=self._state.max_body_bytes + 1,
+            idle_connection_timeout=self.idle_timeout_s,  # tornado: also the headers' timeout
+            body_timeout=self.body_timeout_s,
         )
-        self._http.add_sockets(self._sockets)
+        self._listener = Listener(self._http, self._sockets, self.max_connections)
+        self._listener.start()
         self.port = self._sockets[0].getsockname()[1]
 
     def stop(self) -> None:
@@ -129,6 +188,9 @@ class Server:
             self.bg.run(self._close(http), timeout=10)
 
     async def _close(self, http: HTTPServer) -> None:
+        if self._listener is not None:
+            self._listener.stop()
+            self._listener = None
         http.stop()
         await http.close_all_connections()
         for sock in self._sockets:
@@ -143,7 +205,7 @@ class Server:
 
     def __repr__(self) -> str:
         state = f"listening on {self.url}" if self._http is not None else "stopped"
-        return f"<labserve.Server {state} runners={list(self._state['runners'])}>"
+        return f"<labserve.Server {state} runners={list(self._state.runners)}>"
 
 
 def serve(
@@ -153,14 +215,30 @@ def serve(
     port: int = 0,
     token: str | None = None,
     max_body_bytes: int = 16 * 1024 * 1024,
+    allow_origin: str | Iterable[str] = (),
+    allow_hosts: str | Iterable[str] = (),
+    max_connections: int = 512,
+    idle_timeout_s: float = 60.0,
+    body_timeout_s: float = 60.0,
 ) -> Server:
     """Serve ``runners`` over HTTP from labserve's background loop; returns at once.
 
     Binds loopback by default; a token is always generated (``server.token``) and guards
     ``PATCH /config``, or every route on a non-loopback address. Re-running it with the same
-    ``port`` replaces the previous server.
+    ``port`` replaces the previous server. The other arguments are :class:`Server`'s.
 
     >>> server = labserve.serve(runner, port=0)      # doctest: +SKIP
     >>> server.url, server.stop()                      # doctest: +SKIP
     """
-    return Server(runners, host=host, port=port, token=token, max_body_bytes=max_body_bytes).start()
+    return Server(
+        runners,
+        host=host,
+        port=port,
+        token=token,
+        max_body_bytes=max_body_bytes,
+        allow_origin=allow_origin,
+        allow_hosts=allow_hosts,
+        max_connections=max_connections,
+        idle_timeout_s=idle_timeout_s,
+        body_timeout_s=body_timeout_s,
+    ).start()

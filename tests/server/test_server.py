@@ -107,6 +107,28 @@ def test_bad_input_gets_its_status_and_the_server_keeps_serving(
     good_request_still_served(served)
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "method", "headers", "error"),
+    [
+        ("/runners/model/predict", b"[[1, 2", "POST", {}, labserve.InputError),
+        ("/runners/nope/predict", b"[[1]]", "POST", {}, labserve.NotFoundError),
+        ("/nowhere", None, "GET", {}, labserve.NotFoundError),
+        ("/v2/models/nope", None, "GET", {}, labserve.NotFoundError),
+        ("/runners/model/predict", None, "GET", {}, labserve.MethodNotAllowedError),
+        ("/runners/model/predict", b"[1]" * 2000, "POST", {}, labserve.PayloadTooLargeError),
+        ("/config", b"{}", "PATCH", {}, labserve.UnauthorizedError),
+        ("/runners/model/predict", b"[[NaN]]", "POST", {}, labserve.ModelError),
+    ],
+)
+def test_every_error_on_the_wire_is_named_by_its_class(served, path, body, method, headers, error):
+    headers = {"Content-Type": "application/json", **headers}
+    status, _, reply = call(served, path, body, method, headers)
+    assert status == error.status
+    name = json.loads(reply)["error"]
+    # v2 routes put the message after the name, for clients that show only "error".
+    assert name == error.__name__ or name.startswith(f"{error.__name__}: ")
+
+
 def test_overload_is_503_with_retry_after():
     runner = labserve.Runner(Slow, name="slow", on_overload="reject")
     server = serve(runner)
@@ -146,7 +168,7 @@ def test_patch_config_needs_the_token_validates_and_applies(served):
     change = json.dumps({"runner": "model", "method": "predict", "max_batch_size": 2}).encode()
     assert call(served, "/config", change, "PATCH")[0] == 401
     bad = json.dumps({"runner": "model", "method": "predict", "max_batch_size": 0}).encode()
-    auth = {"Authorization": f"Bearer {served.token}"}
+    auth = {"Authorization": f"Bearer {served.token}", "Content-Type": "application/json"}
     status, _, body = call(served, "/config", bad, "PATCH", auth)
     assert status == 422 and "max_batch_size must be an integer >= 1" in json.loads(body)["detail"]
     assert json.loads(call(served, "/config")[2])["model"]["predict"]["max_batch_size"] == 16

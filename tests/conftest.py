@@ -1,0 +1,50 @@
+"""Fixtures shared across test folders."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+from collections.abc import Callable
+
+import pytest
+
+RawReply = tuple[int, dict[str, str], bytes]
+
+
+def raw_request(port: int, request: bytes, timeout_s: float = 10.0) -> RawReply:
+    """Send ``request`` (exact bytes, headers and all) to 127.0.0.1:port; read one reply.
+
+    Raises OSError (a reset, a timeout) when no reply comes.
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(request)
+        reply = http.client.HTTPResponse(sock)
+        reply.begin()
+        return reply.status, {k.lower(): v for k, v in reply.getheaders()}, reply.read()
+
+
+def build_request(
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    *,
+    port: int = 0,
+) -> bytes:
+    """The bytes of an HTTP/1.1 request, ``Connection: close``, Host 127.0.0.1 unless given."""
+    head = {"Host": f"127.0.0.1:{port}", "Content-Length": str(len(body)), "Connection": "close"}
+    head.update(headers or {})
+    lines = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in head.items() if v is not None)]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+@pytest.fixture
+def raw_http() -> Callable[..., RawReply]:
+    """``raw_http(port, method, path, body=b"", headers=None)``: one request on a new socket."""
+
+    def send(
+        port: int, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> RawReply:
+        return raw_request(port, build_request(method, path, body, headers, port=port))
+
+    return send
