@@ -121,11 +121,17 @@ def _module_name(path: pathlib.Path) -> str:
 
 
 def _core_imports() -> dict[str, set[str]]:
-    """Every labserve module and the labserve modules it imports (lazily or not)."""
-    graph: dict[str, set[str]] = {}
-    for path, _node, names in _absolute_imports(CORE):
-        deps = graph.setdefault(_module_name(path), set())
+    """Every labserve module and the labserve modules it imports (lazily or not).
+
+    ``from package import module`` counts as importing the module.
+    """
+    modules = {_module_name(p) for p in CORE.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for path, node, names in _absolute_imports(CORE):
+        deps = graph[_module_name(path)]
         deps.update(n for n in names if n == "labserve" or n.startswith("labserve."))
+        if isinstance(node, ast.ImportFrom):
+            deps.update(m for a in node.names if (m := f"{node.module}.{a.name}") in modules)
     return graph
 
 
@@ -189,3 +195,27 @@ def test_the_layer_check_can_fail():
 def test_no_import_cycles():
     assert import_cycles(_core_imports()) == []
     assert import_cycles({"labserve.x.a": {"labserve.x.b"}, "labserve.x.b": {"labserve.x.a"}})
+
+
+def private_imports(root: pathlib.Path) -> list[str]:
+    """``from module import _name`` of another module's private name, anywhere under root."""
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        bad.append(f"{path.name}:{node.lineno} imports {alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    private = [p for p in alias.name.split(".")[1:] if p.startswith("_")]
+                    if private and not alias.name.startswith("labserve._version"):
+                        bad.append(f"{path.name}:{node.lineno} imports {alias.name}")
+    return bad
+
+
+def test_no_module_imports_another_modules_private_name(tmp_path):
+    here = pathlib.Path(__file__).parents[1]
+    assert private_imports(CORE) + private_imports(here / "widgets") == []
+    (tmp_path / "reach.py").write_text("from labserve.server.app import _Base\n")
+    assert private_imports(tmp_path) == ["reach.py:1 imports _Base"]

@@ -62,7 +62,15 @@ class _Infer(BodyHandler):
 
 class _Health(BaseHandler):
     def get(self) -> None:
-        self.reply_json({"status": "ok"})
+        # Alive while it answers; "degraded" names the methods whose every batch slot is
+        # held by a model call past its request timeout (they refuse requests meanwhile).
+        stuck = {
+            f"{name}.{s.method}": f"{s.stuck_batches} stuck batch(es), refusing requests"
+            for name, runner in self.runners().items()
+            for s in runner.snapshots()
+            if not s.ready
+        }
+        self.reply_json({"status": "degraded", "not_ready": stuck} if stuck else {"status": "ok"})
 
 
 class _Stats(BaseHandler):

@@ -59,13 +59,23 @@ class _Server(_V2):
 
 class _Health(_V2):
     def get(self, which: str) -> None:
-        self.reply_json({"live": True} if which == "live" else {"ready": True})
+        if which == "live":
+            self.reply_json({"live": True})
+            return
+        ready = all(m.stats().ready for m in models(self.runners()).values())
+        if not ready:
+            self.set_status(503)
+        self.reply_json({"ready": ready})
 
 
 class _Ready(_V2):
     def get(self, name: str, version: str | None = None) -> None:
-        self.model(name)
-        self.reply_json({"name": name, "ready": True})
+        # Not ready while every batch slot is held by a stuck model call (503, as Triton
+        # answers a model that is not ready with an error status).
+        ready = self.model(name).stats().ready
+        if not ready:
+            self.set_status(503)
+        self.reply_json({"name": name, "ready": ready})
 
 
 class _Metadata(_V2):

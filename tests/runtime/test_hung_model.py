@@ -117,3 +117,37 @@ def test_an_async_model_that_awaits_is_not_reported(bg, caplog):
         runner.predict.run(np.ones((1, 2)))
     assert [r for r in caplog.records if r.name == "labserve.runtime"] == []
     runner.stop()
+
+
+def test_the_server_reports_a_stuck_method_not_ready(bg):
+    import json
+    import urllib.error
+    import urllib.request
+
+    model = Hangs()
+    runner = labserve.Runner(model, name="hung", loop=bg, request_timeout_ms=100)
+    server = labserve.serve(runner)
+    try:
+
+        def get(path):
+            try:
+                with urllib.request.urlopen(server.url + path, timeout=WAIT) as reply:
+                    return reply.status, json.loads(reply.read())
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.loads(exc.read())
+
+        assert get("/v2/models/hung/ready") == (200, {"name": "hung", "ready": True})
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = call(pool, runner, 1)
+            assert model.started.wait(WAIT)
+            with pytest.raises(labserve.RequestTimeoutError):
+                first.result(WAIT)
+            assert get("/v2/models/hung/ready") == (503, {"name": "hung", "ready": False})
+            assert get("/v2/health/ready") == (503, {"ready": False})
+            status, health = get("/healthz")
+            assert status == 200 and health["status"] == "degraded"
+            assert list(health["not_ready"]) == ["hung.predict"]
+            model.gate.set()
+    finally:
+        server.stop()
+        runner.stop()
