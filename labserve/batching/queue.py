@@ -638,6 +638,7 @@ class BatchQueue:
             queue_items=self._queued_items,
             in_flight_batches=self._in_flight,
             stuck_batches=len(self._stuck),
+            budget_s=self._budget_s,
             cost_fit=CostFitView(fit.a_s * 1000.0, fit.b_s * 1000.0, fit.samples, low, high),
         )
 

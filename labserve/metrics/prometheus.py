@@ -47,6 +47,27 @@ class SnapshotCollector(Collector):
         fit_b = gauge(
             "labserve_cost_model_per_item_seconds", "Fitted cost per item.", labels=_LABELS
         )
+        model_time = gauge(
+            "labserve_model_seconds_per_request",
+            "Model time per request served (window).",
+            labels=_LABELS,
+        )
+        busy = gauge(
+            "labserve_model_busy_ratio",
+            "Model time / (window x max_concurrent_batches).",
+            labels=_LABELS,
+        )
+        target = gauge(
+            "labserve_latency_slo_seconds", "latency_slo_ms in force (0: none).", labels=_LABELS
+        )
+        met = gauge(
+            "labserve_latency_slo_met_ratio",
+            "Share of requests served within the latency target (window).",
+            labels=_LABELS,
+        )
+        stuck = gauge(
+            "labserve_stuck_batches", "Batches running past request_timeout_ms.", labels=_LABELS
+        )
         requests = CounterMetricFamily(
             "labserve_requests", "Requests by outcome.", labels=[*_LABELS, "outcome"]
         )
@@ -75,6 +96,15 @@ class SnapshotCollector(Collector):
             wait_cap.add_metric(labels, s.config.max_latency_s)
             fit_a.add_metric(labels, s.cost_fit.a_ms / 1000.0)
             fit_b.add_metric(labels, s.cost_fit.b_ms / 1000.0)
+            target.add_metric(labels, s.config.latency_slo_s)
+            stuck.add_metric(labels, s.stuck_batches)
+            for family, value in (
+                (model_time, s.model_ms_per_request / 1000.0),
+                (busy, s.model_busy_fraction),
+                (met, s.latency_slo_met),
+            ):
+                if value == value:  # no sample while it is NaN (nothing measured yet)
+                    family.add_metric(labels, value)
             for outcome in RUNNER_OUTCOMES:
                 requests.add_metric([*labels, outcome], getattr(s, outcome))
             for reason, count in sorted(s.fire_reasons.items()):
@@ -83,6 +113,7 @@ class SnapshotCollector(Collector):
             latency.add_metric(labels, *_time_buckets(s.latency_buckets, s.latency_sum_s, s))
             wait.add_metric(labels, *_time_buckets(s.queue_wait_buckets, s.queue_wait_sum_s, s))
         yield from (queue_req, queue_items, in_flight, cap, wait_cap, fit_a, fit_b)
+        yield from (model_time, busy, target, met, stuck)
         yield from (requests, batches, batch_size, latency, wait)
 
 

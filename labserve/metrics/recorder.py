@@ -113,6 +113,8 @@ class Recorder:
         # Start times and sizes again, as arrays: the windowed mean batch is one vector op.
         self._batch_start = np.full(self._batch_capacity, -np.inf)
         self._batch_items = np.zeros(self._batch_capacity)
+        self._batch_duration = np.zeros(self._batch_capacity)
+        self._batch_requests = np.zeros(self._batch_capacity)
         self._batch_pos = 0
         self.batch_size_counts: dict[int, int] = {}
         self.fire_reasons: dict[str, int] = {}
@@ -191,6 +193,8 @@ class Recorder:
         self._batches[slot] = record
         self._batch_start[slot] = record.start_s
         self._batch_items[slot] = record.items
+        self._batch_duration[slot] = record.duration_s
+        self._batch_requests[slot] = record.requests
         self._batch_pos += 1
         self.batch_size_counts[record.items] = self.batch_size_counts.get(record.items, 0) + 1
         self.fire_reasons[record.reason] = self.fire_reasons.get(record.reason, 0) + 1
@@ -234,6 +238,27 @@ class Recorder:
         items = self._batch_items[self._batch_start >= now - self.window_s]
         return float(items.mean()) if len(items) else math.nan
 
+    def model_time(self, now: float, slots: int) -> tuple[float, float]:
+        """(model ms per request, busy fraction) of the batches started in the window.
+
+        Busy fraction: model time / (the window, or the time since the first record if
+        shorter, x ``slots`` batch slots). NaN for both without batches.
+        """
+        mask = self._batch_start >= now - self.window_s
+        requests = float(self._batch_requests[mask].sum())
+        if not requests:
+            return math.nan, math.nan
+        busy_s = float(self._batch_duration[mask].sum())
+        start = self._rates.start_s if self._rates.start_s is not None else now
+        span = min(self.window_s, now - start)
+        busy = busy_s / (span * slots) if span > 0 else math.nan
+        return 1000.0 * busy_s / requests, busy
+
+    def slo_met(self, now: float, target_s: float) -> float:
+        """The share of requests served in the window within ``target_s`` (NaN: none)."""
+        latency = self._latency[self._finish >= now - self.window_s]
+        return float(np.mean(latency <= target_s)) if len(latency) else math.nan
+
     def buckets(self) -> tuple[tuple[tuple[float, int], ...], tuple[tuple[float, int], ...]]:
         """Cumulative (bound, count) pairs of latency and queue wait at LATENCY_BOUNDS_S."""
         lat = self.latency_hist.cumulative(LATENCY_BOUNDS_S)
@@ -259,6 +284,7 @@ class Recorder:
         in_flight_batches: int,
         stuck_batches: int,
         cost_fit: CostFitView,
+        budget_s: float = 0.0,
     ) -> Snapshot:
         """What was recorded, with the queue's state as given, as one immutable Snapshot."""
         rates = self.rates(now)
@@ -266,6 +292,8 @@ class Recorder:
         lat_o, wait_o = self.overall_percentiles()
         counts = self.counters()
         lat_buckets, wait_buckets = self.buckets()
+        model_ms, busy = self.model_time(now, config.max_concurrent_batches)
+        target = config.latency_slo_s
         return Snapshot(
             runner=runner,
             method=method,
@@ -283,6 +311,10 @@ class Recorder:
             refused=counts["refused"],
             timeout=counts["timeout"],
             stuck_batches=stuck_batches,
+            model_ms_per_request=model_ms,
+            model_busy_fraction=busy,
+            latency_slo_met=self.slo_met(now, target) if target else math.nan,
+            latency_budget_ms=budget_s * 1000.0 if budget_s else math.nan,
             arrival_rate=rates["arrived"],
             served_rate=rates["served"],
             rejected_rate=rates["rejected"] + rates["refused"],

@@ -72,6 +72,9 @@ class RunResult:
         ``rejected_pct`` counts rejected and refused requests, ``failed_pct`` failed ones,
         ``timeout_pct`` those past their request timeout; ``cancelled_pct``,
         ``connect_error_pct`` and ``reset_pct`` appear only when some request ended so.
+        ``model_ms_per_request`` and ``model_busy_pct`` say what the run cost in model time
+        (busy: model time / (duration x ``max_concurrent_batches``)); with a latency target,
+        ``slo_met_pct`` is the share of served requests within it.
         """
         n = len(self.arrival_s)
         span = self.duration_s if self.duration_s > 0 else math.nan
@@ -98,6 +101,14 @@ class RunResult:
         if self.send_lag_s is not None and len(self.send_lag_s):
             out["send_lag_p99_ms"] = float(np.percentile(self.send_lag_s, 99) * 1000.0)
             out["send_lag_max_ms"] = float(self.send_lag_s.max() * 1000.0)
+        # Unknown (NaN) when the run saw no batches (a load over HTTP sees none itself).
+        model_s = float(self.batch_duration_s.sum()) if len(self.batch_duration_s) else math.nan
+        slots = int(self.config.get("max_concurrent_batches", 1))
+        out["model_ms_per_request"] = 1000.0 * model_s / served if served else math.nan
+        out["model_busy_pct"] = 100.0 * model_s / (span * slots)
+        target_ms = float(self.config.get("latency_slo_ms", 0.0))
+        if target_ms > 0:
+            out["slo_met_pct"] = 100.0 * float(np.mean(self.latency_s * 1000.0 <= target_ms))
         batches = len(self.batch_items)
         out["batches"] = batches
         out["mean_batch"] = float(self.batch_items.mean()) if batches else math.nan

@@ -115,6 +115,15 @@ class Snapshot:
     """Admitted requests answered with RequestTimeoutError (past request_timeout_ms)."""
     stuck_batches: int = 0
     """Running batches past request_timeout_ms (a model call that may never return)."""
+    model_ms_per_request: float = math.nan
+    """Model time per request (window): what batching saves, in milliseconds."""
+    model_busy_fraction: float = math.nan
+    """Model time / (window x max_concurrent_batches): how busy the batch slots were."""
+    latency_slo_met: float = math.nan
+    """Share of requests served in the window within ``latency_slo_ms`` (NaN: no target)."""
+    latency_budget_ms: float = math.nan
+    """What the adaptive strategy plans a request's latency to: the target less the margin
+    it learnt from answered batches (NaN: no target, or another strategy)."""
 
     @property
     def pending(self) -> int:

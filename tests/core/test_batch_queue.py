@@ -888,3 +888,50 @@ def test_quiet_items_when_every_slot_is_busy_or_a_slot_is_free():
     waiting = make_queue(strategy="greedy", on_overload="wait")
     waiting.admit((rows(1),), now=0.0)
     assert waiting.poll(0.0).quiet_items is None  # no slot, no expiry: arrivals only queue
+
+
+# -- the latency target's margin, and overload predicted at admission ----------------------
+
+
+def warm(q, n=8, now=0.0, items=4, cost_s=0.002):
+    """Run ``n`` batches through ``q`` so that its cost model is fitted; returns the time."""
+    for _ in range(n):
+        q.admit((rows(items),), now=now)
+        for batch in q.poll(now).fire:
+            now += cost_s + 0.0001 * batch.items
+            q.complete(batch, q.codec.split(rows(batch.items), batch.counts), now)
+            q.release(batch, now, ok=True)
+            q.answered(batch, now)
+    return now
+
+
+def test_a_batch_whose_oldest_request_missed_the_target_lowers_the_planning_budget():
+    q = make_queue(strategy="adaptive", latency_slo_ms=10, max_batch_size=8)
+    assert q.snapshot(0.0).latency_budget_ms == pytest.approx(10.0)  # the target, at first
+    q.admit((rows(1),), now=0.0)
+    (batch,) = q.poll(0.0).fire
+    q.release(batch, 0.002, ok=True)
+    q.answered(batch, now=0.013)  # answered 13 ms after the request came: a miss
+    assert q.snapshot(0.013).latency_budget_ms == pytest.approx(10.0 - 0.5 * (1 - 0.005))
+    q.configure(q.config.replace(latency_slo_ms=20))
+    q.poll(0.02)
+    assert q.snapshot(0.02).latency_budget_ms == pytest.approx(20.0)  # learnt again, anew
+
+
+def test_reject_refuses_at_admission_what_cannot_start_within_the_cap():
+    q = make_queue(strategy="greedy", max_batch_size=4, max_latency_ms=5, on_overload="reject")
+    now = warm(q)
+    q.admit((rows(4),), now=now)
+    assert len(q.poll(now).fire) == 1  # due to run 2.4 ms; the slot is busy from here
+    for _ in range(8):  # two full batches queued: the next would start in ~7 ms
+        q.admit((rows(1),), now=now)
+    with pytest.raises(OverloadError, match="would wait about") as refused:
+        q.admit((rows(1),), now=now)
+    assert refused.value.predicted_wait_s > 0.005 and refused.value.retry_after_s > 0.005
+    assert q.snapshot(now).refused == 1
+    with_wait = make_queue(strategy="greedy", max_batch_size=4, max_latency_ms=5)
+    now = warm(with_wait)
+    with_wait.admit((rows(4),), now=now)
+    with_wait.poll(now)
+    for _ in range(20):
+        with_wait.admit((rows(1),), now=now)  # 'wait' (the default) queues them all

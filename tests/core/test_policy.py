@@ -153,3 +153,40 @@ def test_adaptive_decisions_never_reach_past_the_oldest_deadline():
             assert now < d.until_s <= deadline
         else:
             assert d.reason in ("full", "timeout", "adaptive", "idle")
+
+
+# -- the latency target ------------------------------------------------------------------
+
+FIT = CostFit(a_s=0.002, b_s=0.0001, samples=64)  # 2 ms per call, 0.1 ms per item
+
+
+def test_a_target_holds_until_the_oldest_requests_predicted_latency_reaches_it():
+    cfg = config("adaptive", max_batch_size=64, max_latency_ms=20, latency_slo_ms=15)
+    # 4 items queued, the oldest arrived 1 ms ago, 2000 items/s arriving. Firing at t, the
+    # oldest takes (t - t0) + 2 ms + 0.1 ms * (4 + 2000 * (t - now)): 15 ms when the hold
+    # is (15 - 1 - 2.4) / 1.2 = 9.67 ms.
+    decision = decide(view(items=4, oldest=0.0), 0.001, cfg, FIT, (2000.0, 2000.0), 0.015)
+    assert isinstance(decision, Hold)
+    assert decision.until_s == pytest.approx(0.001 + 0.0116 / 1.2)
+    assert decision.until_items == 4 + int(2000 * 0.0116 / 1.2) + 1  # more: decide again
+
+
+def test_a_target_fires_at_once_when_the_prediction_already_misses_it():
+    cfg = config("adaptive", max_batch_size=64, max_latency_ms=20, latency_slo_ms=15)
+    late = view(items=40, oldest=0.0)  # 9 ms waited; 2 + 4 ms to run: only 0 ms to spare
+    assert decide(late, 0.009, cfg, FIT, (2000.0, 2000.0), 0.015) == Fire("idle")
+    holding = view(items=40, oldest=0.0, hold_start=0.001, hold_until=0.02)
+    assert decide(holding, 0.009, cfg, FIT, (2000.0, 2000.0), 0.015) == Fire("adaptive")
+
+
+def test_a_target_never_holds_past_the_wait_cap_or_a_full_batch():
+    cfg = config("adaptive", max_batch_size=8, max_latency_ms=5, latency_slo_ms=50)
+    decision = decide(view(items=2, oldest=0.0), 0.0, cfg, FIT, (100.0, 100.0), 0.050)
+    assert decision == Hold(0.005, 3)  # the 5 ms cap comes first
+    assert decide(view(items=8), 0.0, cfg, FIT, (100.0, 100.0), 0.050) == Fire("full")
+
+
+def test_a_target_fires_like_greedy_until_the_cost_is_known():
+    cfg = config("adaptive", max_batch_size=64, max_latency_ms=20, latency_slo_ms=15)
+    unknown = CostFit(0.002, 0.0001, samples=2)
+    assert decide(view(items=2), 0.0, cfg, unknown, (2000.0, 2000.0), 0.015) == Fire("idle")

@@ -55,6 +55,31 @@ def test_concurrent_async_runs_form_batches_and_each_caller_gets_its_own_rows(ma
     assert snap.pending == 0
 
 
+class Costly(labserve.Runnable):
+    """The issue's model: 2 ms + 0.1 ms per row, with the decorator's caps only."""
+
+    @labserve.method(batchable=True, batch_dim=0, max_batch_size=32, max_latency_ms=10)
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        time.sleep(0.002 + 0.0001 * len(x))
+        return x * 2 + 1
+
+
+def test_a_burst_of_200_callers_is_served_whole_under_the_defaults(make_runner):
+    # No on_overload, no max_queue_size: nobody is refused for having waited (the burst is
+    # more than 10 ms of work, which the old 'reject' default refused two thirds of).
+    runner = make_runner(Costly, name="costly")
+
+    async def main() -> list[np.ndarray]:
+        return await asyncio.gather(*(runner.predict.async_run(row(i)) for i in range(200)))
+
+    results = asyncio.run(main())
+    for i, y in enumerate(results):
+        np.testing.assert_array_equal(y, row(2 * i + 1))
+    snap = runner.stats("predict")
+    assert (snap.served, snap.rejected, snap.refused) == (200, 0, 0)
+    assert snap.mean_batch_size >= 8
+
+
 def run_with_one_odd_shape(runner: labserve.Runner) -> tuple[list[Any], Any]:
     """Send N_CONCURRENT rows and one (1, 3) request among them; (the rows' results, its own)."""
     odd_index = N_CONCURRENT // 2

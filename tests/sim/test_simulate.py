@@ -3,6 +3,7 @@ import math
 import numpy as np
 import pytest
 
+import labserve
 from labserve.base.vocabulary import OUTCOMES, REASONS
 from labserve.sim import LinearCost, simulate
 from labserve.testing import assert_slo
@@ -223,3 +224,48 @@ def test_a_simulated_overload_with_a_request_timeout_ends_some_requests_in_timeo
     with pytest.raises(AssertionError, match="timeout_pct: asked <= 0"):
         assert_slo(r, timeout_pct=0)
     assert_slo(r, timeout_pct=100)
+
+
+def test_a_latency_target_is_met_with_less_model_time_than_greedy():
+    # The case: cost 2 ms + 0.1 ms/item, cap 64, a 15 ms target at p99.
+    for rate, most in ((1000, 0.5), (2000, 0.5), (4000, 1.0)):
+        times = poisson(rate, rate * 10, seed=rate)
+        caps = dict(cost=(2.0, 0.1), max_batch_size=64, max_latency_ms=20, handoff_ms=1.0)
+        greedy = simulate(times, strategy="greedy", **caps).summary()
+        aimed = simulate(times, strategy="adaptive", latency_slo_ms=15, **caps).summary()
+        assert aimed["latency_p99_ms"] <= 15.0, rate
+        assert aimed["slo_met_pct"] >= 99.0, rate
+        assert aimed["model_ms_per_request"] < most * greedy["model_ms_per_request"], rate
+        assert aimed["mean_batch"] > greedy["mean_batch"], rate
+
+
+def test_the_batch_follows_a_step_in_load_within_a_second_and_the_target_holds():
+    arrivals = labserve.StepArrivals([(0, 200), (5, 4000), (10, 200)])
+    r = simulate(
+        arrivals,
+        duration_s=15,
+        seed=1,
+        cost=(2.0, 0.1),
+        handoff_ms=1.0,
+        strategy="adaptive",
+        latency_slo_ms=15,
+        max_batch_size=64,
+        max_latency_ms=20,
+    )
+    latency_ms = (r.finish_s - r.arrival_s) * 1000.0
+    for start, stop in ((1, 5), (6, 10), (11, 15)):  # each phase after its first second
+        phase = (r.arrival_s >= start) & (r.arrival_s < stop) & r.served
+        assert np.percentile(latency_ms[phase], 99) <= 15.0, start
+
+    def mean_batch(start, stop):
+        fired = (r.batch_start_s >= start) & (r.batch_start_s < stop)
+        return r.batch_items[fired].mean()
+
+    assert mean_batch(5.5, 6.0) > 4 * mean_batch(4.0, 5.0)  # up within half a second
+    assert mean_batch(10.5, 11.0) < mean_batch(9.0, 10.0) / 4  # and down again
+
+
+def test_without_a_target_the_summary_has_no_slo_share_and_costs_are_reported():
+    s = simulate(poisson(1000, 2000), cost=(2.0, 0.1), strategy="greedy").summary()
+    assert "slo_met_pct" not in s
+    assert 0 < s["model_ms_per_request"] and 0 < s["model_busy_pct"] < 100
