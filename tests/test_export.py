@@ -143,3 +143,13 @@ def test_the_request_timeout_maps_to_each_systems_nearest_setting():
     assert "request_timeout_s=2.5" in export_config(cfg, "ray")
     assert "request_timeout_ms: 2500.0" in export_config(cfg)
     assert "timeout" not in export_config(cfg.replace(request_timeout_ms=0), "triton")
+
+
+def test_a_latency_target_is_named_with_each_systems_nearest_setting():
+    cfg = BatchingConfig(latency_slo_ms=15, slo_percentile=95)
+    labserve_yaml = export_config(cfg)
+    assert "latency_slo_ms: 15.0" in labserve_yaml
+    assert "whole-latency budget" in labserve_yaml and "max_latency_ms: 15" in labserve_yaml
+    assert "no latency target" in export_config(cfg, "ray")
+    assert "no latency target" in export_config(cfg.replace(strategy="fixed"), "triton")
+    assert "latency_slo" not in export_config(BatchingConfig(), "ray")

@@ -55,6 +55,13 @@ def _labserve(cfg: BatchingConfig, runner: str | None, method: str | None) -> st
         f" {', '.join(_LABSERVE_ONLY)} and isolate_errors are labserve-only;"
         " request_timeout_ms is closest to BentoML's service-wide traffic.timeout (seconds).",
     ]
+    if cfg.latency_slo_ms:
+        header.append(
+            f"# latency_slo_ms={cfg.latency_slo_ms:g} (p{cfg.slo_percentile:g}) is labserve's"
+            " target, planned for by batching; BentoML's nearest is max_latency_ms used as a"
+            " whole-latency budget, which it enforces by refusing (503) what it predicts will"
+            f" miss it: set max_latency_ms: {cfg.latency_slo_ms:g} there for that behaviour."
+        )
     text = yaml.safe_dump({"runners": body}, sort_keys=False, default_flow_style=False)
     return "\n".join(header) + "\n" + text
 
@@ -80,8 +87,14 @@ def _ray(cfg: BatchingConfig, method: str | None) -> str:
         args += f", max_concurrent_batches={cfg.max_concurrent_batches}"
     name = method or "predict"
     timeout = ""
+    if cfg.latency_slo_ms:
+        timeout += (
+            f"# latency_slo_ms={cfg.latency_slo_ms:g}: Ray has no latency target;"
+            " batch_wait_timeout_s is a batching wait (the nearest: keep it below the target"
+            " less the batch's run time).\n"
+        )
     if cfg.request_timeout_s:
-        timeout = (
+        timeout += (
             "# request_timeout_ms: Ray Serve's proxy-wide http_options.request_timeout_s="
             f"{_number(cfg.request_timeout_s)} (serve.start), not per method.\n"
         )
@@ -127,6 +140,12 @@ def _triton(cfg: BatchingConfig, runner: str | None, method: str | None) -> str:
         f" request while it is short of max_batch_size, like labserve's 'fixed'; {match}"
         f"{concurrency}."
     )
+    if cfg.latency_slo_ms:
+        lines.append(
+            f"# latency_slo_ms={cfg.latency_slo_ms:g}: Triton has no latency target;"
+            " max_queue_delay_microseconds is a batching wait (the nearest: keep it below the"
+            " target less the batch's run time; model_analyzer searches for it offline)."
+        )
     policy = [f"    max_queue_size: {cfg.max_queue_size}"]
     if cfg.request_timeout_s:
         lines.append(
