@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any
 
@@ -45,38 +45,39 @@ def _bool(key: str, value: Any, source: str | None) -> bool:
     return value
 
 
+def _percentile(key: str, value: Any, source: str | None) -> float:
+    number = _number_at_least(key, value, 0.0, source)
+    if not 0.0 < number < 100.0:
+        raise ConfigError(key, value, "a percentile between 0 and 100 (exclusive)", source=source)
+    return number
+
+
+_Rule = Callable[[str, Any, "str | None"], Any]
+_RULES: dict[str, _Rule] = {
+    "enabled": _bool,
+    "strategy": lambda k, v, s: _choice(k, v, STRATEGIES, s),
+    "max_batch_size": lambda k, v, s: _int_at_least(k, v, 1, s),
+    "max_latency_ms": lambda k, v, s: _number_at_least(k, v, 0.0, s),
+    "on_overload": lambda k, v, s: _choice(k, v, OVERLOAD_ACTIONS, s),
+    "max_queue_size": lambda k, v, s: _int_at_least(k, v, 1, s),
+    "max_concurrent_batches": lambda k, v, s: _int_at_least(k, v, 1, s),
+    "isolate_errors": _bool,
+    "latency_slo_ms": lambda k, v, s: _number_at_least(k, v, 0.0, s),
+    "slo_percentile": _percentile,
+    "request_timeout_ms": lambda k, v, s: _number_at_least(k, v, 0.0, s),
+}
+"""Each setting's rule, in the order of BatchingConfig's fields."""
+
+
 def validate_field(key: str, value: Any, *, source: str | None = None, path: str = "") -> Any:
     """Check one config value; return it normalised or raise ConfigError naming the rule."""
-    name = f"{path}{key}"
-    if key == "enabled":
-        return _bool(name, value, source)
-    if key == "strategy":
-        return _choice(name, value, STRATEGIES, source)
-    if key == "max_batch_size":
-        return _int_at_least(name, value, 1, source)
-    if key == "max_latency_ms":
-        return _number_at_least(name, value, 0.0, source)
-    if key == "on_overload":
-        return _choice(name, value, OVERLOAD_ACTIONS, source)
-    if key == "max_queue_size":
-        return _int_at_least(name, value, 1, source)
-    if key == "max_concurrent_batches":
-        return _int_at_least(name, value, 1, source)
-    if key == "isolate_errors":
-        return _bool(name, value, source)
-    if key == "request_timeout_ms":
-        return _number_at_least(name, value, 0.0, source)
-    if key == "latency_slo_ms":
-        return _number_at_least(name, value, 0.0, source)
-    if key == "slo_percentile":
-        number = _number_at_least(name, value, 0.0, source)
-        if not 0.0 < number < 100.0:
-            raise ConfigError(
-                name, value, "a percentile between 0 and 100 (exclusive)", source=source
-            )
-        return number
-    allowed = ", ".join(f.name for f in dataclasses.fields(BatchingConfig))
-    raise ConfigError(name, value, f"a known setting (one of: {allowed})", source=source)
+    rule = _RULES.get(key)
+    if rule is None:
+        allowed = ", ".join(_RULES)
+        raise ConfigError(
+            f"{path}{key}", value, f"a known setting (one of: {allowed})", source=source
+        )
+    return rule(f"{path}{key}", value, source)
 
 
 @dataclasses.dataclass(frozen=True)

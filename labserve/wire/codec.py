@@ -16,11 +16,21 @@ import numpy as np
 
 from labserve.base.errors import InputError, OutputError
 
-__all__ = ["JSON", "NPY", "decode", "dumps", "encode", "jsonable"]
+__all__ = ["JSON", "NPY", "decode", "dumps", "encode", "jsonable", "load_json"]
 
 JSON = "application/json"
 NPY = "application/x-npy"
 _NUMERIC_KINDS = "biufc"
+
+
+def load_json(body: bytes, what: str) -> Any:
+    """``json.loads``, with InputError (400) naming ``what`` for bad or too deeply nested JSON."""
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{what} is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise InputError(f"{what} is JSON nested too deeply to read") from None
 
 
 def decode(body: bytes, content_type: str) -> tuple[Any, str]:
@@ -30,12 +40,7 @@ def decode(body: bytes, content_type: str) -> tuple[Any, str]:
     """
     if content_type.split(";")[0].strip().lower() == NPY:
         return _npy(body), "npy"
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"body is not valid JSON: {exc}") from exc
-    except RecursionError:
-        raise InputError("body is JSON nested too deeply to read") from None
+    data = load_json(body, "body")
     if isinstance(data, list):
         return _array(data, "body"), "json"
     if isinstance(data, dict) and data:

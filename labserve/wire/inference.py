@@ -8,7 +8,6 @@ JSON (NaN and infinities as ``null``); a result the protocol cannot carry is Out
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from labserve.base.errors import InputError, OutputError
-from labserve.wire.codec import dumps, jsonable
+from labserve.wire.codec import dumps, jsonable, load_json
 from labserve.wire.datatypes import datatype, numpy_dtype
 
 __all__ = ["BINARY", "HEADER_LENGTH", "InferRequest", "decode_request", "encode_reply", "outputs"]
@@ -51,12 +50,7 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         head, binary = body[: int(header_length)], body[int(header_length) :]
     else:
         head, binary = body, b""
-    try:
-        request = json.loads(head)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"inference request is not valid JSON: {exc}") from exc
-    except RecursionError:
-        raise InputError("inference request is JSON nested too deeply to read") from None
+    request = load_json(head, "inference request")
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise InputError('inference request must be a JSON object with an "inputs" list')
     params = _object(request.get("parameters"), "parameters")

@@ -129,10 +129,10 @@ def test_from_layers_validates_the_merged_result():
 
 
 def test_a_layer_has_every_setting_of_the_config_and_nothing_else():
-    from labserve.config.batching import SETTINGS, BatchingLayer
+    from labserve.config.batching import _RULES, SETTINGS, BatchingLayer
 
     layer_settings = [f.name for f in dataclasses.fields(BatchingLayer) if f.repr]
-    assert layer_settings == list(SETTINGS)
+    assert layer_settings == list(SETTINGS) == list(_RULES)
 
 
 def test_a_layer_checks_each_value_once_where_it_enters():
