@@ -174,7 +174,14 @@ def _serve(args: argparse.Namespace) -> None:
     if not (isinstance(cls, type) and issubclass(cls, Runnable)):
         raise UsageError(f"{args.target!r} is not a labserve.Runnable class")
     runner = Runner(cls, name=args.name, config=args.config)
-    server = serve(runner, host=args.host, port=args.port, token=args.token)
+    server = serve(
+        runner,
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        allow_origin=args.allow_origin,
+        allow_hosts=args.allow_host,
+    )
     print(
         f"serving {runner.name} at {server.url}  (token {server.token}); Ctrl-C stops", flush=True
     )
@@ -272,6 +279,20 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=3000)
     srv.add_argument("--token", help="required for PATCH /config (and every route off loopback)")
+    srv.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let pages of this origin call the server (repeatable; '*' for any)",
+    )
+    srv.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="accept this Host name besides loopback and the bound address (repeatable; '*')",
+    )
     srv.set_defaults(run=_serve)
 
     load = sub.add_parser("load", help="open- or closed-loop load on an HTTP endpoint")

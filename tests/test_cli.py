@@ -79,6 +79,7 @@ def test_serve_runs_in_the_foreground_and_stops_on_ctrl_c(tmp_path):
     import signal
     import subprocess
     import sys
+    import urllib.error
     import urllib.request
 
     (tmp_path / "mymodel.py").write_text(
@@ -89,7 +90,10 @@ def test_serve_runs_in_the_foreground_and_stops_on_ctrl_c(tmp_path):
         "        return x\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "labserve.cli", "serve", "mymodel:Echo", "--port", "0"],
+        [
+            *(sys.executable, "-m", "labserve.cli", "serve", "mymodel:Echo", "--port", "0"),
+            *("--allow-origin", "https://dash.example", "--allow-host", "lab.example"),
+        ],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
         stdout=subprocess.PIPE,
@@ -107,6 +111,23 @@ def test_serve_runs_in_the_foreground_and_stops_on_ctrl_c(tmp_path):
         )
         with urllib.request.urlopen(req, timeout=10) as reply:
             assert json.loads(reply.read()) == [[1, 2]]
+        # The flags open exactly what they name: that origin and that Host, nothing else.
+        for headers, allowed in (
+            ({"Origin": "https://dash.example", "Host": "lab.example"}, True),
+            ({"Origin": "https://evil.example"}, False),
+            ({"Host": "rebind.evil.example"}, False),
+        ):
+            req = urllib.request.Request(
+                url + "/runners/echo/predict",
+                data=b"[[1, 2]]",
+                headers={"Content-Type": "application/json", **headers},
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=10) as reply:
+                    status = reply.status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            assert (status == 200) is allowed, (headers, status)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
     finally:
