@@ -19,6 +19,9 @@ from labserve.base.errors import (
     ConfigError,
     InputError,
     LabServeError,
+    LoadInterrupted,
+    LoadTargetError,
+    LoadWarning,
     LoopThreadError,
     ModelError,
     OverloadError,
@@ -43,7 +46,7 @@ from labserve.load.arrivals import (
     TraceArrivals,
     arrivals,
 )
-from labserve.load.generator import LoadRun, LoadWarning, load_test, start_load
+from labserve.load.generator import LoadRun, load_test, start_load
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.metrics.results import RunResult
 from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
@@ -74,7 +77,9 @@ __all__ = [
     "InputError",
     "LabServeError",
     "LinearCost",
+    "LoadInterrupted",
     "LoadRun",
+    "LoadTargetError",
     "LoadWarning",
     "LoopThreadError",
     "ModelError",
