@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import importlib
 import sys
 import threading
@@ -62,9 +63,10 @@ def _progress(label: str) -> Callable[[int, int], None]:
 
 
 def _demo(args: argparse.Namespace) -> None:
+    from labserve.base.errors import LoadWarning
     from labserve.lab.demo import SleepModel
     from labserve.load.arrivals import PoissonArrivals
-    from labserve.load.generator import LoadWarning, load_test
+    from labserve.load.generator import load_test
     from labserve.runtime.runner import Runner
 
     runner = Runner(
@@ -190,23 +192,74 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace) -> None:
-    from labserve.load.arrivals import PoissonArrivals
+    from labserve.base.errors import LoadInterrupted, LoadTargetError, LoadWarning
+    from labserve.load.arrivals import ConstantArrivals, PoissonArrivals
     from labserve.load.generator import load_test
+    from labserve.load.http import NO_INPUTS
 
     if not args.url.startswith(("http://", "https://")):
         raise UsageError(f"URL must start with http:// or https://, got {args.url!r}")
-    example = np.ones((1, args.width), np.float32)
-    mode = f"{args.concurrency} clients" if args.concurrency else f"Poisson {args.rate:g} req/s"
-    sys.stderr.write(f"loading {args.url} for {args.duration:g} s ({mode}) ...\n")
-    result = load_test(
-        args.url,
-        example=example,
-        duration_s=args.duration,
-        arrivals=None if args.concurrency else PoissonArrivals(args.rate),
-        concurrency=args.concurrency,
-        label=f"{args.url}, {mode}",
-    )
+    for name in ("rate", "timeout", "width", "connections", "concurrency"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise UsageError(f"--{name} must be > 0, got {value:g}")
+    rows = np.ones((1, args.width or 4), np.float32)
+    # A v2 model's metadata gives its inputs; float32 rows stand in when it declares none.
+    example = rows if (args.width or "/v2/models/" not in args.url) else None
+    if args.concurrency:
+        mode = f"{args.concurrency} clients (closed loop)"
+    else:
+        mode = f"{args.arrivals} {args.rate:g} req/s (open loop)"
+    sys.stderr.write(f"loading {args.url} for {args.duration:g} s, {mode} ...\n")
+    process = PoissonArrivals if args.arrivals == "poisson" else ConstantArrivals
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LoadWarning)
+        run = functools.partial(
+            load_test,
+            args.url,
+            duration_s=args.duration,
+            arrivals=None if args.concurrency else process(args.rate),
+            concurrency=args.concurrency,
+            label=f"{args.url}, {mode}",
+            binary=args.binary,
+            token=args.token,
+            connections=args.connections,
+            timeout_s=args.timeout,
+        )
+        try:
+            try:
+                result = run(example=example)
+            except LoadTargetError as exc:
+                if example is not None or not exc.problem.startswith(NO_INPUTS):
+                    raise
+                sys.stderr.write("the model's metadata declares no inputs: float32 rows of 4\n")
+                result = run(example=rows)
+        except LoadInterrupted as exc:
+            print(exc.result.table())
+            print(f"interrupted: the load stopped after {exc.sent} requests")
+            raise
     print(result.table())
+    print(_verdict(result, caught))
+
+
+def _verdict(result: Any, caught: list[warnings.WarningMessage]) -> str:
+    """One honest line: did the generator keep the schedule, and whose batching is shown."""
+    s = result.summary()
+    lines = []
+    if "send_lag_p99_ms" in s:
+        kept = "kept" if not caught else "could NOT keep"
+        lines.append(
+            f"schedule: {kept} {s['offered_rps']:,.0f} req/s (send lag p99 "
+            f"{s['send_lag_p99_ms']:.2f} ms, max {s['send_lag_max_ms']:.2f} ms)"
+        )
+    if result.server is not None:
+        lines.append(
+            "batching: the server's own /stats over the run "
+            f"({result.server['runner']}.{result.server['method']})"
+        )
+    else:
+        lines.append("batching: not seen (the target is not a labserve server)")
+    return "\n".join(lines)
 
 
 def _export(args: argparse.Namespace) -> None:
@@ -276,10 +329,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     load = sub.add_parser("load", help="open- or closed-loop load on an HTTP endpoint")
     load.add_argument("url", help=".../runners/{name}/{method} or .../v2/models/{name}/infer")
-    load.add_argument("--rate", type=float, default=100.0, help="Poisson req/s (default 100)")
-    load.add_argument("--duration", type=float, default=5.0, help="seconds (default 5)")
-    load.add_argument("--width", type=int, default=4, help="values per request row (default 4)")
+    load.add_argument("--rate", type=float, default=100.0, help="open loop req/s (default 100)")
+    load.add_argument(
+        "--arrivals", choices=("poisson", "constant"), default="poisson", help="open loop process"
+    )
     load.add_argument("--concurrency", type=int, help="closed loop with N clients instead")
+    load.add_argument("--duration", type=float, default=5.0, help="seconds (default 5)")
+    load.add_argument(
+        "--width", type=int, help="float32 values per row (default 4; v2: from the metadata)"
+    )
+    load.add_argument(
+        "--binary", action="store_true", help="v2 binary tensors (.npy on the simple route)"
+    )
+    load.add_argument("--token", help="sent as Authorization: Bearer (servers off loopback)")
+    load.add_argument(
+        "--connections", type=int, help="keep-alive pool (default: N clients, or 256)"
+    )
+    load.add_argument("--timeout", type=float, default=10.0, help="per request, s (default 10)")
     load.set_defaults(run=_load)
 
     export = sub.add_parser(

@@ -12,6 +12,9 @@ import numpy as np
 
 from labserve.base.vocabulary import FAILED, OUTCOMES, REASONS, REFUSED, REJECTED, SERVED
 
+# Outcomes the summary's shares already count; any other kind seen adds an "outcomes" row.
+_SHARED = frozenset({SERVED, REJECTED, REFUSED, FAILED})
+
 __all__ = ["RunResult"]
 _QS = (50.0, 95.0, 99.0, 99.9)
 
@@ -41,6 +44,10 @@ class RunResult:
     config: dict[str, Any] = field(default_factory=dict)
     send_lag_s: np.ndarray | None = None
     """Real open-loop runs: how late each request was sent after its intended time."""
+    server: dict[str, Any] | None = None
+    """HTTP runs against a labserve server: the server's own view of the run, from its
+    ``/stats`` before and after (counts, batches, mean/max batch, fire reasons, latency and
+    queue-wait percentiles and means; see :func:`labserve.load.server_view.server_view`)."""
 
     @property
     def served(self) -> np.ndarray:
@@ -58,7 +65,13 @@ class RunResult:
         return np.asarray((self.start_s - self.arrival_s)[self.served])
 
     def summary(self) -> dict[str, Any]:
-        """Rates, outcome shares, latency and queue-wait percentiles, batch sizes, reasons."""
+        """Rates, outcome shares, latency and queue-wait percentiles, batch sizes, reasons.
+
+        ``outcomes`` (requests by kind) appears when some request ended in a kind the
+        shares do not count (timeout, connect_error, reset, client_error, cancelled).
+        Over HTTP against a labserve server, the batch figures and queue waits are the
+        server's (``server_*`` keys add its served count and latency).
+        """
         n = len(self.arrival_s)
         span = self.duration_s if self.duration_s > 0 else math.nan
         served = int(self.served.sum())
@@ -71,13 +84,27 @@ class RunResult:
             "rejected_pct": 100.0 * float(counts[REJECTED] + counts[REFUSED]) / n if n else 0.0,
             "failed_pct": 100.0 * float(counts[FAILED]) / n if n else 0.0,
         }
+        if any(c for code, c in enumerate(counts) if code not in _SHARED):
+            out["outcomes"] = {OUTCOMES[code]: int(c) for code, c in enumerate(counts) if c}
+        server = self.server if self.server is not None and not len(self.batch_items) else None
         for name, values in (("latency", self.latency_s), ("queue_wait", self.queue_wait_s)):
             pcts = np.percentile(values, _QS) * 1000.0 if len(values) else [math.nan] * 4
             for q, v in zip(("p50", "p95", "p99", "p99_9"), pcts, strict=True):
                 out[f"{name}_{q}_ms"] = float(v)
+        if server is not None:
+            # The client never sees queue waits: the server's (p95 and p99.9 it cannot say).
+            for q in ("p50", "p95", "p99", "p99_9"):
+                out[f"queue_wait_{q}_ms"] = float(server.get(f"queue_wait_{q}_ms", math.nan))
         if self.send_lag_s is not None and len(self.send_lag_s):
             out["send_lag_p99_ms"] = float(np.percentile(self.send_lag_s, 99) * 1000.0)
             out["send_lag_max_ms"] = float(self.send_lag_s.max() * 1000.0)
+        if server is not None:
+            for key in ("batches", "mean_batch", "max_batch", "fire_reasons"):
+                out[key] = server[key]
+            out["server_served"] = server["served"]
+            out["server_latency_p50_ms"] = server["latency_p50_ms"]
+            out["server_latency_p99_ms"] = server["latency_p99_ms"]
+            return out
         batches = len(self.batch_items)
         out["batches"] = batches
         out["mean_batch"] = float(self.batch_items.mean()) if batches else math.nan
