@@ -9,6 +9,7 @@ import argparse
 import csv
 import functools
 import importlib
+import json
 import sys
 import threading
 import warnings
@@ -240,6 +241,9 @@ def _load(args: argparse.Namespace) -> None:
             raise
     print(result.table())
     print(_verdict(result, caught))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"summary": result.summary(), "server": result.server}, f, indent=1)
 
 
 def _verdict(result: Any, caught: list[warnings.WarningMessage]) -> str:
@@ -346,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--connections", type=int, help="keep-alive pool (default: N clients, or 256)"
     )
     load.add_argument("--timeout", type=float, default=10.0, help="per request, s (default 10)")
+    load.add_argument("--json", help="also write the summary and the server's view to this file")
     load.set_defaults(run=_load)
 
     export = sub.add_parser(

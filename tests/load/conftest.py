@@ -29,7 +29,7 @@ class FaultyServer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.AbstractServer | None = None
-        self._hung: list[asyncio.StreamWriter] = []
+        self._writers: list[asyncio.StreamWriter] = []
 
     def __enter__(self) -> FaultyServer:
         self._thread.start()
@@ -44,12 +44,13 @@ class FaultyServer:
         async def shut() -> None:
             assert self._server is not None
             self._server.close()
-            for w in self._hung:
+            for w in self._writers:  # every connection ends before the loop does
                 w.transport.abort()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.sleep(0)  # let the aborted transports close
 
         asyncio.run_coroutine_threadsafe(shut(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -60,6 +61,7 @@ class FaultyServer:
         return f"http://127.0.0.1:{self.port}{path}"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -117,7 +119,6 @@ class FaultyServer:
             writer.transport.abort()
             return False
         elif kind == "hang":
-            self._hung.append(writer)
             await asyncio.Event().wait()
         await writer.drain()
         return True

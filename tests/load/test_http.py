@@ -62,7 +62,7 @@ def test_closed_loop_over_http_sees_the_servers_batching(served, caplog):
 
 def test_open_loop_over_v2_with_binary_tensors_from_the_metadata():
     model = Checked()
-    runner = labserve.Runner(model, name="checked")
+    runner = labserve.Runner(model, name="checked", on_overload="wait")
     server = labserve.serve(runner)
     try:
         result = labserve.load_test(
@@ -86,7 +86,7 @@ def test_open_loop_over_v2_with_binary_tensors_from_the_metadata():
 
 def test_a_v2_example_is_cast_to_the_metadatas_datatype_and_checked_against_its_shape():
     model = Checked()
-    runner = labserve.Runner(model, name="checked")
+    runner = labserve.Runner(model, name="checked", on_overload="wait")
     server = labserve.serve(runner)
     url = f"{server.url}/v2/models/checked/infer"
     try:
@@ -155,7 +155,7 @@ def test_the_token_goes_with_every_request(faulty):
 
 
 def test_a_server_off_loopback_needs_the_token():
-    runner = labserve.Runner(Checked(), name="checked")
+    runner = labserve.Runner(Checked(), name="checked", on_overload="wait")
     server = labserve.serve(runner, host="0.0.0.0", token="tok")
     url = f"http://127.0.0.1:{server.port}/v2/models/checked/infer"
     try:
