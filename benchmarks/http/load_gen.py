@@ -33,8 +33,7 @@ URL = f"http://127.0.0.1:{PORT}/runners/m/predict"
 
 def wrk(seconds: float, connections: int = 64) -> dict[str, float]:
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency"]
-        + ["-s", str(HERE / "post.lua"), URL],
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s", str(HERE / "post.lua"), URL],
         capture_output=True,
         text=True,
         check=True,
