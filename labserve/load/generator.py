@@ -332,7 +332,13 @@ async def _send_on_schedule(
         while i < n and t0 + times[i] <= now:
             k = rec.new_slot(times[i])
             control.sent += 1
-            control.track(loop.create_task(_sent_at(sender, rec, k, t0 + times[i])))
+            # On an idle connection the request is written now, without a task.
+            sent = sender.send_soon(rec, k)
+            if sent is not None:
+                rec.lag.append(max(loop.time() - t0 - times[i], 0.0))
+            else:
+                sent = loop.create_task(_sent_at(sender, rec, k, t0 + times[i]))
+            control.track(sent)
             i += 1
         if i < n:
             await asyncio.sleep(t0 + times[i] - loop.time())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -203,6 +204,21 @@ class HttpSender(Sender):
         reply = await self.pool.request(self.request, self.timeout_s)
         rec.outcome[k] = reply.outcome
         rec.finish[k] = asyncio.get_running_loop().time() - rec.t0
+
+    def send_soon(self, rec: Record, k: int) -> asyncio.Future[Any] | None:
+        """Write the request now on an idle connection (no task); None if none is idle."""
+        assert self.pool is not None
+        waiter = self.pool.try_send(self.request, self.timeout_s)
+        if waiter is None:
+            return None
+        rec.items[k] = self.items
+        waiter.add_done_callback(functools.partial(self._record, rec, k))
+        return waiter
+
+    def _record(self, rec: Record, k: int, waiter: asyncio.Future[Reply]) -> None:
+        if not waiter.cancelled():
+            rec.outcome[k] = waiter.result().outcome
+            rec.finish[k] = asyncio.get_running_loop().time() - rec.t0
 
     def server_view(self, duration_s: float) -> dict[str, Any] | None:
         """The labserve server's view of the run (None for other servers, or before close)."""

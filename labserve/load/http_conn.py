@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import re
 import ssl
 from typing import NamedTuple
@@ -247,17 +248,45 @@ class ConnectionPool:
             if isinstance(conn, _Connection):
                 self._release(conn)
 
+    def try_send(self, data: bytes, timeout_s: float) -> asyncio.Future[Reply] | None:
+        """Send ``data`` at once on an idle connection; None when there is none at hand.
+
+        The fast path of an open-loop run: no task, no coroutine. The future gets the
+        Reply (never an exception); cancelling it gives the request up and drops its
+        connection. The pool takes the connection back by itself.
+        """
+        conn = self._take_idle()
+        if conn is None:
+            return None
+        loop = asyncio.get_running_loop()
+        waiter = conn.send(data)
+        timer = loop.call_at(loop.time() + timeout_s, _expire, waiter)
+        waiter.add_done_callback(functools.partial(self._sent, conn, timer))
+        return waiter
+
+    def _sent(
+        self, conn: _Connection, timer: asyncio.TimerHandle, waiter: asyncio.Future[Reply]
+    ) -> None:
+        timer.cancel()
+        if waiter.cancelled() or not conn.reusable or not waiter.result().status:
+            conn.abort()
+            self._drop(conn)
+        else:
+            self._release(conn)
+
+    def _take_idle(self) -> _Connection | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.reusable and conn.transport is not None and not conn.transport.is_closing():
+                return conn
+            self._drop(conn)
+        return None
+
     async def request(self, data: bytes, timeout_s: float) -> Reply:
         """Send ``data`` (a whole request) and return how it ended; never raises for it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        conn: _Connection | None = None
-        while self._idle:
-            conn = self._idle.pop()
-            if conn.reusable and conn.transport is not None and not conn.transport.is_closing():
-                break
-            self._drop(conn)
-            conn = None
+        conn = self._take_idle()
         if conn is None:
             try:
                 conn = await self._acquire(deadline)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 from labserve.base.vocabulary import CANCELLED
 
@@ -63,6 +64,14 @@ class Sender:
         """Send request ``k`` and record its outcome, finish time and items."""
         raise NotImplementedError
 
+    def send_soon(self, rec: Record, k: int) -> asyncio.Future[Any] | None:
+        """Send request ``k`` now without a task, if this sender can; None if not.
+
+        The future ends when the request has ended and been recorded; cancelling it gives
+        the request up (it stays ``cancelled``). The default never can.
+        """
+        return None
+
 
 class Control:
     """Stops a run's sending, and gives up its requests in flight when interrupted. Loop-only."""
@@ -72,7 +81,7 @@ class Control:
         self.stopped_at: float | None = None
         """Loop time when stop() was called (None while running)."""
         self.sending: asyncio.Task[None] | None = None
-        self.in_flight: set[asyncio.Task[None]] = set()
+        self.in_flight: set[asyncio.Future[Any]] = set()
         self.error: BaseException | None = None
         """A sender's unexpected exception (a bug): the run raises it at its end."""
 
@@ -86,12 +95,12 @@ class Control:
             for task in list(self.in_flight):
                 task.cancel()
 
-    def track(self, task: asyncio.Task[None]) -> None:
-        """Keep ``task`` until it ends; remember its exception, if any, for the run."""
+    def track(self, task: asyncio.Future[Any]) -> None:
+        """Keep ``task`` (or a future) until it ends; remember its exception for the run."""
         self.in_flight.add(task)
         task.add_done_callback(self._done)
 
-    def _done(self, task: asyncio.Task[None]) -> None:
+    def _done(self, task: asyncio.Future[Any]) -> None:
         self.in_flight.discard(task)
         if not task.cancelled() and task.exception() is not None and self.error is None:
             self.error = task.exception()
