@@ -381,7 +381,11 @@ async def _closed_loop(
             while loop.time() < end and control.stopped_at is None:
                 k = rec.new_slot(loop.time() - rec.t0)
                 control.sent += 1
-                await sender.send(rec, k)
+                sent = sender.send_soon(rec, k)
+                if sent is not None:
+                    await sent
+                else:
+                    await sender.send(rec, k)
                 if think_s:
                     await asyncio.sleep(think_s)
 
