@@ -5,7 +5,7 @@ A bare tornado server (benchmarks/http/servers.py bare) in its own process; each
 its own process keeps 16 requests in flight (one JSON row per POST, keep-alive where the
 client has it) for --seconds, and reports requests per second and its own CPU time per
 request (time.process_time over the measured span, imports excluded). Clients missing
-from the environment (aiohttp, httpx) are skipped.
+from the environment (aiohttp, httpx, uvloop) are skipped.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ PORT = 18778
 URL = f"http://127.0.0.1:{PORT}/runners/m/predict"
 BODY = b"[[1.0, 1.0, 1.0, 1.0]]"
 HEADERS = {"Content-Type": "application/json"}
-CLIENTS = ("labserve", "aiohttp", "tornado", "httpx")
+CLIENTS = ("labserve", "labserve+uvloop", "aiohttp", "tornado", "httpx")
 
 
 async def run_labserve(seconds: float, n: int) -> int:
@@ -91,11 +91,16 @@ async def _clients(seconds: float, n: int, one, close) -> int:  # type: ignore[n
 def child(name: str, seconds: float) -> None:
     runner = {
         "labserve": run_labserve,
+        "labserve+uvloop": run_labserve,
         "aiohttp": run_aiohttp,
         "tornado": run_tornado,
         "httpx": run_httpx,
     }[name]
     try:
+        if name.endswith("+uvloop"):
+            import uvloop
+
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
         asyncio.run(runner(0.5, 16))  # warm-up: imports, connections
     except ImportError:
         print(json.dumps(None))
