@@ -14,6 +14,9 @@ from typing import Any
 
 __all__ = ["find_method", "server_view"]
 
+# (summary key, the snapshot window's key, percentile)
+_QS = (("p50", "p50", 50.0), ("p95", "p95", 95.0), ("p99", "p99", 99.0), ("p99_9", "p999", 99.9))
+
 
 def find_method(stats: Any, runner: str, method: str | None) -> dict[str, Any] | None:
     """The snapshot of ``runner.method`` in a /stats reply (``method`` None: the only one).
@@ -78,13 +81,13 @@ def server_view(
             before.get(f"{name}_sum_s") or 0.0
         )
         view[f"{name}_mean_ms"] = 1000.0 * total_s / served if served > 0 else math.nan
-        if from_window:
-            window = after.get(f"{name}_ms_window") or {}
-            p50, p99 = _num(window.get("p50")), _num(window.get("p99"))
-        else:
-            counts = _bucket_counts(before.get(f"{name}_buckets"), after.get(f"{name}_buckets"))
-            p50, p99 = (_bucket_percentile(counts, served, q) for q in (50.0, 99.0))
-        view[f"{name}_p50_ms"], view[f"{name}_p99_ms"] = p50, p99
+        window = after.get(f"{name}_ms_window") or {}
+        counts = _bucket_counts(before.get(f"{name}_buckets"), after.get(f"{name}_buckets"))
+        for key, window_key, q in _QS:
+            if from_window:
+                view[f"{name}_{key}_ms"] = _num(window.get(window_key))
+            else:
+                view[f"{name}_{key}_ms"] = _bucket_percentile(counts, served, q)
     return view
 
 

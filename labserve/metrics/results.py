@@ -92,7 +92,7 @@ class RunResult:
             for q, v in zip(("p50", "p95", "p99", "p99_9"), pcts, strict=True):
                 out[f"{name}_{q}_ms"] = float(v)
         if server is not None:
-            # The client never sees queue waits: the server's (p95 and p99.9 it cannot say).
+            # The client never sees queue waits: the server does.
             for q in ("p50", "p95", "p99", "p99_9"):
                 out[f"queue_wait_{q}_ms"] = float(server.get(f"queue_wait_{q}_ms", math.nan))
         if self.send_lag_s is not None and len(self.send_lag_s):
