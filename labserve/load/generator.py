@@ -326,7 +326,7 @@ async def _send_on_schedule(
 ) -> None:
     loop = asyncio.get_running_loop()
     t0, n, i = rec.t0, len(times), 0
-    while i < n:
+    while i < n and control.stopped_at is None:  # stopped while the pool was opening
         # Everything due goes out now; then one sleep until the next is due.
         now = loop.time()
         while i < n and t0 + times[i] <= now:
