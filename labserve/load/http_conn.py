@@ -17,7 +17,7 @@ import collections
 import functools
 import re
 import ssl
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from labserve.base.vocabulary import (
     CLIENT_ERROR,
@@ -96,8 +96,8 @@ class _Connection(asyncio.Protocol):
         self._body = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport (uvloop's is not an asyncio.Transport subclass, but quacks so).
+        self.transport = cast(asyncio.Transport, transport)
 
     def send(self, data: bytes) -> asyncio.Future[Reply]:
         """Write one request; the future gets its Reply."""
