@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=2500.0)
+    parser.add_argument("--loop", default="auto", help="auto, asyncio or uvloop")
     args = parser.parse_args()
     s = args.seconds
     load_before = os.getloadavg()
@@ -87,9 +88,9 @@ def main() -> None:
         for r in range(args.repeats):
             w = wrk(s)
             time.sleep(1.0)
-            closed = load(["--concurrency", "64", "--duration", f"{s:g}"])
+            closed = load(["--concurrency", "64", "--duration", f"{s:g}", "--loop", args.loop])
             time.sleep(1.0)
-            opened = load(["--rate", f"{args.rate:g}", "--duration", f"{s:g}"])
+            opened = load(["--rate", f"{args.rate:g}", "--duration", f"{s:g}", "--loop", args.loop])
             time.sleep(1.0)
             rows.append({"repeat": r + 1, "wrk": w, "closed": closed, "open": opened})
     finally:
@@ -98,7 +99,10 @@ def main() -> None:
     load_after = os.getloadavg()
 
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
-    print(f"{args.repeats} repeats of {s:g} s each; server: sleep model 2 ms + 0.1 ms x items\n")
+    print(
+        f"{args.repeats} repeats of {s:g} s each, generator loop {args.loop}; server: sleep model "
+        "2 ms + 0.1 ms x items\n"
+    )
     print(
         "| repeat | wrk -c64 req/s | load -c64 req/s | load/wrk | open: offered | served | "
         "send lag p99 ms | client p50 ms | server p50 ms | served / server's | batch (server) |"

@@ -1,4 +1,6 @@
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -68,6 +70,9 @@ def url():
     runner.stop()
 
 
+# The CLI tests keep to asyncio: in this process the load loop, once started, keeps its loop.
+
+
 def test_cli_load_on_v2_prints_the_servers_batching_and_the_schedule(url, capsys):
     status = main(
         [
@@ -93,7 +98,7 @@ def test_cli_load_on_v2_prints_the_servers_batching_and_the_schedule(url, capsys
 
 def test_cli_load_closed_loop_with_binary_bodies(url, capsys):
     argv = ["load", f"{url}/runners/m/predict", "--concurrency", "2", "--duration", "0.2"]
-    assert main([*argv, "--binary", "--width", "3"]) == 0
+    assert main([*argv, "--binary", "--width", "3", "--loop", "asyncio"]) == 0
     out = capsys.readouterr().out
     assert "served_rps" in out and "outcomes" not in out  # all served: no other kinds
     assert "schedule:" not in out  # closed loop has no schedule to keep
@@ -111,3 +116,17 @@ def test_summary_counts_http_kinds_only_when_there_are_some():
     result = labserve.simulate(labserve.ConstantArrivals(100), duration_s=0.5, cost=(1.0, 0.0))
     assert "outcomes" not in result.summary()
     assert np.all(result.served)
+
+
+def test_cli_load_runs_on_uvloop_when_asked(url):
+    pytest.importorskip("uvloop")
+    args = ["--concurrency", "2", "--duration", "0.2", "--loop", "uvloop"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "labserve.cli", "load", f"{url}/runners/m/predict", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "its own event loop (uvloop)" in proc.stdout
+    assert "server_served" in proc.stdout
