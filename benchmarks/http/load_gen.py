@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -73,11 +74,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=2500.0)
     parser.add_argument("--loop", default="auto", help="auto, asyncio or uvloop")
+    parser.add_argument(
+        "--server",
+        choices=("labserve", "bare"),
+        default="labserve",
+        help="bare: tornado answering at once (the generator's own limits; no /stats)",
+    )
     args = parser.parse_args()
     s = args.seconds
     load_before = os.getloadavg()
     server = subprocess.Popen(
-        [sys.executable, str(HERE / "servers.py"), "labserve", str(PORT), "sleep"],
+        [sys.executable, str(HERE / "servers.py"), args.server, str(PORT), "sleep"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -100,8 +107,8 @@ def main() -> None:
 
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
     print(
-        f"{args.repeats} repeats of {s:g} s each, generator loop {args.loop}; server: sleep model "
-        "2 ms + 0.1 ms x items\n"
+        f"{args.repeats} repeats of {s:g} s each, generator loop {args.loop}; server: "
+        + ("sleep model 2 ms + 0.1 ms x items\n" if args.server == "labserve" else "bare tornado\n")
     )
     print(
         "| repeat | wrk -c64 req/s | load -c64 req/s | load/wrk | open: offered | served | "
@@ -113,8 +120,9 @@ def main() -> None:
         c, o = row["closed"]["summary"], row["open"]["summary"]
         ratio = c["served_rps"] / row["wrk"]["rps"]
         served_share = o["served_rps"] / o["offered_rps"]
-        count_ratio = o["requests"] * served_share / max(o.get("server_served", 0), 1)
-        p50_ratio = o["latency_p50_ms"] / o["server_latency_p50_ms"]
+        server_p50 = o.get("server_latency_p50_ms", math.nan)
+        count_ratio = o["requests"] * served_share / o.get("server_served", math.nan)
+        p50_ratio = o["latency_p50_ms"] / server_p50
         ratios.append(ratio)
         lags.append(o["send_lag_p99_ms"])
         kept.append(served_share)
@@ -124,7 +132,7 @@ def main() -> None:
             f"| {row['repeat']} | {row['wrk']['rps']:,.0f} | {c['served_rps']:,.0f} | "
             f"{ratio:.0%} | {o['offered_rps']:,.0f} | {o['served_rps']:,.0f} | "
             f"{o['send_lag_p99_ms']:.2f} | {o['latency_p50_ms']:.2f} | "
-            f"{o['server_latency_p50_ms']:.2f} | {count_ratio:.3f} | {o['mean_batch']:.1f} |"
+            f"{server_p50:.2f} | {count_ratio:.3f} | {o['mean_batch']:.1f} |"
         )
     print("\n| target | min / median / max |")
     print("|---|---|")
