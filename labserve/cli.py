@@ -376,9 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--binary", action="store_true", help="v2 binary tensors (.npy on the simple route)"
     )
     load.add_argument("--token", help="sent as Authorization: Bearer (servers off loopback)")
-    load.add_argument(
-        "--connections", type=int, help="keep-alive pool (default: N clients, or 256)"
-    )
+    load.add_argument("--connections", type=int, help="keep-alive pool (default: N clients, or 64)")
     load.add_argument("--timeout", type=float, default=10.0, help="per request, s (default 10)")
     load.add_argument("--json", help="also write the summary and the server's view to this file")
     load.add_argument(

@@ -42,13 +42,11 @@ __all__ = ["LoadRun", "load_loop", "load_test", "start_load"]
 
 # Behind schedule by more than this (p99), the run says it could not keep the rate.
 _LAG_LIMIT_S = 0.005
-# An open-loop HTTP run's keep-alive pool, unless told: more than a served load keeps in
-# flight, few enough for any fd limit. Requests beyond it wait for a connection, and the
-# wait counts in their latency.
-_OPEN_LOOP_CONNECTIONS = 256
-# Connections an open-loop run opens before its clock starts (more open as needed): a
-# connection opened mid-run costs the schedule, and the server, a handshake.
-_OPEN_LOOP_PREWARM = 64
+# An open-loop HTTP run's keep-alive pool, unless told (wrk's -c64), all opened before the
+# clock starts. Requests beyond it wait for a connection (the wait counts in their latency
+# and their send lag). A larger pool measured worse here: once behind, a burst of due
+# requests opened connections mid-run, and the handshakes pushed it further behind.
+_OPEN_LOOP_CONNECTIONS = 64
 # How often a blocking wait wakes to let Ctrl-C in (a lock wait is not interruptible).
 _WAKE_S = 0.05
 
@@ -102,7 +100,7 @@ def load_test(
     of the run (batches, mean batch, fire reasons, queue waits, from ``GET /stats``
     before and after) and the summary shows it. HTTP options: ``binary`` (v2 binary
     tensors; ``.npy`` on the simple route), ``token`` (sent as ``Authorization: Bearer``),
-    ``connections`` (the keep-alive pool: default ``concurrency``, or 256 in open loop),
+    ``connections`` (the keep-alive pool: default ``concurrency``, or 64 in open loop),
     ``timeout_s`` (per request; a request past it is a ``timeout``). Every HTTP failure
     is an outcome of its own kind (``RunResult.summary()["outcomes"]``).
 
@@ -171,7 +169,6 @@ def start_load(
             token=token,
             connections=pool,
             timeout_s=timeout_s,
-            prewarm=pool if concurrency else min(pool, _OPEN_LOOP_PREWARM),
         )
         bg = load_loop()
         batches_before = 0
@@ -302,6 +299,7 @@ class _MethodSender(Sender):
     async def send(self, rec: Record, k: int) -> None:
         loop = asyncio.get_running_loop()
         request, future = self.method.submit_on_loop((self.example,))
+        rec.went_out(k, loop.time())
         rec.items[k] = request.items
         try:
             await future
@@ -315,12 +313,6 @@ class _MethodSender(Sender):
             rec.start[k] = request.start_s - rec.t0
 
 
-async def _sent_at(sender: Sender, rec: Record, k: int, due: float) -> None:
-    """Send request ``k``; its lag is how late it actually went out after ``due``."""
-    rec.lag.append(max(asyncio.get_running_loop().time() - due, 0.0))
-    await sender.send(rec, k)
-
-
 async def _send_on_schedule(
     sender: Sender, rec: Record, times: list[float], control: Control
 ) -> None:
@@ -332,12 +324,11 @@ async def _send_on_schedule(
         while i < n and t0 + times[i] <= now:
             k = rec.new_slot(times[i])
             control.sent += 1
-            # On an idle connection the request is written now, without a task.
+            # On an idle connection the request is written now, without a task. Either
+            # way the sender reports when it went out (after any wait for a connection).
             sent = sender.send_soon(rec, k)
-            if sent is not None:
-                rec.lag.append(max(loop.time() - t0 - times[i], 0.0))
-            else:
-                sent = loop.create_task(_sent_at(sender, rec, k, t0 + times[i]))
+            if sent is None:
+                sent = loop.create_task(sender.send(rec, k))
             control.track(sent)
             i += 1
         if i < n:
@@ -350,6 +341,7 @@ async def _open_loop(sender: Sender, times: np.ndarray, control: Control) -> Rec
     rec = Record()
     try:
         rec.t0 = loop.time() + 0.005
+        rec.track_lag = True
         control.sending = loop.create_task(_send_on_schedule(sender, rec, times.tolist(), control))
         try:
             await control.sending

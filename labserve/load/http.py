@@ -143,7 +143,7 @@ class HttpSender(Sender):
         *,
         binary: bool = False,
         token: str | None = None,
-        connections: int = 256,
+        connections: int = 64,
         timeout_s: float = 10.0,
         prewarm: int | None = None,
     ) -> None:
@@ -202,8 +202,10 @@ class HttpSender(Sender):
         assert self.pool is not None
         rec.items[k] = self.items
         reply = await self.pool.request(self.request, self.timeout_s)
+        now = asyncio.get_running_loop().time()
+        rec.went_out(k, reply.written_at or now)  # after the wait for a connection
         rec.outcome[k] = reply.outcome
-        rec.finish[k] = asyncio.get_running_loop().time() - rec.t0
+        rec.finish[k] = now - rec.t0
 
     def send_soon(self, rec: Record, k: int) -> asyncio.Future[Any] | None:
         """Write the request now on an idle connection (no task); None if none is idle."""
@@ -211,6 +213,7 @@ class HttpSender(Sender):
         waiter = self.pool.try_send(self.request, self.timeout_s)
         if waiter is None:
             return None
+        rec.went_out(k, asyncio.get_running_loop().time())
         rec.items[k] = self.items
         waiter.add_done_callback(functools.partial(self._record, rec, k))
         return waiter

@@ -47,6 +47,8 @@ class Reply(NamedTuple):
     body: bytes = b""
     detail: str = ""
     """Why it failed, when it did not get a reply (for messages)."""
+    written_at: float = 0.0
+    """Loop time the request was written (0: never, e.g. no connection)."""
 
 
 def outcome_of_status(status: int) -> int:
@@ -228,7 +230,7 @@ class ConnectionPool:
     a cancelled request, ``Connection: close``) is dropped, never reused.
     """
 
-    def __init__(self, host: str, port: int, *, tls: bool = False, limit: int = 256) -> None:
+    def __init__(self, host: str, port: int, *, tls: bool = False, limit: int = 64) -> None:
         self.host = host
         self.port = port
         self.limit = limit
@@ -295,9 +297,10 @@ class ConnectionPool:
             except OSError as exc:
                 return Reply(CONNECT_ERROR, detail=f"cannot connect: {exc}")
         waiter = conn.send(data)
+        written_at = loop.time()
         timer = loop.call_at(deadline, _expire, waiter)
         try:
-            reply = await waiter
+            reply = (await waiter)._replace(written_at=written_at)
         except BaseException:  # cancelled: the reply may still come; the connection is lost
             conn.abort()
             self._drop(conn)

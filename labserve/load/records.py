@@ -36,6 +36,13 @@ class Record:
         """Open loop: how late each request went out after its intended time."""
         self.t0 = 0.0
         """The loop time the run's clock starts from."""
+        self.track_lag = False
+        """Open loop: senders call :meth:`went_out` when a request is written."""
+
+    def went_out(self, k: int, now: float) -> None:
+        """Request ``k`` was written (or given up unsent) at loop time ``now``."""
+        if self.track_lag:
+            self.lag.append(max(now - self.t0 - self.arrival[k], 0.0))
 
     def new_slot(self, intended_s: float) -> int:
         """Add a request intended at ``intended_s``; returns its index."""
