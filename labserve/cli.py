@@ -284,6 +284,7 @@ def _verdict(result: Any, caught: list[warnings.WarningMessage], bg: Any) -> str
             f"schedule: {kept} {s['offered_rps']:,.0f} req/s (send lag p99 "
             f"{s['send_lag_p99_ms']:.2f} ms, max {s['send_lag_max_ms']:.2f} ms)"
         )
+        lines += [f"  {w.message}" for w in caught]
     loop = type(bg.loop).__module__.split(".")[0]
     lines.append(f"generator: its own event loop ({loop})")
     if result.server is not None:

@@ -259,7 +259,15 @@ class LoadRun:
         result = self._make_result(rec)
         if result.send_lag_s is not None and len(result.send_lag_s):
             rate_rps = len(result.arrival_s) / result.duration_s
-            _warn_if_behind(result.send_lag_s, rate_rps, stacklevel)
+            why = ""
+            if isinstance(self._sender, HttpSender) and rec.waited_for_connection:
+                share = rec.waited_for_connection / len(result.arrival_s)
+                why = (
+                    f"; {share:.0%} of the requests found all {self._sender.connections} "
+                    "connections busy when due (the server answers slower than this rate "
+                    "needs: give it more in flight with connections=, --connections)"
+                )
+            _warn_if_behind(result.send_lag_s, rate_rps, stacklevel, why)
         self._result = result
         return result
 
@@ -427,14 +435,14 @@ def _result(
     )
 
 
-def _warn_if_behind(lag_s: np.ndarray, rate_rps: float, stacklevel: int = 1) -> None:
+def _warn_if_behind(lag_s: np.ndarray, rate_rps: float, stacklevel: int = 1, why: str = "") -> None:
     p99 = float(np.percentile(lag_s, 99))
     if p99 > _LAG_LIMIT_S:
         warnings.warn(
             LoadWarning(
                 f"the load generator could not keep {rate_rps:,.0f} req/s: sends fell behind "
                 f"schedule by up to {lag_s.max() * 1000:.1f} ms (p99 {p99 * 1000:.1f} ms); "
-                "latencies are measured from the intended send times"
+                f"latencies are measured from the intended send times{why}"
             ),
             stacklevel=stacklevel + 1,
         )

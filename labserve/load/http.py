@@ -201,6 +201,8 @@ class HttpSender(Sender):
         """POST the request; record its outcome and finish time."""
         assert self.pool is not None
         rec.items[k] = self.items
+        if rec.track_lag:  # open loop: send_soon found no idle connection
+            rec.waited_for_connection += 1
         reply = await self.pool.request(self.request, self.timeout_s)
         now = asyncio.get_running_loop().time()
         rec.went_out(k, reply.written_at or now)  # after the wait for a connection

@@ -38,6 +38,8 @@ class Record:
         """The loop time the run's clock starts from."""
         self.track_lag = False
         """Open loop: senders call :meth:`went_out` when a request is written."""
+        self.waited_for_connection = 0
+        """Open loop over HTTP: requests that found every connection busy when due."""
 
     def went_out(self, k: int, now: float) -> None:
         """Request ``k`` was written (or given up unsent) at loop time ``now``."""

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 import labserve
+from labserve.base.errors import LoadWarning
 from labserve.base.vocabulary import OUTCOMES
 from labserve.lab.demo import SleepModel
 from labserve.load.arrivals import ConstantArrivals
-from labserve.load.generator import LoadWarning, _warn_if_behind, load_test
+from labserve.load.generator import _warn_if_behind, load_test
 
 
 @pytest.fixture

@@ -204,3 +204,23 @@ def test_http_options_are_refused_for_a_runner():
         runner.stop()
     with pytest.raises(TypeError, match="needs example="):
         labserve.load_test("http://127.0.0.1:1/runners/a/b", duration_s=0.1, concurrency=1)
+
+
+def test_a_pool_too_small_for_the_rate_says_so_in_the_warning():
+    runner = labserve.Runner(SleepModel(a_ms=20.0, b_ms=0.0), name="slow", on_overload="wait")
+    server = labserve.serve(runner)
+    try:
+        with pytest.warns(labserve.LoadWarning, match="found all 1 connections busy"):
+            result = labserve.load_test(
+                f"{server.url}/runners/slow/predict",
+                example=X,
+                duration_s=0.2,
+                arrivals=ConstantArrivals(200),
+                connections=1,
+            )
+    finally:
+        server.stop()
+        runner.stop()
+    # One connection, 20 ms a request: most requests wait for it, and the lag shows the wait.
+    assert kinds(result) == {"served": 40}
+    assert result.send_lag_s is not None and result.send_lag_s.max() > 0.1
