@@ -20,6 +20,9 @@ from labserve.base.errors import (
     HostError,
     InputError,
     LabServeError,
+    LoadInterrupted,
+    LoadTargetError,
+    LoadWarning,
     LoopThreadError,
     MethodNotAllowedError,
     ModelError,
@@ -55,7 +58,7 @@ from labserve.load.arrivals import (
     TraceArrivals,
     arrivals,
 )
-from labserve.load.generator import LoadRun, LoadWarning, load_test, start_load
+from labserve.load.generator import LoadRun, load_test, start_load
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.metrics.results import RunResult
 from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
@@ -87,7 +90,9 @@ __all__ = [
     "InputError",
     "LabServeError",
     "LinearCost",
+    "LoadInterrupted",
     "LoadRun",
+    "LoadTargetError",
     "LoadWarning",
     "LoopThreadError",
     "MethodNotAllowedError",

@@ -6,12 +6,16 @@ Bad arguments get a one-line message and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import csv
+import functools
 import importlib
+import json
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,9 +66,10 @@ def _progress(label: str) -> Callable[[int, int], None]:
 
 
 def _demo(args: argparse.Namespace) -> None:
+    from labserve.base.errors import LoadWarning
     from labserve.lab.demo import SleepModel
     from labserve.load.arrivals import PoissonArrivals
-    from labserve.load.generator import LoadWarning, load_test
+    from labserve.load.generator import load_test
     from labserve.runtime.runner import Runner
 
     runner = Runner(
@@ -197,23 +202,106 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace) -> None:
-    from labserve.load.arrivals import PoissonArrivals
-    from labserve.load.generator import load_test
+    from labserve.base.errors import LoadInterrupted, LoadTargetError, LoadWarning
+    from labserve.load.arrivals import ConstantArrivals, PoissonArrivals
+    from labserve.load.generator import load_loop, load_test
+    from labserve.load.http import NO_INPUTS
 
     if not args.url.startswith(("http://", "https://")):
         raise UsageError(f"URL must start with http:// or https://, got {args.url!r}")
-    example = np.ones((1, args.width), np.float32)
-    mode = f"{args.concurrency} clients" if args.concurrency else f"Poisson {args.rate:g} req/s"
-    sys.stderr.write(f"loading {args.url} for {args.duration:g} s ({mode}) ...\n")
-    result = load_test(
-        args.url,
-        example=example,
-        duration_s=args.duration,
-        arrivals=None if args.concurrency else PoissonArrivals(args.rate),
-        concurrency=args.concurrency,
-        label=f"{args.url}, {mode}",
-    )
+    for name in ("rate", "timeout", "width", "connections", "concurrency"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise UsageError(f"--{name} must be > 0, got {value:g}")
+    rows = np.ones((1, args.width or 4), np.float32)
+    # A v2 model's metadata gives its inputs; float32 rows stand in when it declares none.
+    example = rows if (args.width or "/v2/models/" not in args.url) else None
+    if args.concurrency:
+        mode = f"{args.concurrency} clients (closed loop)"
+    else:
+        mode = f"{args.arrivals} {args.rate:g} req/s (open loop)"
+    sys.stderr.write(f"loading {args.url} for {args.duration:g} s, {mode} ...\n")
+    process = PoissonArrivals if args.arrivals == "poisson" else ConstantArrivals
+    with warnings.catch_warnings(record=True) as caught, _loop_policy(args.loop):
+        warnings.simplefilter("always", LoadWarning)
+        run = functools.partial(
+            load_test,
+            args.url,
+            duration_s=args.duration,
+            arrivals=None if args.concurrency else process(args.rate),
+            concurrency=args.concurrency,
+            label=f"{args.url}, {mode}",
+            binary=args.binary,
+            token=args.token,
+            connections=args.connections,
+            timeout_s=args.timeout,
+        )
+        try:
+            try:
+                result = run(example=example)
+            except LoadTargetError as exc:
+                if example is not None or not exc.problem.startswith(NO_INPUTS):
+                    raise
+                sys.stderr.write("the model's metadata declares no inputs: float32 rows of 4\n")
+                result = run(example=rows)
+        except LoadInterrupted as exc:
+            print(exc.result.table())
+            print(f"interrupted: the load stopped after {exc.sent} requests")
+            raise
     print(result.table())
+    print(_verdict(result, caught, load_loop()))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"summary": result.summary(), "server": result.server}, f, indent=1)
+
+
+@contextlib.contextmanager
+def _loop_policy(kind: str) -> Iterator[None]:
+    """Start the load loop on uvloop when asked (or, with "auto", when installed).
+
+    uvloop costs the generator about a third less CPU per request
+    (benchmarks/http/client_cost.py), CPU that a server on the same machine gets back.
+    The policy is put back afterwards (``main()`` may run inside another program); the
+    load loop, once started, keeps the loop it was started with.
+    """
+    policy = asyncio.get_event_loop_policy()
+    if kind != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise UsageError(
+                    "--loop uvloop needs uvloop: pip install 'labserve[fast]'"
+                ) from None
+        else:
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop_policy(policy)
+
+
+def _verdict(result: Any, caught: list[warnings.WarningMessage], bg: Any) -> str:
+    """One honest line: did the generator keep the schedule, and whose batching is shown."""
+    s = result.summary()
+    lines = []
+    if "send_lag_p99_ms" in s:
+        kept = "kept" if not caught else "could NOT keep"
+        lines.append(
+            f"schedule: {kept} {s['offered_rps']:,.0f} req/s (send lag p99 "
+            f"{s['send_lag_p99_ms']:.2f} ms, max {s['send_lag_max_ms']:.2f} ms)"
+        )
+        lines += [f"  {w.message}" for w in caught]
+    loop = type(bg.loop).__module__.split(".")[0]
+    lines.append(f"generator: its own event loop ({loop})")
+    if result.server is not None:
+        lines.append(
+            "batching: the server's own /stats over the run "
+            f"({result.server['runner']}.{result.server['method']})"
+        )
+    else:
+        lines.append("batching: not seen (the target is not a labserve server)")
+    return "\n".join(lines)
 
 
 def _export(args: argparse.Namespace) -> None:
@@ -297,10 +385,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     load = sub.add_parser("load", help="open- or closed-loop load on an HTTP endpoint")
     load.add_argument("url", help=".../runners/{name}/{method} or .../v2/models/{name}/infer")
-    load.add_argument("--rate", type=float, default=100.0, help="Poisson req/s (default 100)")
-    load.add_argument("--duration", type=float, default=5.0, help="seconds (default 5)")
-    load.add_argument("--width", type=int, default=4, help="values per request row (default 4)")
+    load.add_argument("--rate", type=float, default=100.0, help="open loop req/s (default 100)")
+    load.add_argument(
+        "--arrivals", choices=("poisson", "constant"), default="poisson", help="open loop process"
+    )
     load.add_argument("--concurrency", type=int, help="closed loop with N clients instead")
+    load.add_argument("--duration", type=float, default=5.0, help="seconds (default 5)")
+    load.add_argument(
+        "--width", type=int, help="float32 values per row (default 4; v2: from the metadata)"
+    )
+    load.add_argument(
+        "--binary", action="store_true", help="v2 binary tensors (.npy on the simple route)"
+    )
+    load.add_argument("--token", help="sent as Authorization: Bearer (servers off loopback)")
+    load.add_argument("--connections", type=int, help="keep-alive pool (default: N clients, or 64)")
+    load.add_argument("--timeout", type=float, default=10.0, help="per request, s (default 10)")
+    load.add_argument("--json", help="also write the summary and the server's view to this file")
+    load.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="the generator's event loop (auto: uvloop if installed)",
+    )
     load.set_defaults(run=_load)
 
     export = sub.add_parser(

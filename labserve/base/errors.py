@@ -16,6 +16,9 @@ __all__ = [
     "HostError",
     "InputError",
     "LabServeError",
+    "LoadInterrupted",
+    "LoadTargetError",
+    "LoadWarning",
     "LoopThreadError",
     "MethodNotAllowedError",
     "ModelError",
@@ -409,3 +412,40 @@ class ServerError(LabServeError):
     def __init__(self, detail: str) -> None:
         super().__init__(f"internal server error: {detail}")
         self.detail = detail
+
+
+class LoadTargetError(LabServeError):
+    """Raised when a load generator's HTTP target cannot be used: a bad URL, or no model there.
+
+    Said before the first request is timed, naming the URL and what was wrong.
+    """
+
+    status = 400
+
+    def __init__(self, url: str, problem: str) -> None:
+        super().__init__(f"cannot load {url}: {problem}")
+        self.url = url
+        self.problem = problem
+
+
+class LoadWarning(UserWarning):
+    """Warned when a load generator could not keep the asked rate (it fell behind schedule).
+
+    Latencies stay measured from the intended send times, so they include the lag.
+    """
+
+
+class LoadInterrupted(KeyboardInterrupt):
+    """Raised when a blocking load run is interrupted (Ctrl-C, a notebook's stop button).
+
+    The load stopped at once: no request was sent after the interrupt, and requests still
+    in flight were given up (outcome ``cancelled``). ``result`` is the RunResult measured
+    so far. A KeyboardInterrupt, so a script's loop of runs stops as the user asked.
+    """
+
+    def __init__(self, result: Any, sent: int) -> None:
+        super().__init__(
+            f"load run interrupted after {sent} requests; .result holds what was measured so far"
+        )
+        self.result = result
+        self.sent = sent

@@ -11,6 +11,7 @@ from typing import Literal
 
 __all__ = [
     "CANCELLED",
+    "CLIENT_ERROR",
     "CONNECT_ERROR",
     "FAILED",
     "OUTCOMES",
@@ -37,9 +38,20 @@ OUTCOMES: tuple[str, ...] = (
     "timeout",  # outlived its request timeout
     "connect_error",  # over HTTP: no connection could be made
     "reset",  # over HTTP: the connection broke before the reply
+    "client_error",  # over HTTP: a 4xx reply (bad request, unknown route, no token...)
 )
 """Every way a request can end, by code (the index): what ``RunResult.outcome`` holds."""
-SERVED, REJECTED, FAILED, CANCELLED, REFUSED, TIMEOUT, CONNECT_ERROR, RESET = range(len(OUTCOMES))
+(
+    SERVED,
+    REJECTED,
+    FAILED,
+    CANCELLED,
+    REFUSED,
+    TIMEOUT,
+    CONNECT_ERROR,
+    RESET,
+    CLIENT_ERROR,
+) = range(len(OUTCOMES))
 
 RUNNER_OUTCOMES: tuple[str, ...] = OUTCOMES[: TIMEOUT + 1]
 """The outcomes a runner counts in its snapshot (each a Snapshot field of that name); the

@@ -1,66 +1,115 @@
-"""Putting load on a runner method: open loop (arrivals on schedule) or closed loop (N clients).
+"""Putting load on a runner method or an HTTP endpoint: open loop (on schedule) or closed loop.
 
-Runs on labserve's background loop, so the calls are in-process and the notebook's own loop
-is left alone. Latency is measured from each request's *intended* send time, so a generator
-that falls behind cannot hide the queueing it caused (no coordinated omission); when it
-falls behind it says so with a :class:`~labserve.base.errors.LoadWarning`.
+Latency is measured from each request's *intended* send time, so a generator that falls
+behind cannot hide the queueing it caused (no coordinated omission); when it falls behind
+it says so with a :class:`~labserve.base.errors.LoadWarning`. In-process loads run on
+labserve's background loop (the calls are the runner's own); HTTP loads run on an event
+loop of their own (thread ``labserve-load``), so that a server in the same kernel never
+shares its loop with the load that measures it. Interrupting a blocking run (Ctrl-C)
+stops the load at once and raises :class:`~labserve.base.errors.LoadInterrupted` with
+what was measured so far.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
-import json
 import math
+import threading
+import time
 import warnings
 from typing import Any
 
 import numpy as np
 
-from labserve.base.errors import LabServeError, OverloadError, QueueFullError
-from labserve.base.vocabulary import CANCELLED, FAILED, REASONS, REFUSED, REJECTED, SERVED
+from labserve.base.errors import (
+    LabServeError,
+    LoadInterrupted,
+    LoadWarning,
+    ModelStuckError,
+    OverloadError,
+    QueueFullError,
+    RequestTimeoutError,
+)
+from labserve.base.vocabulary import FAILED, REASONS, REFUSED, REJECTED, SERVED, TIMEOUT
 from labserve.load.arrivals import Arrivals
+from labserve.load.http import HttpSender
+from labserve.load.records import Control, Record, Sender
 from labserve.metrics.results import RunResult
-from labserve.runtime.loop import BackgroundLoop, background_loop
+from labserve.runtime.loop import BackgroundLoop
 from labserve.runtime.runner import RunnerMethod
-from labserve.wire.datatypes import datatype
 
-__all__ = ["LoadRun", "LoadWarning", "load_test", "start_load"]
+__all__ = ["LoadRun", "load_loop", "load_test", "start_load"]
 
 # Behind schedule by more than this (p99), the run says it could not keep the rate.
 _LAG_LIMIT_S = 0.005
+# An open-loop HTTP run's keep-alive pool, unless told (wrk's -c64), all opened before the
+# clock starts. Requests beyond it wait for a connection (the wait counts in their latency
+# and their send lag). A larger pool measured worse here: once behind, a burst of due
+# requests opened connections mid-run, and the handshakes pushed it further behind.
+_OPEN_LOOP_CONNECTIONS = 64
+# How often a blocking wait wakes to let Ctrl-C in (a lock wait is not interruptible).
+_WAKE_S = 0.05
+
+_load_loop: BackgroundLoop | None = None
+_load_loop_lock = threading.Lock()
 
 
-class LoadWarning(UserWarning):
-    """Warned when a load generator could not keep the asked rate (it fell behind schedule).
-
-    Latencies stay measured from the intended send times, so they include the lag.
-    """
+def load_loop() -> BackgroundLoop:
+    """The event loop HTTP loads run on (its own thread, not labserve's). Thread-safe."""
+    global _load_loop
+    with _load_loop_lock:
+        if _load_loop is None:
+            _load_loop = BackgroundLoop("labserve-load")
+            atexit.register(_load_loop.stop)
+    _load_loop.start()
+    return _load_loop
 
 
 def load_test(
     target: RunnerMethod | str,
     *,
-    example: Any,
+    example: Any = None,
     duration_s: float,
     arrivals: Arrivals | None = None,
     concurrency: int | None = None,
     think_s: float = 0.0,
     seed: int = 0,
     label: str = "",
+    binary: bool = False,
+    token: str | None = None,
+    connections: int | None = None,
+    timeout_s: float = 10.0,
 ) -> RunResult:
     """Drive ``target`` with ``example`` requests for ``duration_s``; return the RunResult.
 
-    ``target`` is a runner method (in-process) or a URL: the simple route
-    (``.../runners/{name}/{method}``) or a v2 infer URL (``.../v2/models/{name}/infer``).
-    Over HTTP, per-request batch starts and the batch arrays are unknown (NaN, empty).
+    ``target`` is a runner method (in-process) or a URL: labserve's simple route
+    (``.../runners/{name}/{method}``) or any Open Inference Protocol v2 infer URL
+    (``.../v2/models/{name}/infer``: Triton, KServe, MLServer, labserve), whose input
+    names, datatypes and shapes are read from the model's metadata (``example`` then
+    only fills what the metadata leaves open, and may be omitted).
 
     Open loop with ``arrivals`` (an arrival process: requests go out on schedule whatever
     the replies), or closed loop with ``concurrency`` clients, each sending its next
     request ``think_s`` after its last reply. Blocks until the last reply; call it from a
-    notebook cell or a script (not from labserve's loop). The batch arrays hold the
-    run's batches as far as the runner's recorder still holds them (its last 4,096).
-    :func:`start_load` is the same without blocking.
+    notebook cell or a script (not from labserve's loop). :func:`start_load` is the same
+    without blocking.
+
+    In-process, the batch arrays hold the run's batches as far as the runner's recorder
+    still holds them (its last 4,096). Over HTTP the requests' batch starts are unknown
+    (NaN); against a labserve server, ``RunResult.server`` holds the server's own view
+    of the run (batches, mean batch, fire reasons, queue waits, from ``GET /stats``
+    before and after) and the summary shows it. HTTP options: ``binary`` (v2 binary
+    tensors; ``.npy`` on the simple route), ``token`` (sent as ``Authorization: Bearer``),
+    ``connections`` (the keep-alive pool: default ``concurrency``, or 64 in open loop),
+    ``timeout_s`` (per request; a request past it is a ``timeout``). Every HTTP failure
+    is an outcome of its own kind (``RunResult.summary()["outcomes"]``).
+
+    Raises:
+        LoadInterrupted: when interrupted (Ctrl-C); the load stopped at once, and its
+            ``result`` holds what was measured so far.
+        LoadTargetError: a v2 URL whose model metadata cannot be read or used.
 
     >>> import labserve                                        # doctest: +SKIP
     >>> r = labserve.load_test(runner.predict, example=x, duration_s=5,
@@ -75,6 +124,10 @@ def load_test(
         think_s=think_s,
         seed=seed,
         label=label,
+        binary=binary,
+        token=token,
+        connections=connections,
+        timeout_s=timeout_s,
     )
     return run._wait(None, stacklevel=3)
 
@@ -82,19 +135,22 @@ def load_test(
 def start_load(
     target: RunnerMethod | str,
     *,
-    example: Any,
+    example: Any = None,
     duration_s: float,
     arrivals: Arrivals | None = None,
     concurrency: int | None = None,
     think_s: float = 0.0,
     seed: int = 0,
     label: str = "",
+    binary: bool = False,
+    token: str | None = None,
+    connections: int | None = None,
+    timeout_s: float = 10.0,
 ) -> LoadRun:
     """Start the load :func:`load_test` describes and return at once with its :class:`LoadRun`.
 
-    The load runs on labserve's background loop, so the calling cell (or thread) is free:
-    this is what a dashboard's start button uses. Same arguments and errors as
-    :func:`load_test`.
+    The load runs on a background loop, so the calling cell (or thread) is free: this is
+    what a dashboard's start button uses. Same arguments and errors as :func:`load_test`.
     """
     if not (isinstance(duration_s, (int, float)) and math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration_s must be a finite number > 0, got {duration_s!r}")
@@ -105,27 +161,38 @@ def start_load(
             raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
         if think_s < 0:
             raise ValueError(f"think_s must be >= 0, got {think_s!r}")
-    sender: _Sender
+    sender: Sender
     if isinstance(target, str):
-        sender = _HttpSender(target, example)
-        bg = background_loop()
+        pool = connections or concurrency or _OPEN_LOOP_CONNECTIONS
+        sender = HttpSender(
+            target,
+            example,
+            binary=binary,
+            token=token,
+            connections=pool,
+            timeout_s=timeout_s,
+        )
+        bg = load_loop()
         batches_before = 0
     else:
+        if binary or token is not None or connections is not None:
+            raise TypeError("binary=, token= and connections= apply to HTTP targets only")
         if not target.batchable:
             raise TypeError(f"{target!r} is not batchable: load_test drives a batch queue")
+        if example is None:
+            raise TypeError("load_test needs example= (one request's argument)")
         sender = _MethodSender(target, example)
         bg = target.runner.bg
         target.start()  # the loop and the driver start before the clock does
         batches_before = target.stats().batches
-    control = _Control()
+    control = Control()
     if arrivals is not None:
         times = np.asarray(arrivals.times(duration_s, seed=seed), dtype=float)
         future = bg.submit(_open_loop(sender, times, control))
     else:
         assert concurrency is not None
         future = bg.submit(_closed_loop(sender, concurrency, think_s, duration_s, control))
-    method = target if isinstance(target, RunnerMethod) else None
-    return LoadRun(bg, future, control, method, float(duration_s), batches_before, label)
+    return LoadRun(bg, future, control, sender, float(duration_s), batches_before, label)
 
 
 class LoadRun:
@@ -138,9 +205,9 @@ class LoadRun:
     def __init__(
         self,
         bg: BackgroundLoop,
-        future: concurrent.futures.Future[_Record],
-        control: _Control,
-        method: RunnerMethod | None,
+        future: concurrent.futures.Future[Record],
+        control: Control,
+        sender: Sender,
         duration_s: float,
         batches_before: int,
         label: str,
@@ -148,7 +215,7 @@ class LoadRun:
         self._bg = bg
         self._future = future
         self._control = control
-        self._method = method
+        self._sender = sender
         self._duration_s = duration_s
         self._batches_before = batches_before
         self._label = label
@@ -173,85 +240,86 @@ class LoadRun:
         """Wait for the last reply (up to ``timeout`` seconds) and return the RunResult.
 
         Warns :class:`LoadWarning` when the sends fell behind schedule. Raises
-        ``TimeoutError`` when the run is still going after ``timeout``.
+        ``TimeoutError`` when the run is still going after ``timeout``, and
+        :class:`LoadInterrupted` (with the result so far) when interrupted: the load stops.
         """
         return self._wait(timeout, stacklevel=3)
 
     def _wait(self, timeout: float | None, stacklevel: int) -> RunResult:
-        if self._result is None:
-            try:
-                rec = self._future.result(timeout)
-            except concurrent.futures.TimeoutError:
-                raise TimeoutError(f"the load run is still going after {timeout} s") from None
-            duration_s = self._duration_s
-            if self._control.stopped_at is not None:
-                duration_s = max(min(self._control.stopped_at - rec.t0, duration_s), 1e-9)
-            self._result = _result(self._method, rec, duration_s, self._batches_before, self._label)
-            result = self._result
-            if result.send_lag_s is not None and len(result.send_lag_s):
-                _warn_if_behind(result.send_lag_s, len(result.arrival_s) / duration_s, stacklevel)
-        return self._result
+        if self._result is not None:
+            return self._result
+        try:
+            rec = _wait_future(self._future, timeout)
+        except KeyboardInterrupt:
+            # Stop sending and give up what is in flight, at once; then report.
+            if not self._future.done():
+                self._bg.call_soon(self._control.stop, True)
+            rec = _wait_future(self._future, None)
+            raise LoadInterrupted(self._make_result(rec), self._control.sent) from None
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"the load run is still going after {timeout} s") from None
+        result = self._make_result(rec)
+        if result.send_lag_s is not None and len(result.send_lag_s):
+            rate_rps = len(result.arrival_s) / result.duration_s
+            why = ""
+            if isinstance(self._sender, HttpSender) and rec.waited_for_connection:
+                share = rec.waited_for_connection / len(result.arrival_s)
+                why = (
+                    f"; {share:.0%} of the requests found all {self._sender.connections} "
+                    "connections busy when due (the server answers slower than this rate "
+                    "needs: give it more in flight with connections=, --connections)"
+                )
+            _warn_if_behind(result.send_lag_s, rate_rps, stacklevel, why)
+        self._result = result
+        return result
+
+    def _make_result(self, rec: Record) -> RunResult:
+        duration_s = self._duration_s
+        if self._control.stopped_at is not None:
+            duration_s = max(min(self._control.stopped_at - rec.t0, duration_s), 1e-9)
+        sender = self._sender
+        if isinstance(sender, _MethodSender):
+            return _result(sender.method, rec, duration_s, self._batches_before, self._label, None)
+        assert isinstance(sender, HttpSender)
+        view = sender.server_view(duration_s)
+        return _result(None, rec, duration_s, 0, self._label, view)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "done"
         return f"<LoadRun {state}, {self.sent} sent>"
 
 
-class _Control:
-    """Stops a run's sending. Loop-only."""
-
-    def __init__(self) -> None:
-        self.sent = 0
-        self.stopped_at: float | None = None
-        self.sending: asyncio.Task[None] | None = None
-
-    def stop(self) -> None:
-        if self.stopped_at is None:
-            self.stopped_at = asyncio.get_running_loop().time()
-            if self.sending is not None:
-                self.sending.cancel()
+def _wait_future(future: concurrent.futures.Future[Record], timeout: float | None) -> Record:
+    """``future.result(timeout)``, waking every few ms so that Ctrl-C gets in at once."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        wait_s = _WAKE_S if deadline is None else min(_WAKE_S, max(deadline - time.monotonic(), 0))
+        try:
+            return future.result(wait_s)
+        except concurrent.futures.TimeoutError:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
 
 
-class _Record:
-    """Per-request records of one run, filled on the loop."""
-
-    def __init__(self) -> None:
-        self.arrival: list[float] = []
-        self.start: list[float] = []
-        self.finish: list[float] = []
-        self.outcome: list[int] = []
-        self.items: list[int] = []
-        self.lag: list[float] = []
-        self.t0 = 0.0
-
-
-class _Sender:
-    """Sends one request and records its outcome in a _Record. Loop-only."""
-
-    async def open(self) -> None:
-        """Get ready to send (on the loop)."""
-
-    async def close(self) -> None:
-        """Release what open() took."""
-
-    async def send(self, rec: _Record, k: int) -> None:
-        raise NotImplementedError
-
-
-class _MethodSender(_Sender):
+class _MethodSender(Sender):
     def __init__(self, method: RunnerMethod, example: Any) -> None:
         self.method = method
         self.example = example
 
-    async def send(self, rec: _Record, k: int) -> None:
+    async def send(self, rec: Record, k: int) -> None:
         loop = asyncio.get_running_loop()
         request, future = self.method.submit_on_loop((self.example,))
+        rec.went_out(k, loop.time())
         rec.items[k] = request.items
         try:
             await future
             rec.outcome[k] = SERVED
-        except (OverloadError, QueueFullError) as exc:
-            rec.outcome[k] = REFUSED if isinstance(exc, QueueFullError) else REJECTED
+        except (QueueFullError, ModelStuckError):
+            rec.outcome[k] = REFUSED  # at admission: never queued
+        except OverloadError as exc:  # predicted at admission, or at its deadline in the queue
+            rec.outcome[k] = REJECTED if exc.predicted_wait_s is None else REFUSED
+        except RequestTimeoutError:
+            rec.outcome[k] = TIMEOUT
         except LabServeError:
             rec.outcome[k] = FAILED
         rec.finish[k] = loop.time() - rec.t0
@@ -259,125 +327,94 @@ class _MethodSender(_Sender):
             rec.start[k] = request.start_s - rec.t0
 
 
-class _HttpSender(_Sender):
-    """POSTs to the simple route or a v2 infer URL, with no cap on connections in flight."""
-
-    def __init__(self, url: str, example: Any) -> None:
-        arr = np.asarray(example)
-        self.url = url
-        self.items = int(arr.shape[0]) if arr.ndim else 1
-        if "/v2/models/" in url:
-            tensor = {
-                "name": "input__0",
-                "shape": list(arr.shape),
-                "datatype": datatype(arr.dtype),
-                "data": arr.reshape(-1).tolist(),
-            }
-            self.body = json.dumps({"inputs": [tensor]}).encode()
-        else:
-            self.body = json.dumps(arr.tolist()).encode()
-        self.client: Any = None
-
-    async def open(self) -> None:
-        from tornado.httpclient import AsyncHTTPClient
-
-        # tornado's default client allows 10 requests at a time: batches would cap at 10.
-        self.client = AsyncHTTPClient(force_instance=True, max_clients=100_000)
-
-    async def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-
-    async def send(self, rec: _Record, k: int) -> None:
-        loop = asyncio.get_running_loop()
-        rec.items[k] = self.items
-        try:
-            reply = await self.client.fetch(
-                self.url,
-                method="POST",
-                body=self.body,
-                headers={"Content-Type": "application/json"},
-                raise_error=False,
-                request_timeout=60,
-            )
-            code = reply.code
-        except OSError:
-            code = 599
-        rec.outcome[k] = SERVED if code == 200 else REJECTED if code == 503 else FAILED
-        rec.finish[k] = loop.time() - rec.t0
+async def _send_on_schedule(
+    sender: Sender, rec: Record, times: list[float], control: Control
+) -> None:
+    loop = asyncio.get_running_loop()
+    t0, n, i = rec.t0, len(times), 0
+    while i < n and control.stopped_at is None:  # stopped while the pool was opening
+        # Everything due goes out now; then one sleep until the next is due.
+        now = loop.time()
+        while i < n and t0 + times[i] <= now:
+            k = rec.new_slot(times[i])
+            control.sent += 1
+            # On an idle connection the request is written now, without a task. Either
+            # way the sender reports when it went out (after any wait for a connection).
+            sent = sender.send_soon(rec, k)
+            if sent is None:
+                sent = loop.create_task(sender.send(rec, k))
+            control.track(sent)
+            i += 1
+        if i < n:
+            await asyncio.sleep(t0 + times[i] - loop.time())
 
 
-def _new_slot(rec: _Record, intended_s: float) -> int:
-    rec.arrival.append(intended_s)
-    rec.start.append(math.nan)
-    rec.finish.append(math.nan)
-    rec.outcome.append(CANCELLED)
-    rec.items.append(0)
-    return len(rec.arrival) - 1
-
-
-async def _open_loop(sender: _Sender, times: np.ndarray, control: _Control) -> _Record:
+async def _open_loop(sender: Sender, times: np.ndarray, control: Control) -> Record:
     loop = asyncio.get_running_loop()
     await sender.open()
-    rec = _Record()
-    rec.t0 = loop.time() + 0.005
-    # Finished tasks are dropped at once: thousands kept alive make the GC's pauses long
-    # enough to push the sends behind schedule.
-    in_flight: set[asyncio.Task[None]] = set()
-
-    async def send_on_schedule() -> None:
-        for t in times.tolist():
-            due = rec.t0 + t
-            delay = due - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            k = _new_slot(rec, t)
-            rec.lag.append(max(loop.time() - due, 0.0))
-            control.sent += 1
-            task = asyncio.ensure_future(sender.send(rec, k))
-            in_flight.add(task)
-            task.add_done_callback(in_flight.discard)
-
-    control.sending = asyncio.ensure_future(send_on_schedule())
+    rec = Record()
     try:
-        await control.sending
-    except asyncio.CancelledError:
-        if control.stopped_at is None:
-            raise  # the run itself was cancelled, not stopped
-    while in_flight:
-        await asyncio.wait(set(in_flight))
-    await sender.close()
+        rec.t0 = loop.time() + 0.005
+        rec.track_lag = True
+        control.sending = loop.create_task(_send_on_schedule(sender, rec, times.tolist(), control))
+        try:
+            await control.sending
+        except asyncio.CancelledError:
+            if control.stopped_at is None:
+                raise  # the run itself was cancelled, not stopped
+        while control.in_flight:
+            await asyncio.wait(set(control.in_flight))
+    finally:
+        for task in control.in_flight:
+            task.cancel()
+        await sender.close()
+    if control.error is not None:
+        raise control.error
     return rec
 
 
 async def _closed_loop(
-    sender: _Sender, clients: int, think_s: float, duration_s: float, control: _Control
-) -> _Record:
+    sender: Sender, clients: int, think_s: float, duration_s: float, control: Control
+) -> Record:
     loop = asyncio.get_running_loop()
     await sender.open()
-    rec = _Record()
-    rec.t0 = loop.time()
-    end = rec.t0 + duration_s
+    rec = Record()
+    try:
+        rec.t0 = loop.time()
+        end = rec.t0 + duration_s
 
-    async def client() -> None:
-        while loop.time() < end and control.stopped_at is None:
-            k = _new_slot(rec, loop.time() - rec.t0)
-            control.sent += 1
-            await sender.send(rec, k)
-            if think_s:
-                await asyncio.sleep(think_s)
+        async def client() -> None:
+            while loop.time() < end and control.stopped_at is None:
+                k = rec.new_slot(loop.time() - rec.t0)
+                control.sent += 1
+                sent = sender.send_soon(rec, k)
+                if sent is not None:
+                    await sent
+                else:
+                    await sender.send(rec, k)
+                if think_s:
+                    await asyncio.sleep(think_s)
 
-    await asyncio.gather(*(client() for _ in range(clients)))
-    await sender.close()
+        for _ in range(clients):
+            control.track(loop.create_task(client()))
+        while control.in_flight:
+            await asyncio.wait(set(control.in_flight))
+    finally:
+        for task in control.in_flight:
+            task.cancel()
+        await sender.close()
+    if control.error is not None:
+        raise control.error
     return rec
 
 
 def _result(
     method: RunnerMethod | None,
-    rec: _Record,
+    rec: Record,
     duration_s: float,
     batches_before: int,
     label: str,
+    server: dict[str, Any] | None,
 ) -> RunResult:
     if method is not None:
         snap = method.stats()
@@ -400,17 +437,18 @@ def _result(
         label=label,
         config=snap_config,
         send_lag_s=np.asarray(rec.lag, dtype=float) if rec.lag else None,
+        server=server,
     )
 
 
-def _warn_if_behind(lag_s: np.ndarray, rate_rps: float, stacklevel: int = 1) -> None:
+def _warn_if_behind(lag_s: np.ndarray, rate_rps: float, stacklevel: int = 1, why: str = "") -> None:
     p99 = float(np.percentile(lag_s, 99))
     if p99 > _LAG_LIMIT_S:
         warnings.warn(
             LoadWarning(
                 f"the load generator could not keep {rate_rps:,.0f} req/s: sends fell behind "
                 f"schedule by up to {lag_s.max() * 1000:.1f} ms (p99 {p99 * 1000:.1f} ms); "
-                "latencies are measured from the intended send times"
+                f"latencies are measured from the intended send times{why}"
             ),
             stacklevel=stacklevel + 1,
         )

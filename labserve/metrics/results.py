@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from labserve.base.vocabulary import (
-    CANCELLED,
     FAILED,
     OUTCOMES,
     REASONS,
@@ -20,6 +19,9 @@ from labserve.base.vocabulary import (
     SERVED,
     TIMEOUT,
 )
+
+# Outcomes the summary's shares already count; any other kind seen adds an "outcomes" row.
+_SHARED = frozenset({SERVED, REJECTED, REFUSED, FAILED, TIMEOUT})
 
 __all__ = ["RunResult"]
 _QS = (50.0, 95.0, 99.0, 99.9)
@@ -50,6 +52,10 @@ class RunResult:
     config: dict[str, Any] = field(default_factory=dict)
     send_lag_s: np.ndarray | None = None
     """Real open-loop runs: how late each request was sent after its intended time."""
+    server: dict[str, Any] | None = None
+    """HTTP runs against a labserve server: the server's own view of the run, from its
+    ``/stats`` before and after (counts, batches, mean/max batch, fire reasons, latency and
+    queue-wait percentiles and means; see :func:`labserve.load.server_view.server_view`)."""
 
     @property
     def served(self) -> np.ndarray:
@@ -70,11 +76,14 @@ class RunResult:
         """Rates, outcome shares, latency and queue-wait percentiles, batch sizes, reasons.
 
         ``rejected_pct`` counts rejected and refused requests, ``failed_pct`` failed ones,
-        ``timeout_pct`` those past their request timeout; ``cancelled_pct``,
-        ``connect_error_pct`` and ``reset_pct`` appear only when some request ended so.
+        ``timeout_pct`` those past their request timeout.
         ``model_ms_per_request`` and ``model_busy_pct`` say what the run cost in model time
         (busy: model time / (duration x ``max_concurrent_batches``)); with a latency target,
         ``slo_met_pct`` is the share of served requests within it.
+        ``outcomes`` (requests by kind) appears when some request ended in a kind the
+        shares do not count (connect_error, reset, client_error, cancelled).
+        Over HTTP against a labserve server, the batch figures and queue waits are the
+        server's (``server_*`` keys add its served count and latency).
         """
         n = len(self.arrival_s)
         span = self.duration_s if self.duration_s > 0 else math.nan
@@ -89,15 +98,17 @@ class RunResult:
             "failed_pct": 100.0 * float(counts[FAILED]) / n if n else 0.0,
             "timeout_pct": 100.0 * float(counts[TIMEOUT]) / n if n else 0.0,
         }
-        # The rarer endings are shown only when they happened (cancellations, and a
-        # client's connect errors and resets over HTTP).
-        for code in (CANCELLED, *range(TIMEOUT + 1, len(OUTCOMES))):
-            if counts[code]:
-                out[f"{OUTCOMES[code]}_pct"] = 100.0 * float(counts[code]) / n
+        if any(c for code, c in enumerate(counts) if code not in _SHARED):
+            out["outcomes"] = {OUTCOMES[code]: int(c) for code, c in enumerate(counts) if c}
+        server = self.server if self.server is not None and not len(self.batch_items) else None
         for name, values in (("latency", self.latency_s), ("queue_wait", self.queue_wait_s)):
             pcts = np.percentile(values, _QS) * 1000.0 if len(values) else [math.nan] * 4
             for q, v in zip(("p50", "p95", "p99", "p99_9"), pcts, strict=True):
                 out[f"{name}_{q}_ms"] = float(v)
+        if server is not None:
+            # The client never sees queue waits: the server does.
+            for q in ("p50", "p95", "p99", "p99_9"):
+                out[f"queue_wait_{q}_ms"] = float(server.get(f"queue_wait_{q}_ms", math.nan))
         if self.send_lag_s is not None and len(self.send_lag_s):
             out["send_lag_p99_ms"] = float(np.percentile(self.send_lag_s, 99) * 1000.0)
             out["send_lag_max_ms"] = float(self.send_lag_s.max() * 1000.0)
@@ -109,6 +120,13 @@ class RunResult:
         target_ms = float(self.config.get("latency_slo_ms", 0.0))
         if target_ms > 0:
             out["slo_met_pct"] = 100.0 * float(np.mean(self.latency_s * 1000.0 <= target_ms))
+        if server is not None:
+            for key in ("batches", "mean_batch", "max_batch", "fire_reasons"):
+                out[key] = server[key]
+            out["server_served"] = server["served"]
+            out["server_latency_p50_ms"] = server["latency_p50_ms"]
+            out["server_latency_p99_ms"] = server["latency_p99_ms"]
+            return out
         batches = len(self.batch_items)
         out["batches"] = batches
         out["mean_batch"] = float(self.batch_items.mean()) if batches else math.nan

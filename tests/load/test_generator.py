@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 import labserve
+from labserve.base.errors import LoadWarning
 from labserve.base.vocabulary import OUTCOMES
 from labserve.lab.demo import SleepModel
 from labserve.load.arrivals import ConstantArrivals
-from labserve.load.generator import LoadWarning, _warn_if_behind, load_test
+from labserve.load.generator import _warn_if_behind, load_test
 
 
 @pytest.fixture
@@ -63,7 +64,8 @@ def test_overload_outcomes_are_recorded_as_rejected():
     finally:
         slow.stop()
     kinds = {OUTCOMES[o] for o in result.outcome.tolist()}
-    assert kinds == {"served", "rejected"}
+    # Shed at its deadline (rejected) or, predicted, at admission (refused): never 'failed'.
+    assert "served" in kinds and kinds - {"served"} and kinds <= {"served", "rejected", "refused"}
     assert 0 < result.summary()["rejected_pct"] < 100
     served = result.served
     assert np.all(np.isfinite(result.finish_s[served]))

@@ -1,0 +1,115 @@
+"""What a load run keeps per request, and the sender interface the drivers call. Loop-only.
+
+A run's driver (open or closed loop, in :mod:`labserve.load.generator`) owns one
+:class:`Record` and one :class:`Sender`; both live on the run's event loop and are never
+touched from another thread while the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+from labserve.base.vocabulary import CANCELLED
+
+__all__ = ["Control", "Record", "Sender"]
+
+
+class Record:
+    """Per-request records of one run (seconds from ``t0``), filled on the loop.
+
+    A request's slot starts as ``cancelled`` with NaN times; its sender overwrites the
+    outcome and the times when the request ends, so a request given up by an interrupted
+    run stays ``cancelled``.
+    """
+
+    def __init__(self) -> None:
+        self.arrival: list[float] = []
+        """Intended send time."""
+        self.start: list[float] = []
+        """Start of the request's batch (in-process runs only; NaN over HTTP)."""
+        self.finish: list[float] = []
+        self.outcome: list[int] = []
+        self.items: list[int] = []
+        self.lag: list[float] = []
+        """Open loop: how late each request went out after its intended time."""
+        self.t0 = 0.0
+        """The loop time the run's clock starts from."""
+        self.track_lag = False
+        """Open loop: senders call :meth:`went_out` when a request is written."""
+        self.waited_for_connection = 0
+        """Open loop over HTTP: requests that found every connection busy when due."""
+
+    def went_out(self, k: int, now: float) -> None:
+        """Request ``k`` was written (or given up unsent) at loop time ``now``."""
+        if self.track_lag:
+            self.lag.append(max(now - self.t0 - self.arrival[k], 0.0))
+
+    def new_slot(self, intended_s: float) -> int:
+        """Add a request intended at ``intended_s``; returns its index."""
+        self.arrival.append(intended_s)
+        self.start.append(math.nan)
+        self.finish.append(math.nan)
+        self.outcome.append(CANCELLED)
+        self.items.append(0)
+        return len(self.arrival) - 1
+
+
+class Sender:
+    """Sends one request and records its outcome in a Record. Loop-only.
+
+    ``send`` must record every way a request can end as an outcome and never raise for
+    one (a raise is a bug, and ends the run with it).
+    """
+
+    async def open(self) -> None:
+        """Get ready to send (on the loop, before the run's clock starts)."""
+
+    async def close(self) -> None:
+        """Release what :meth:`open` took (idempotent)."""
+
+    async def send(self, rec: Record, k: int) -> None:
+        """Send request ``k`` and record its outcome, finish time and items."""
+        raise NotImplementedError
+
+    def send_soon(self, rec: Record, k: int) -> asyncio.Future[Any] | None:
+        """Send request ``k`` now without a task, if this sender can; None if not.
+
+        The future ends when the request has ended and been recorded; cancelling it gives
+        the request up (it stays ``cancelled``). The default never can.
+        """
+        return None
+
+
+class Control:
+    """Stops a run's sending, and gives up its requests in flight when interrupted. Loop-only."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.stopped_at: float | None = None
+        """Loop time when stop() was called (None while running)."""
+        self.sending: asyncio.Task[None] | None = None
+        self.in_flight: set[asyncio.Future[Any]] = set()
+        self.error: BaseException | None = None
+        """A sender's unexpected exception (a bug): the run raises it at its end."""
+
+    def stop(self, abandon: bool = False) -> None:
+        """Send no more; with ``abandon``, also give up the requests in flight (cancelled)."""
+        if self.stopped_at is None:
+            self.stopped_at = asyncio.get_running_loop().time()
+            if self.sending is not None:
+                self.sending.cancel()
+        if abandon:
+            for task in list(self.in_flight):
+                task.cancel()
+
+    def track(self, task: asyncio.Future[Any]) -> None:
+        """Keep ``task`` (or a future) until it ends; remember its exception for the run."""
+        self.in_flight.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Future[Any]) -> None:
+        self.in_flight.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.error is None:
+            self.error = task.exception()
