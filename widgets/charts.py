@@ -7,29 +7,20 @@ finished :class:`labserve.RunResult`, real or simulated.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import threading
-import time
-from collections.abc import Iterator
 from typing import Any
 
-from bokeh.core.serialization import Serializer
-from bokeh.document.events import ColumnsStreamedEvent
 from bokeh.layouts import gridplot
 from bokeh.models import ColumnDataSource, DataRange1d, HoverTool, LayoutDOM, Legend
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
-from bokeh.protocol.messages.patch_doc import patch_doc
-from jupyter_bokeh import BokehModel
 
 import labserve
 
-from .bokehjs import load_bokehjs
+from .chartwidget import ChartWidget
 from .series import BATCH_COLUMNS, REASONS, ROLLING, TICK_COLUMNS, Rows, fit_cost, result_rows
 
-__all__ = ["ChartWidget", "Charts", "charts_for_result", "one_patch_per_widget", "plot"]
+__all__ = ["Charts", "charts_for_result", "plot"]
 
 _TICK_ROLLOVER = 1500
 """Ticks kept: 5 minutes at 5 Hz."""
@@ -183,139 +174,6 @@ def charts_for_result(result: labserve.RunResult, bin_s: float | None = None) ->
     title = result.label or "run"
     charts.figures["queue"].title.text = f"Queue depth · {title}"
     return charts
-
-
-_batch = threading.local()
-
-
-@contextlib.contextmanager
-def one_patch_per_widget() -> Iterator[None]:
-    """Send a ChartWidget's document changes made in this block (on this thread) as one patch.
-
-    A pump tick then costs the page one message instead of four.
-    """
-    _batch.pending = pending = {}
-    try:
-        yield
-    finally:
-        del _batch.pending
-        for widget, events in pending.items():
-            widget._send_patch(events)
-
-
-_MAX_UNACKED = 8
-"""Changes sent but not yet drawn by the page before more are held back (and merged)."""
-_ACK_TIMEOUT_S = 3.0
-"""With no word from the page for this long (no view open), send anyway."""
-
-
-def _merged(events: list[Any]) -> list[Any]:
-    """Held changes as few as possible: streams into one source become one stream."""
-    out: list[Any] = []
-    for event in events:
-        last = next((o for o in reversed(out) if getattr(o, "model", None) is event.model), None)
-        if (
-            isinstance(event, ColumnsStreamedEvent)
-            and isinstance(last, ColumnsStreamedEvent)
-            and last.rollover == event.rollover
-            and set(last.data) == set(event.data)
-        ):
-            keep = event.rollover or None
-            data = {k: (list(last.data[k]) + list(event.data[k]))[-keep if keep else 0 :]
-                    for k in event.data}  # fmt: skip
-            merged = ColumnsStreamedEvent(
-                event.document, event.model, event.attr, data, event.rollover, event.setter
-            )
-            out[out.index(last)] = merged
-        else:
-            out.append(event)
-    return out
-
-
-class ChartWidget(BokehModel):  # type: ignore[misc]
-    """jupyter_bokeh's widget for display-only charts that a pump thread streams into.
-
-    What it changes, each found in a real browser: a patch reaches the page in a framing no
-    view can read out of step; nothing the page sends back changes the document (the pump
-    stays its only writer); a tick's changes travel as one patch; a page that draws slower
-    than the pump streams gets fewer, merged patches instead of a growing backlog;
-    ``close()`` may be called twice (jupyter_bokeh's raises KeyError the second time, and
-    ipywidgets calls it again when the widget is collected).
-    """
-
-    _closed = False
-
-    def __init__(self, model: Any, **kwargs: Any) -> None:
-        self._flow = threading.Lock()
-        self._held: list[Any] = []
-        self._unacked = 0
-        self._last_heard = time.monotonic()
-        super().__init__(model, **kwargs)
-
-    def _document_patched(self, event: Any) -> None:
-        if event.setter is self:
-            return
-        pending = getattr(_batch, "pending", None)
-        if pending is not None:
-            pending.setdefault(self, []).append(event)
-        else:
-            self._send_patch([event])
-
-    def _send_patch(self, events: list[Any]) -> None:
-        # Flow control: BokehJS sends back each change it has applied (see _sync_model), so
-        # the changes sent and not yet drawn are known. Past a few, hold the new ones and
-        # send them merged once the page catches up: a slow page draws less often instead of
-        # falling further and further behind the live numbers.
-        with self._flow:
-            self._held += events
-            now = time.monotonic()
-            if self._unacked >= _MAX_UNACKED and now - self._last_heard < _ACK_TIMEOUT_S:
-                return
-            if self._unacked >= _MAX_UNACKED:  # no word for a while: no view is drawing
-                self._unacked = 0
-                self._last_heard = now
-            events, self._held = _merged(self._held), []
-            self._unacked += len(events)
-        # jupyter_bokeh sends a patch as three comm messages (header, metadata, content) that
-        # BokehJS reassembles in order. A view that starts listening between two of them (a
-        # chart displayed, or a page reloaded, while a pump streams) reads every later patch
-        # out of step and stops updating for good. Here each message is one JSON object that
-        # is all three at once, sent three times: whichever copy lands in the content slot,
-        # every patch is applied exactly once. (Arrays would go inline, not as buffers, so a
-        # message stays one fragment; the charts stream lists, cheaper here than arrays.)
-        doc = events[0].document
-        # References: the changed models only (the page has them all already); passing every
-        # model of the document costs a dict of ~300 entries per tick.
-        touched = {e.model for e in events if getattr(e, "model", None) is not None}
-        serializer = Serializer(references=touched, deferred=False)
-        content = {"events": serializer.encode(events)}
-        doc.models.flush_synced(lambda model: not serializer.has_ref(model))
-        whole = json.dumps({**patch_doc.create_header(), "num_buffers": 0, **content})
-        for _ in range(3):
-            self.send({"msg": "patch", "payload": whole})
-
-    def _sync_model(self, _model: Any, content: dict[str, Any], _buffers: list[Any]) -> None:
-        # BokehJS sends back each change it applied (and each view's pans and zooms). Applying
-        # that here would make the kernel's main thread a second writer of the document and
-        # double every streamed row: views are display-only. It does say the page has drawn.
-        if content.get("event") == "jsevent":
-            with self._flow:
-                self._unacked = max(self._unacked - 1, 0)
-                self._last_heard = time.monotonic()
-
-    def __repr__(self) -> str:
-        # The default repr holds random document ids: a saved notebook output would change.
-        return f"ChartWidget({type(self._model).__name__})"
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        load_bokehjs()
-        return super()._repr_mimebundle_(**kwargs)
-
-    def close(self) -> None:
-        """Close the widget (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            super().close()
 
 
 def plot(result: labserve.RunResult, bin_s: float | None = None) -> Any:

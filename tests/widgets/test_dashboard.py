@@ -16,8 +16,7 @@ from bokeh.protocol import Protocol
 from bokeh.protocol.exceptions import ProtocolError
 from bokeh.protocol.receiver import Receiver
 from jupyter_bokeh import BokehModel
-from labserve.widgets import Charts, Dashboard, Pump, plot
-from labserve.widgets.charts import ChartWidget
+from labserve.widgets import Charts, ChartWidget, Dashboard, Pump, plot
 from labserve.widgets.series import BATCH_COLUMNS, TICK_COLUMNS, LiveSeries, result_rows
 
 import labserve
@@ -85,7 +84,7 @@ def test_a_bad_typed_value_says_why_and_changes_nothing(dash, runner, key, text,
 
 def test_the_controls_show_a_change_made_elsewhere_only_when_asked(dash, runner):
     runner.configure("predict", max_batch_size=16)
-    dash._show_config(runner.predict.config)
+    dash.batching.show_config(runner.predict.config)
     assert dash.controls["max_batch_size"].value == 16
     assert runner.predict.config.max_batch_size == 16  # showing did not configure again
 
@@ -110,7 +109,19 @@ def test_a_bad_load_setting_is_shown_and_starts_nothing(dash, runner):
     dash.controls["start"].value = True
     assert "rate_rps" in dash.errors["load"].value
     assert dash.controls["start"].value is False
-    assert dash._load is None
+    assert dash.load.run is None
+
+
+def test_a_failing_chart_update_shows_in_the_status_line(dash, runner, monkeypatch):
+    def broken(tick, batches):
+        raise ValueError("the chart refused a row")
+
+    monkeypatch.setattr(dash.charts, "stream", broken)
+    runner.predict.run(X)
+    wait_for(lambda: "chart update failed" in dash.status.value)
+    assert "ValueError: the chart refused a row" in html.unescape(dash.status.value)
+    assert "req/s served" in dash.status.value  # the numbers still show
+    assert dash.pump.running and dash.pump.errors >= 1
 
 
 def test_without_an_example_the_load_controls_say_what_is_missing(runner):
@@ -151,7 +162,7 @@ def test_the_pump_is_the_only_thread_that_writes_the_document(dash, runner):
     dash.doc.on_change(lambda event: writers.add(threading.current_thread().name))
     runner.predict.run(X)
     dash.controls["max_batch_size"].value = 8  # control changes go to the runner, not the doc
-    dash._on_reset()
+    dash.controls["reset"].click()
     wait_for(lambda: dash.pump.ticks > 5 and writers)
     assert writers == {"labserve-dashboard"}
 
