@@ -129,6 +129,17 @@ class BatchingControls:
                 self._showing.on = False
             self._show_export()
 
+    def follow(self) -> None:
+        """Show the method's config if it changed elsewhere (thread-safe; cheap when not).
+
+        The method's config, not a snapshot's: a change applies at the next batch (an idle
+        runner has none), but the controls show what was asked at once.
+        """
+        with self._lock:
+            config = self.method.config
+            if config != self.shown:
+                self.show_config(config)
+
     def _acting(self) -> bool:
         """False while this thread is only showing a config (the widgets' echo)."""
         return not getattr(self._showing, "on", False)

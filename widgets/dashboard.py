@@ -151,7 +151,12 @@ class Dashboard:
         return f"<Dashboard {self.controls['method'].value} ({state})>"
 
     def _on_tick(self, snap: labserve.Snapshot | None) -> None:
-        """On the pump thread: the line of numbers, the load's progress, the pump's errors."""
+        """On the pump thread: the line of numbers, the load's progress, the pump's errors.
+
+        And the controls follow the runner: a config changed elsewhere (a cell, PATCH
+        /config) shows in the dropdowns and sliders.
+        """
+        self.batching.follow()
         parts = [] if snap is None else [_numbers(snap)]
         load = self.load.poll()
         if load:

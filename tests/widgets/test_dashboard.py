@@ -7,6 +7,7 @@ import html
 import json
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -16,7 +17,7 @@ from bokeh.protocol import Protocol
 from bokeh.protocol.exceptions import ProtocolError
 from bokeh.protocol.receiver import Receiver
 from jupyter_bokeh import BokehModel
-from labserve.widgets import Charts, ChartWidget, Dashboard, Pump, plot
+from labserve.widgets import Charts, ChartWidget, Dashboard, Pump, loadpanel, plot
 from labserve.widgets.series import BATCH_COLUMNS, TICK_COLUMNS, LiveSeries, result_rows
 
 import labserve
@@ -82,11 +83,35 @@ def test_a_bad_typed_value_says_why_and_changes_nothing(dash, runner, key, text,
     assert getattr(runner.predict.config, key) == 8
 
 
-def test_the_controls_show_a_change_made_elsewhere_only_when_asked(dash, runner):
-    runner.configure("predict", max_batch_size=16)
-    dash.batching.show_config(runner.predict.config)
-    assert dash.controls["max_batch_size"].value == 16
-    assert runner.predict.config.max_batch_size == 16  # showing did not configure again
+def test_the_controls_follow_a_change_made_elsewhere(dash, runner):
+    runner.configure("predict", max_batch_size=16, strategy="fixed", max_latency_ms=50)
+    in_force = runner.predict.config
+    wait_for(lambda: dash.controls["max_batch_size"].value == 16)
+    wait_for(lambda: dash.controls["strategy"].value == "fixed")
+    assert dash.controls["max_latency_ms"].value == 50
+    assert dash.controls["max_batch_size_text"].value == "16"
+    assert "max_batch_size: 16" in dash.controls["export"].value
+    assert runner.predict.config is in_force  # showing it did not configure the runner again
+    dash.controls["max_batch_size"].value = 8  # and the controls still act
+    assert runner.predict.config.max_batch_size == 8
+
+
+def test_the_controls_follow_a_patch_config_from_another_client(runner):
+    server = labserve.serve(runner)
+    d = Dashboard(server, example=X, hz=20)
+    try:
+        request = urllib.request.Request(
+            f"{server.url}/config",
+            data=json.dumps({"runner": "sleep", "method": "predict", "max_batch_size": 4}).encode(),
+            method="PATCH",
+            headers={"Authorization": f"Bearer {server.token}"},
+        )
+        with urllib.request.urlopen(request, timeout=5):
+            pass
+        wait_for(lambda: d.controls["max_batch_size"].value == 4)
+    finally:
+        d.close()
+        server.stop()
 
 
 def test_the_pump_streams_rows_while_load_runs(dash, runner):
@@ -102,6 +127,26 @@ def test_the_pump_streams_rows_while_load_runs(dash, runner):
     assert sum(dash.charts.batches.data["items"]) <= runner.predict.stats().served
     assert "req/s served" in dash.status.value
     assert dash.pump.last_error is None
+
+
+def test_the_load_runs_until_stopped_by_default(dash, runner, monkeypatch):
+    monkeypatch.setattr(loadpanel, "CHUNK_S", 0.3)  # chain short runs to see several
+    assert dash.controls["duration"].value == ""  # "until stopped"
+    dash.controls["rate"].value = "300"
+    dash.controls["start"].value = True
+    assert dash.errors["load"].value == ""
+    wait_for(lambda: dash.load._chunks >= 4)
+    assert dash.controls["start"].value is True
+    wait_for(lambda: "until stopped" in dash.status.value)
+    assert "running 0:0" in dash.status.value  # the elapsed time
+    dash.controls["start"].value = False
+    assert dash.load.run is None
+    assert runner.predict.stats().served > 300 * 0.3 * 3 * 0.5  # the chained runs all sent
+    time.sleep(0.2)  # what was already sent lands
+    before = runner.predict.stats().admitted
+    time.sleep(0.6)  # two chunks long: a chained run started after the stop would show
+    assert runner.predict.stats().admitted == before
+    assert dash.load.run is None
 
 
 def test_a_bad_load_setting_is_shown_and_starts_nothing(dash, runner):
