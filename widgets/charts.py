@@ -17,7 +17,7 @@ from bokeh.plotting import figure
 
 import labserve
 
-from .chartwidget import ChartWidget
+from .chartwidget import ACK_NAME, ChartWidget
 from .series import BATCH_COLUMNS, REASONS, ROLLING, TICK_COLUMNS, Rows, fit_cost, result_rows
 
 __all__ = ["Charts", "charts_for_result", "plot"]
@@ -133,6 +133,8 @@ class Charts:
             toolbar_location="right",
             merge_tools=True,
         )
+        # The model a ChartWidget's patches number themselves on (flow control); no view.
+        self.layout.tags = [ColumnDataSource(name=ACK_NAME)]
 
     def stream(self, tick: Rows, batches: Rows) -> None:
         """Append rows, dropping the oldest past the rollover."""

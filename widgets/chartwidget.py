@@ -20,13 +20,14 @@ from typing import Any
 
 from bokeh.core.json_encoder import serialize_json
 from bokeh.core.serialization import Serializer
-from bokeh.document.events import ColumnsStreamedEvent
+from bokeh.document.events import ColumnsStreamedEvent, ModelChangedEvent
 from bokeh.protocol.messages.patch_doc import patch_doc
+from IPython import get_ipython
 from jupyter_bokeh import BokehModel
 
 from .bokehjs import load_bokehjs
 
-__all__ = ["HOOKS", "ChartWidget", "one_patch_per_widget"]
+__all__ = ["ACK_NAME", "HOOKS", "ChartWidget", "one_patch_per_widget"]
 
 HOOKS: dict[str, tuple[str, ...]] = {
     "_document_patched": ("self", "event"),
@@ -53,10 +54,45 @@ def one_patch_per_widget() -> Iterator[None]:
             widget._send_patch(events)
 
 
-_MAX_UNACKED = 8
-"""Changes sent but not yet drawn by the page before more are held back (and merged)."""
-_ACK_TIMEOUT_S = 3.0
-"""With no word from the page for this long (no view open), send anyway."""
+ACK_NAME = "labserve-ack"
+"""Name of the model in a chart document that carries each patch's sequence number.
+
+A document that holds a model of that name (``Charts`` does) gets flow control: each patch
+sets that model's ``name`` to ``"labserve-ack:<n>"`` on the page, and the page's echo of that
+change says patch n was applied. The kernel's copy of the model never changes."""
+MAX_IN_FLIGHT = 2
+"""Patches sent and not yet applied by the page before new changes are held (and merged)."""
+ACK_TIMEOUT_S = 1.0
+"""While a cell runs, the kernel's main thread cannot read the page's answers: with none for
+this long, one patch goes out anyway (so the charts move, once a second, during a cell)."""
+SILENT_TIMEOUT_S = 10.0
+"""Otherwise, with no answer for this long (no view open), one patch goes out anyway."""
+
+
+class _CellWatch:
+    """Whether a notebook cell is running, from IPython's pre/post_run_cell events."""
+
+    def __init__(self) -> None:
+        self.running = False
+        self._hooked: object = None
+
+    def hook(self) -> None:
+        """Follow the current IPython shell's cells (idempotent; no-op outside IPython)."""
+        shell = get_ipython()
+        if shell is None or shell is self._hooked:
+            return
+        shell.events.register("pre_run_cell", self._pre)
+        shell.events.register("post_run_cell", self._post)
+        self._hooked = shell
+
+    def _pre(self, *_: Any) -> None:
+        self.running = True
+
+    def _post(self, *_: Any) -> None:
+        self.running = False
+
+
+_cells = _CellWatch()
 
 
 def _merged(events: list[Any]) -> list[Any]:
@@ -104,9 +140,17 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
         """
         self._flow = threading.Lock()
         self._held: list[Any] = []
-        self._unacked = 0
-        self._last_heard = time.monotonic()
+        self._sent = 0  # patches sent (their sequence numbers)
+        self._acked = 0  # the newest sequence number a page said it applied
+        self._last_sent = 0.0
+        self.updates = 0
+        """Changes handed to the widget (a pump tick each)."""
+        self.merged = 0
+        """Of those, how many were held and went out merged into a later patch."""
+        find = getattr(model, "select_one", None)
+        self._ack_model = find({"name": ACK_NAME}) if find is not None else None
         self._writer_lock = lock
+        _cells.hook()
         super().__init__(model, **kwargs)
 
     def get_state(self, key: Any = None) -> dict[str, Any]:
@@ -127,20 +171,30 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
             self._send_patch([event])
 
     def _send_patch(self, events: list[Any]) -> None:
-        # Flow control: BokehJS sends back each change it has applied (see _sync_model), so
-        # the changes sent and not yet drawn are known. Past a few, hold the new ones and
-        # send them merged once the page catches up: a slow page draws less often instead of
-        # falling further and further behind the live numbers.
+        # Flow control: each patch carries a sequence number that the page echoes once it
+        # has applied it (see ACK_NAME and _sync_model). With MAX_IN_FLIGHT patches not yet
+        # applied, new changes are held, and go out merged when the page catches up: a slow
+        # page draws less often, with the newest data, instead of falling further and
+        # further behind.
         with self._flow:
             self._held += events
+            self.updates += 1
             now = time.monotonic()
-            if self._unacked >= _MAX_UNACKED and now - self._last_heard < _ACK_TIMEOUT_S:
+            timeout = ACK_TIMEOUT_S if _cells.running else SILENT_TIMEOUT_S
+            if (
+                self._ack_model is not None
+                and self._sent - self._acked >= MAX_IN_FLIGHT
+                and now - self._last_sent < timeout
+            ):
+                self.merged += 1
                 return
-            if self._unacked >= _MAX_UNACKED:  # no word for a while: no view is drawing
-                self._unacked = 0
-                self._last_heard = now
             events, self._held = _merged(self._held), []
-            self._unacked += len(events)
+            self._sent += 1
+            self._last_sent = now
+            seq = self._sent
+        doc = events[0].document
+        if self._ack_model is not None:
+            events.append(ModelChangedEvent(doc, self._ack_model, "name", f"{ACK_NAME}:{seq}"))
         # jupyter_bokeh sends a patch as three comm messages (header, metadata, content) that
         # BokehJS reassembles in order. A view that starts listening between two of them (a
         # chart displayed, or a page reloaded, while a pump streams) reads every later patch
@@ -148,7 +202,6 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
         # is all three at once, sent three times: whichever copy lands in the content slot,
         # every patch is applied exactly once. (Arrays would go inline, not as buffers, so a
         # message stays one fragment; the charts stream lists, cheaper here than arrays.)
-        doc = events[0].document
         # References: the changed models only (the page has them all already); passing every
         # model of the document costs a dict of ~300 entries per tick.
         touched = {e.model for e in events if getattr(e, "model", None) is not None}
@@ -160,13 +213,20 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
             self.send({"msg": "patch", "payload": whole})
 
     def _sync_model(self, _model: Any, content: dict[str, Any], _buffers: list[Any]) -> None:
-        # BokehJS sends back each change it applied (and each view's pans and zooms). Applying
-        # that here would make the kernel's main thread a second writer of the document and
-        # double every streamed row: views are display-only. It does say the page has drawn.
-        if content.get("event") == "jsevent":
+        # BokehJS sends back each change it applied (and each view's pans, zooms and range
+        # updates). Applying that here would make the kernel's main thread a second writer of
+        # the document and double every streamed row: views are display-only. The echo of a
+        # patch's sequence number says the page applied it.
+        if content.get("event") != "jsevent" or content.get("kind") != "ModelChanged":
+            return
+        new = content.get("new")
+        if content.get("attr") == "name" and isinstance(new, str) and new.startswith(ACK_NAME):
+            try:
+                seq = int(new.rpartition(":")[2])
+            except ValueError:
+                return
             with self._flow:
-                self._unacked = max(self._unacked - 1, 0)
-                self._last_heard = time.monotonic()
+                self._acked = max(self._acked, min(seq, self._sent))
 
     def __repr__(self) -> str:
         # The default repr holds random document ids: a saved notebook output would change.

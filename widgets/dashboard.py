@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import math
 import time
+from collections import deque
 from typing import Any
 
 import ipywidgets as w
@@ -26,6 +27,9 @@ from .loadpanel import LoadControls
 from .pump import Pump
 
 __all__ = ["Dashboard"]
+
+_FLOW_SPAN_S = 3.0
+"""The status line says the page is behind if it merged updates in this many seconds."""
 
 
 def _methods(target: Any) -> tuple[dict[str, labserve.RunnerMethod], str]:
@@ -75,6 +79,8 @@ class Dashboard:
         self._server = target if isinstance(target, labserve.Server) else None
         self.methods, first = _methods(target)
         self._views: list[ChartWidget] = []
+        self._flow_history: deque[tuple[float, int, int]] = deque()
+        self._status_at = -math.inf
         self.charts = Charts(follow_s=follow_s)
         self.doc = Document()
         self.doc.add_root(self.charts.layout)
@@ -150,6 +156,18 @@ class Dashboard:
         state = "live" if self.pump.running else "stopped"
         return f"<Dashboard {self.controls['method'].value} ({state})>"
 
+    def _flow_note(self) -> str:
+        """Says so when the page cannot draw every update (the views merge them)."""
+        updates = sum(v.updates for v in self._views)
+        merged = sum(v.merged for v in self._views)
+        now = time.monotonic()
+        history = self._flow_history
+        history.append((now, updates, merged))
+        while len(history) > 2 and now - history[1][0] >= _FLOW_SPAN_S:
+            history.popleft()
+        then, updates_then, merged_then = history[0]
+        return _flow_note_text(updates - updates_then, merged - merged_then, now - then)
+
     def _on_tick(self, snap: labserve.Snapshot | None) -> None:
         """On the pump thread: the line of numbers, the load's progress, the pump's errors.
 
@@ -157,19 +175,37 @@ class Dashboard:
         /config) shows in the dropdowns and sliders.
         """
         self.batching.follow()
-        parts = [] if snap is None else [_numbers(snap)]
         load = self.load.poll()
+        behind = self._flow_note()
+        # The line is read, not watched: twice a second, once while the page is behind
+        # (each update is one more message the page must handle).
+        now = time.monotonic()
+        if now - self._status_at < (1.0 if behind else 0.5):
+            return
+        self._status_at = now
+        parts = [] if snap is None else [_numbers(snap)]
         if load:
             parts.append(html.escape(load))
+        if behind:
+            parts.append(f"<span style='color:#b60'>{behind}</span>")
         error = self.pump.last_error
         if error is not None:
-            ago = time.monotonic() - self.pump.last_error_at
+            ago = now - self.pump.last_error_at
             parts.append(
                 f"<span style='color:#c00'>chart update failed {self.pump.errors:,} times "
                 f"(last {ago:.0f} s ago: {html.escape(type(error).__name__)}: "
                 f"{html.escape(str(error))})</span>"
             )
         self.status.value = f"<code>{' · '.join(parts)}</code>"
+
+
+def _flow_note_text(updates: int, merged: int, span_s: float) -> str:
+    if merged <= 0:
+        return ""
+    return (
+        f"page behind: dropping frames ({merged} of {updates} chart updates in the last "
+        f"{span_s:.0f} s merged into later ones)"
+    )
 
 
 def _numbers(snap: labserve.Snapshot) -> str:

@@ -8,6 +8,7 @@ rows, so one set of charts shows both.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 
 import numpy as np
@@ -30,8 +31,12 @@ TICK_COLUMNS: tuple[str, ...] = (
     "failed_rps",
     "max_batch_size",
     *REASONS,
+    "clock_s",
 )
-"""One row per pump tick (or per time bin of a finished run). Latencies in ms; rates per s."""
+"""One row per pump tick (or per time bin of a finished run). Latencies in ms; rates per s.
+
+``clock_s``: the wall-clock time the tick was taken (Unix seconds; NaN for a finished run), so
+that a page can tell how old the newest row it drew is."""
 BATCH_COLUMNS: tuple[str, ...] = ("t", "items", "rolling_mean", "duration_ms")
 """One row per fired batch."""
 ROLLING = 20
@@ -91,6 +96,7 @@ class LiveSeries:
             "rejected_rps": snap.rejected_rate,
             "failed_rps": snap.failed_rate,
             "max_batch_size": snap.config.max_batch_size,
+            "clock_s": time.time(),
         }
         dt = snap.time_s - prev.time_s if prev is not None else 0.0
         for reason in REASONS:
@@ -172,6 +178,7 @@ def result_rows(result: labserve.RunResult, bin_s: float | None = None) -> tuple
             tick["p50"][k], tick["p95"][k], tick["p99"][k] = float(p50), float(p95), float(p99)
     tick["latency_bound"] = [bound] * n_bins
     tick["max_batch_size"] = [cap] * n_bins
+    tick["clock_s"] = [math.nan] * n_bins
     fired_bin = np.clip(np.floor(result.batch_start_s / bin_s).astype(np.int64), 0, n_bins - 1)
     for code, reason in enumerate(REASONS):
         mask = result.batch_reason == code

@@ -326,6 +326,8 @@ def _fragments_sent(widget_cls: type, patches: int) -> list[str]:
     widget.send = lambda content, buffers=None: sent.append(content["payload"])
     for k in range(patches):
         charts.stream({c: [float(k)] for c in TICK_COLUMNS}, {c: [] for c in BATCH_COLUMNS})
+        if isinstance(widget, ChartWidget):
+            _ack(widget, k + 1)  # a page that keeps up
     return sent  # (the widget is closed when collected; jupyter_bokeh's close() is not idempotent)
 
 
@@ -339,7 +341,7 @@ def _applied(fragments: list[str]) -> list[float]:
         except ProtocolError:  # BokehJS does not check; it applies the wrong part or nothing
             continue
         if message is not None and "events" in message.content:
-            (event,) = message.content["events"]
+            (event,) = [e for e in message.content["events"] if e["kind"] == "ColumnsStreamed"]
             out += dict(event["data"]["entries"])["t"]
     return out
 
@@ -358,36 +360,62 @@ def test_plain_jupyter_bokeh_framing_goes_out_of_step_when_a_view_starts_mid_pat
     assert _applied(fragments[1:])[-4:] != [1.0, 2.0, 3.0, 4.0]
 
 
-def test_a_page_that_has_not_drawn_gets_held_changes_merged_not_a_backlog(monkeypatch):
+def _ack(widget: ChartWidget, seq: int) -> None:
+    """What the page sends back once it applied patch ``seq`` (BokehJS's echo of the change)."""
+    model = widget._ack_model
+    widget._sync_model(widget, {"event": "jsevent", "kind": "ModelChanged",
+                                "model": {"id": model.id}, "attr": "name",
+                                "new": f"labserve-ack:{seq}"}, [])  # fmt: skip
+
+
+def _streaming_widget() -> tuple[Charts, ChartWidget, list[dict]]:
     charts = Charts()
     widget = ChartWidget(charts.layout)
     sent: list[dict] = []
     widget.send = lambda content, buffers=None: sent.append(json.loads(content["payload"]))
-    tick = {c: [0.0] for c in TICK_COLUMNS}
-    no_batches = {c: [] for c in BATCH_COLUMNS}
-    for k in range(20):  # no view has said it drew anything
-        charts.stream({**tick, "t": [float(k)]}, no_batches)
+    return charts, widget, sent
+
+
+def _tick(charts: Charts, t: float) -> None:
+    charts.stream({**{c: [0.0] for c in TICK_COLUMNS}, "t": [t]}, {c: [] for c in BATCH_COLUMNS})
+
+
+def test_a_page_that_has_not_applied_gets_held_changes_merged_not_a_backlog():
+    charts, widget, sent = _streaming_widget()
+    for k in range(20):  # no view has said it applied anything
+        _tick(charts, float(k))
     patches = sent[::3]  # each patch goes out three times
-    assert len(patches) == 8  # then the rest are held
-    ack = {"event": "jsevent"}
-    for _ in range(8):  # the page applied the eight
-        widget._sync_model(widget, dict(ack), [])
-    charts.stream({**tick, "t": [20.0]}, no_batches)
+    assert len(patches) == 2  # two in flight; the rest are held
+    assert widget.updates == 20 and widget.merged == 18
+    assert patches[1]["events"][-1]["new"] == "labserve-ack:2"  # each patch is numbered
+    _ack(widget, 1)  # the page applied the first: one more may go
+    _tick(charts, 20.0)
     merged = sent[-1]["events"]
-    assert len(merged) == 1  # the twelve held ticks and the new one, as one stream
-    assert dict(merged[0]["data"]["entries"])["t"] == [float(k) for k in range(8, 21)]
+    streams = [e for e in merged if e["kind"] == "ColumnsStreamed"]
+    assert len(streams) == 1  # the eighteen held ticks and the new one, as one stream
+    assert dict(streams[0]["data"]["entries"])["t"] == [float(k) for k in range(2, 21)]
+    assert merged[-1]["new"] == "labserve-ack:3"
     assert len(charts.ticks.data["t"]) == 21  # the kernel's document kept every row
 
 
-def test_held_changes_go_out_after_a_silence_when_no_view_answers(monkeypatch):
-    charts = Charts()
-    widget = ChartWidget(charts.layout)
-    sent: list[str] = []
-    widget.send = lambda content, buffers=None: sent.append(content["payload"])
-    tick = {c: [0.0] for c in TICK_COLUMNS}
-    for _ in range(10):
-        charts.stream(tick, {c: [] for c in BATCH_COLUMNS})
-    assert len(sent) == 8 * 3
-    widget._last_heard -= 10  # no word from any page for 10 s: nobody is drawing
-    charts.stream(tick, {c: [] for c in BATCH_COLUMNS})
-    assert len(sent) == 9 * 3
+def test_other_echoes_from_the_page_are_not_acknowledgements():
+    charts, widget, sent = _streaming_widget()
+    for k in range(3):
+        _tick(charts, float(k))
+    assert len(sent) == 2 * 3
+    # A range the page moved while drawing, and the echo of a streamed column: not an ack.
+    widget._sync_model(widget, {"event": "jsevent", "kind": "ModelChanged", "attr": "start",
+                                "new": 1.0}, [])  # fmt: skip
+    widget._sync_model(widget, {"event": "jsevent", "kind": "ColumnsStreamed"}, [])
+    _tick(charts, 3.0)
+    assert len(sent) == 2 * 3
+
+
+def test_held_changes_go_out_after_a_silence_when_no_view_answers():
+    charts, widget, sent = _streaming_widget()
+    for k in range(10):
+        _tick(charts, float(k))
+    assert len(sent) == 2 * 3
+    widget._last_sent -= 60  # no word from any page for a minute: no view is open
+    _tick(charts, 10.0)
+    assert len(sent) == 3 * 3
