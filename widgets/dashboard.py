@@ -25,6 +25,7 @@ from .chartwidget import ChartWidget
 from .controls import BatchingControls
 from .loadpanel import LoadControls
 from .pump import Pump
+from .series import Recent
 
 __all__ = ["Dashboard"]
 
@@ -92,7 +93,12 @@ class Dashboard:
         """Every control by name (the batching ones, then the load ones)."""
         self.errors: dict[str, w.HTML] = {**self.batching.errors, "load": self.load.error}
         """Where each group's refusals show."""
-        self.status = w.HTML(value="<code>starting…</code>")
+        # Two lines of fixed height: the numbers a tuner compares, then the settings, the load
+        # and any warning. A message appearing does not move the charts.
+        self.status = w.HTML(
+            value="<code>starting…</code>",
+            layout=w.Layout(height="3.6em", overflow="hidden", margin="4px 0"),
+        )
         self.panel = w.VBox([w.HBox([self.batching.box, self.load.box]), self.batching.export])
         self.pump = Pump(
             self.charts,
@@ -125,7 +131,7 @@ class Dashboard:
         with self.pump.lock:
             charts = ChartWidget(self.charts.layout, lock=self.pump.lock)
         self._views.append(charts)
-        return w.VBox([self.status, self.panel, charts])
+        return w.VBox([self.panel, self.status, charts])
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         load_bokehjs()
@@ -183,7 +189,8 @@ class Dashboard:
         if now - self._status_at < (1.0 if behind else 0.5):
             return
         self._status_at = now
-        parts = [] if snap is None else [_numbers(snap)]
+        numbers = "" if snap is None else _numbers(snap, self.pump.recent)
+        parts = [] if snap is None else [_settings(snap)]
         if load:
             parts.append(html.escape(load))
         if behind:
@@ -196,7 +203,7 @@ class Dashboard:
                 f"(last {ago:.0f} s ago: {html.escape(type(error).__name__)}: "
                 f"{html.escape(str(error))})</span>"
             )
-        self.status.value = f"<code>{' · '.join(parts)}</code>"
+        self.status.value = f"<code>{numbers}<br>{' · '.join(parts)}</code>"
 
 
 def _flow_note_text(updates: int, merged: int, span_s: float) -> str:
@@ -208,20 +215,34 @@ def _flow_note_text(updates: int, merged: int, span_s: float) -> str:
     )
 
 
-def _numbers(snap: labserve.Snapshot) -> str:
+def _fmt(x: float, spec: str, unit: str = "") -> str:
+    return f"{x:{spec}}{unit}" if math.isfinite(x) else "-"
+
+
+def _numbers(snap: labserve.Snapshot, recent: Recent | None) -> str:
+    """The line a tuner reads: each number with the window it covers."""
     lat = snap.latency_ms_window
-    total = snap.served + snap.rejected + snap.failed
-    rejected = 100.0 * snap.rejected / total if total else 0.0
     cfg = snap.config
-
-    def ms(x: float) -> str:
-        return f"{x:.1f} ms" if math.isfinite(x) else "-"
-
-    mean = f"{snap.mean_batch_size:.1f}" if math.isfinite(snap.mean_batch_size) else "-"
+    nan = math.nan
+    served = recent.served_rps if recent else nan
+    mean = recent.mean_batch if recent else nan
+    rejected = recent.rejected_pct if recent else nan
+    busy = recent.busy_pct if recent else nan
+    window = f"{recent.span_s:.1f} s" if recent else "1 s"
     return (
-        f"<b>{html.escape(snap.runner)}.{html.escape(snap.method)}</b> · "
-        f"{snap.served_rate:,.0f} req/s served · mean batch {mean} · "
-        f"p50 {ms(lat.p50)} · p99 {ms(lat.p99)} · queue {snap.queue_requests} · "
-        f"rejected {rejected:.1f}% · {cfg.strategy}, max_batch_size="
-        f"{cfg.max_batch_size}, max_latency_ms={cfg.max_latency_ms:g}"
+        f"<b>{_fmt(served, ',.0f')}</b> req/s served · mean batch <b>{_fmt(mean, '.1f')}</b> "
+        f"of {cfg.max_batch_size} · rejected <b>{_fmt(rejected, '.1f', '%')}</b> · model busy "
+        f"<b>{_fmt(busy, '.0f', '%')}</b> <i>(last {window})</i> · p50 "
+        f"<b>{_fmt(lat.p50, '.1f')}</b> / p99 <b>{_fmt(lat.p99, '.1f')}</b> ms, wait cap "
+        f"{cfg.max_latency_ms:g} ms <i>(last {snap.window_s:g} s)</i> · queue "
+        f"<b>{snap.queue_requests}</b> <i>(now)</i>"
+    )
+
+
+def _settings(snap: labserve.Snapshot) -> str:
+    cfg = snap.config
+    return (
+        f"<b>{html.escape(snap.runner)}.{html.escape(snap.method)}</b>: {cfg.strategy}, "
+        f"max_batch_size={cfg.max_batch_size}, max_latency_ms={cfg.max_latency_ms:g}, "
+        f"on_overload={cfg.on_overload}"
     )

@@ -20,7 +20,7 @@ import labserve
 
 from .charts import Charts
 from .chartwidget import one_patch_per_widget
-from .series import LiveSeries
+from .series import LiveSeries, Recent
 
 __all__ = ["Pump"]
 
@@ -87,6 +87,11 @@ class Pump:
         self._thread.start()
 
     @property
+    def recent(self) -> Recent | None:
+        """What moved over the last second (rates, mean batch, rejected %, model busy %)."""
+        return self._series.recent
+
+    @property
     def running(self) -> bool:
         """True while the thread runs."""
         return self._thread.is_alive()
@@ -138,12 +143,13 @@ class Pump:
             with self.lock:
                 self.charts.clear()
         snap = self.snapshot = method.stats()
-        tick, batches = self._series.update(snap)
+        tick = self._series.update(snap)
         # The cost chart redraws whole: once a second is enough to watch the fit settle.
         refit = self.ticks % max(round(self.hz), 1) == 0
         recent = snap.recent_batches[-256:]
         with self.lock, one_patch_per_widget():
-            self.charts.stream(tick, batches)
+            self.charts.stream(tick)
+            self.charts.set_latency_window(snap.window_s)
             if refit:
                 self.charts.show_fit(
                     [float(b.items) for b in recent],

@@ -7,6 +7,7 @@ from its ``/config`` route, and saves a screenshot in ``test-artifacts/``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -83,28 +84,28 @@ def _wait(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any
         time.sleep(0.2)
 
 
-@pytest.fixture
-def lab(tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
-    """JupyterLab serving a dashboard notebook from a temporary folder."""
+@contextlib.contextmanager
+def run_lab(folder: pathlib.Path, cells: list[str] = NOTEBOOK_CELLS) -> Iterator[dict[str, Any]]:
+    """JupyterLab serving a dashboard notebook (``cells``) from ``folder``."""
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
     nb.metadata["kernelspec"] = {
         "name": "python3",
         "display_name": "Python 3",
         "language": "python",
     }
-    nbformat.write(nb, tmp_path / "dashboard.ipynb")
+    nbformat.write(nb, folder / "dashboard.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
+    env = dict(os.environ, JUPYTERLAB_WORKSPACES_DIR=str(folder / "workspaces"))
     cmd = [
         sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
-        f"--ServerApp.root_dir={tmp_path}", "--LabApp.expose_app_in_browser=True",
+        f"--ServerApp.root_dir={folder}", "--LabApp.expose_app_in_browser=True",
     ]  # fmt: skip
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
-    log = open(tmp_path / "jupyterlab.log", "wb")  # closed at teardown
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log = open(folder / "jupyterlab.log", "wb")  # closed at teardown
+    proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -116,7 +117,7 @@ def lab(tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
 
     try:
         _wait(up, "JupyterLab to start", timeout=90)
-        yield {"base": base, "token": token, "dir": tmp_path}
+        yield {"base": base, "token": token, "dir": folder}
     finally:
         proc.terminate()
         try:
@@ -124,6 +125,13 @@ def lab(tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@pytest.fixture
+def lab(tmp_path: pathlib.Path) -> Iterator[dict[str, Any]]:
+    """JupyterLab serving a dashboard notebook from a temporary folder."""
+    with run_lab(tmp_path) as served:
+        yield served
 
 
 # How old the newest row the page has drawn is, in seconds (the ticks carry their wall-clock

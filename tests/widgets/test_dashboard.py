@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import math
 import threading
 import time
 import urllib.request
@@ -13,12 +14,13 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 from bokeh.document import Document
+from bokeh.models import Legend
 from bokeh.protocol import Protocol
 from bokeh.protocol.exceptions import ProtocolError
 from bokeh.protocol.receiver import Receiver
 from jupyter_bokeh import BokehModel
 from labserve.widgets import Charts, ChartWidget, Dashboard, Pump, loadpanel, plot
-from labserve.widgets.series import BATCH_COLUMNS, TICK_COLUMNS, LiveSeries, result_rows
+from labserve.widgets.series import TICK_COLUMNS, LiveSeries, fit_cost, result_rows
 
 import labserve
 from labserve.lab.demo import SleepModel
@@ -119,13 +121,13 @@ def test_the_pump_streams_rows_while_load_runs(dash, runner):
     dash.controls["duration"].value = "1"
     dash.controls["start"].value = True
     assert dash.errors["load"].value == ""
-    wait_for(lambda: len(dash.charts.batches.data["t"]) > 20)
     wait_for(lambda: not dash.controls["start"].value)  # the run ended; the button says so
     ticks = dash.charts.ticks.data
     assert len(ticks["t"]) >= 2 and ticks["t"] == sorted(ticks["t"])
-    assert max(ticks["served_rps"]) > 0
-    assert sum(dash.charts.batches.data["items"]) <= runner.predict.stats().served
-    assert "req/s served" in dash.status.value
+    assert max(x for x in ticks["served_rps"] if math.isfinite(x)) > 0
+    sizes = [x for x in ticks["batch_max"] if math.isfinite(x)]
+    assert sizes and max(sizes) <= runner.predict.config.max_batch_size
+    assert "req/s served" in dash.status.value and "(last " in dash.status.value
     assert dash.pump.last_error is None
 
 
@@ -158,7 +160,7 @@ def test_a_bad_load_setting_is_shown_and_starts_nothing(dash, runner):
 
 
 def test_a_failing_chart_update_shows_in_the_status_line(dash, runner, monkeypatch):
-    def broken(tick, batches):
+    def broken(tick):
         raise ValueError("the chart refused a row")
 
     monkeypatch.setattr(dash.charts, "stream", broken)
@@ -181,11 +183,9 @@ def test_without_an_example_the_load_controls_say_what_is_missing(runner):
 def test_rollover_bounds_memory_over_a_long_run():
     charts = Charts()
     tick = {c: [0.0] * 100 for c in TICK_COLUMNS}
-    batches = {c: [1.0] * 100 for c in ("t", "items", "rolling_mean", "duration_ms")}
-    for _ in range(100):  # 10,000 ticks and batches, past both rollovers
-        charts.stream(tick, batches)
+    for _ in range(100):  # 10,000 ticks, past the rollover
+        charts.stream(tick)
     assert len(charts.ticks.data["t"]) == 1500
-    assert len(charts.batches.data["t"]) == 5000
 
 
 def test_two_pumps_never_write_one_document(runner):
@@ -262,7 +262,7 @@ def test_a_new_view_or_a_reload_shows_current_data(dash, runner):
 
 def test_save_html_writes_a_standalone_page_with_current_data(dash, runner, tmp_path):
     runner.predict.run(X)
-    wait_for(lambda: len(dash.charts.batches.data["t"]) >= 1)
+    wait_for(lambda: any(math.isfinite(x) for x in dash.charts.ticks.data["batch_max"]))
     path = tmp_path / "dash.html"
     dash.save_html(str(path))
     page = path.read_text()
@@ -273,31 +273,35 @@ def test_save_html_writes_a_standalone_page_with_current_data(dash, runner, tmp_
 
 def test_live_series_turns_snapshots_into_rows(runner):
     series = LiveSeries()
-    tick, batches = series.update(runner.predict.stats())
-    assert tick["t"] == [0.0] and batches["t"] == []  # the first tick opens the chart
+    tick = series.update(runner.predict.stats())
+    assert tick["t"] == [0.0]  # the first tick opens the chart
+    assert math.isnan(tick["batch_mean"][0]) and math.isnan(tick["served_rps"][0])  # empty
     for _ in range(5):
         runner.predict.run(X)
     snap = runner.predict.stats()
-    tick, batches = series.update(snap)
-    assert len(batches["t"]) == 5 and batches["items"] == [1.0] * 5
-    assert batches["rolling_mean"] == [1.0] * 5
+    tick = series.update(snap)
+    assert tick["batch_min"] == tick["batch_max"] == tick["batch_mean"] == [1.0]
     assert tick["max_batch_size"] == [float(snap.config.max_batch_size)]
+    recent = series.recent
+    assert recent is not None and recent.mean_batch == 1.0 and recent.rejected_pct == 0.0
+    assert recent.served_rps == pytest.approx(5 / recent.span_s)
     runner.predict.reset_stats()
-    tick, batches = series.update(runner.predict.stats())
-    assert batches["t"] == []  # a reset starts over instead of counting backwards
+    tick = series.update(runner.predict.stats())
+    assert math.isnan(tick["batch_mean"][0])  # a reset starts over instead of counting back
 
 
 def test_a_finished_run_gives_the_same_rows():
     result = labserve.simulate(
         labserve.arrivals("poisson", rate_rps=1000), duration_s=2.0, seed=3, cost=(2.0, 0.1)
     )
-    tick, batches = result_rows(result, bin_s=0.1)
+    tick = result_rows(result, bin_s=0.1)
     served = int((result.outcome == 0).sum())
     assert sum(tick["served_rps"]) * 0.1 == pytest.approx(served)
     fired = sum(sum(tick[r]) for r in labserve.REASONS) * 0.1
     assert fired == pytest.approx(len(result.batch_items))
     assert tick["queue_requests"][-1] == 0  # everything was served by the end
-    assert batches["items"] == result.batch_items.astype(float).tolist()
+    assert np.nanmax(tick["batch_max"]) == result.batch_items.max()
+    assert np.nanmin(tick["batch_min"]) == result.batch_items.min()
     with pytest.raises(ValueError, match="bin_s"):
         result_rows(result, bin_s=0)
 
@@ -314,7 +318,7 @@ def test_ticks_are_on_one_clock_before_and_after_the_first_request(runner):
     series = LiveSeries()
     series.update(runner.predict.stats())  # no request yet: the driver has not started
     runner.predict.run(X)
-    tick, _ = series.update(runner.predict.stats())
+    tick = series.update(runner.predict.stats())
     assert 0 <= tick["t"][0] < 60  # seconds since the first tick, not the clock's epoch
 
 
@@ -325,7 +329,7 @@ def _fragments_sent(widget_cls: type, patches: int) -> list[str]:
     sent: list[str] = []
     widget.send = lambda content, buffers=None: sent.append(content["payload"])
     for k in range(patches):
-        charts.stream({c: [float(k)] for c in TICK_COLUMNS}, {c: [] for c in BATCH_COLUMNS})
+        charts.stream({c: [float(k)] for c in TICK_COLUMNS})
         if isinstance(widget, ChartWidget):
             _ack(widget, k + 1)  # a page that keeps up
     return sent  # (the widget is closed when collected; jupyter_bokeh's close() is not idempotent)
@@ -377,7 +381,7 @@ def _streaming_widget() -> tuple[Charts, ChartWidget, list[dict]]:
 
 
 def _tick(charts: Charts, t: float) -> None:
-    charts.stream({**{c: [0.0] for c in TICK_COLUMNS}, "t": [t]}, {c: [] for c in BATCH_COLUMNS})
+    charts.stream({**{c: [0.0] for c in TICK_COLUMNS}, "t": [t]})
 
 
 def test_a_page_that_has_not_applied_gets_held_changes_merged_not_a_backlog():
@@ -419,3 +423,36 @@ def test_held_changes_go_out_after_a_silence_when_no_view_answers():
     widget._last_sent -= 60  # no word from any page for a minute: no view is open
     _tick(charts, 10.0)
     assert len(sent) == 3 * 3
+
+
+def test_the_cost_fit_is_drawn_only_over_the_data_and_ignores_a_stall():
+    charts = Charts()
+    items = [2.0, 4.0, 8.0] * 20
+    ms = [2.0 + 0.1 * n for n in items]
+    ms[5] = 136.0  # one stalled batch
+    a, b = fit_cost(np.array(items), np.array(ms) / 1000.0)
+    assert a == pytest.approx(2.0) and b == pytest.approx(0.1)  # the medians ignore it
+    charts.show_fit(items, ms, a, b, cap=64.0)
+    assert charts.fit_line.data["items"] == [2.0, 8.0]  # not 0..64
+    assert charts.cost_y.end < 10  # the axis is not stretched to 136 ms
+    assert "1 above the axis (up to 136 ms)" in charts.figures["cost"].title.text
+
+
+def test_one_batch_size_is_not_identifiable_and_says_so():
+    charts = Charts()
+    assert (
+        fit_cost(np.array([4.0] * 10), np.full(10, 0.0024))
+        == (pytest.approx(math.nan, nan_ok=True),) * 2
+    )
+    charts.show_fit([4.0] * 10, [2.4] * 10, 2.4, 0.0, cap=4.0)
+    assert charts.fit_line.data["items"] == []
+    assert "not identifiable" in charts.figures["cost"].title.text
+
+
+def test_idle_charts_start_empty():
+    charts = Charts()
+    assert charts.fit_line.data["items"] == [] and charts.ticks.data["t"] == []
+    assert "no batches yet" in charts.figures["cost"].title.text
+    for name, fig in charts.figures.items():  # legends beside the plots, not over the lines
+        assert not [r for r in fig.center if isinstance(r, Legend)], name
+        assert [r for r in fig.right if isinstance(r, Legend)], name
