@@ -10,12 +10,22 @@ axes follow the data; the legends sit beside the plots, never over the lines.
 
 from __future__ import annotations
 
+import html
 import math
 from typing import Any
 
 import numpy as np
+from bokeh.layouts import column as stack
 from bokeh.layouts import gridplot
-from bokeh.models import ColumnDataSource, DataRange1d, HoverTool, LayoutDOM, Legend, Range1d
+from bokeh.models import (
+    ColumnDataSource,
+    DataRange1d,
+    Div,
+    HoverTool,
+    LayoutDOM,
+    Legend,
+    Range1d,
+)
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
 
@@ -38,7 +48,7 @@ _REASON_COLORS = {
     "idle": _COLORS[7],
     "drain": _COLORS[4],
 }
-_COST_TITLE = "Cost model: batch time vs items"
+_COST_TITLE = "Batch time vs items"
 
 
 class Charts:
@@ -122,7 +132,7 @@ class Charts:
         cost.scatter("items", "duration_ms", source=self.fit_points, size=4, alpha=0.4,
                      color=_COLORS[0], legend_label="recent batches")  # fmt: skip
         cost.line("items", "duration_ms", source=self.fit_line, color=_COLORS[3], line_width=2,
-                  legend_label="fit a + b·items")  # fmt: skip
+                  legend_label="adaptive strategy's fit")  # fmt: skip
         cost.add_tools(HoverTool(tooltips=[("items", "@items"), ("ms", "@duration_ms{0.00}")]))
 
         self.figures = {
@@ -133,16 +143,19 @@ class Charts:
             "reasons": reasons,
             "cost": cost,
         }
-        for fig in self.figures.values():
-            for legend in fig.select(type=Legend):
-                fig.center.remove(legend)  # beside the plot, not over the data
-                legend.label_text_font_size = "8pt"
-                legend.click_policy = "hide"
-                legend.border_line_alpha = 0
-                legend.padding = legend.margin = 2
-                fig.add_layout(legend, "right")
+        # The keys are HTML above each plot, not Bokeh legends: a legend is redrawn (on a
+        # fresh canvas layer) with every frame, a key is drawn once. And they hide no data.
+        # Vertical grid lines would move with the window at every tick: none.
+        cells = {}
+        for name, fig in self.figures.items():
+            fig.xgrid.visible = False
+            cells[name] = stack(Div(text=_key(fig), styles=_KEY_STYLE), fig, spacing=0)
         self.layout: LayoutDOM = gridplot(
-            [[queue, sizes], [latency, throughput], [reasons, cost]],
+            [
+                [cells["queue"], cells["batch_size"]],
+                [cells["latency"], cells["throughput"]],
+                [cells["reasons"], cells["cost"]],
+            ],
             toolbar_location="right",
             merge_tools=True,
         )
@@ -178,19 +191,19 @@ class Charts:
         lo, hi = min(items), max(items)
         if lo == hi or not (math.isfinite(a_ms) and math.isfinite(b_ms)):
             self.fit_line.data = {"items": [], "duration_ms": []}
-            text = f"{_COST_TITLE}: no fit, every batch had {lo:g} items (not identifiable)"
+            text = f"{_COST_TITLE}: no fit, all batches {lo:g} items (not identifiable)"
             top_line = 0.0
         else:
             ends = [a_ms + b_ms * lo, a_ms + b_ms * hi]
             self.fit_line.data = {"items": [lo, hi], "duration_ms": ends}
-            text = f"{_COST_TITLE}: {a_ms:.2f} ms + {b_ms:.3f} ms/item"
+            text = f"{_COST_TITLE}: fit {a_ms:.2f} ms + {b_ms:.3f} ms/item"
             top_line = max(ends)
         ms = np.asarray(duration_ms, dtype=float)
         bulk = float(np.percentile(ms, 95)) if len(ms) >= 20 else float(ms.max())
         top = max(bulk, top_line) * 1.25 or 1.0
         above = int((ms > top).sum())
         if above:
-            text += f" · {above} above the axis (up to {ms.max():.0f} ms)"
+            text += f" · {above} above (max {ms.max():.0f} ms)"
         title.text = text
         if not math.isclose(self.cost_y.end, top, rel_tol=0.1):  # no event for a small change
             self.cost_y.end = top
@@ -199,6 +212,27 @@ class Charts:
         """Empty every chart (another method was chosen, or the stats were reset)."""
         self.ticks.data = {c: [] for c in TICK_COLUMNS}
         self.show_fit([], [], math.nan, math.nan, math.nan)
+
+
+_KEY_STYLE = {"font-size": "11px", "padding-left": "50px", "white-space": "nowrap"}
+
+
+def _key(fig: Any) -> str:
+    """The figure's legend as one line of HTML (a coloured mark and a label per item)."""
+    parts = []
+    for legend in list(fig.select(type=Legend)):
+        for item in legend.items:
+            glyph = item.renderers[0].glyph
+            color = getattr(glyph, "line_color", None) or getattr(glyph, "fill_color", "gray")
+            if "Area" in type(glyph).__name__ or "VArea" in type(glyph).__name__:
+                color = glyph.fill_color
+                mark = "&#9608;"  # a block: a filled band
+            else:
+                mark = "&#8943;&#8943;" if getattr(glyph, "line_dash", []) else "&#9473;&#9473;"
+            label = html.escape(str(item.label.value))
+            parts.append(f"<span style='color:{color}'>{mark}</span>&nbsp;{label}")
+        fig.center.remove(legend)
+    return " &nbsp; ".join(parts)
 
 
 def charts_for_result(result: labserve.RunResult, bin_s: float | None = None) -> Charts:

@@ -60,7 +60,7 @@ ACK_NAME = "labserve-ack"
 A document that holds a model of that name (``Charts`` does) gets flow control: each patch
 sets that model's ``name`` to ``"labserve-ack:<n>"`` on the page, and the page's echo of that
 change says patch n was applied. The kernel's copy of the model never changes."""
-MAX_IN_FLIGHT = 2
+MAX_IN_FLIGHT = 1
 """Patches sent and not yet applied by the page before new changes are held (and merged)."""
 ACK_TIMEOUT_S = 1.0
 """While a cell runs, the kernel's main thread cannot read the page's answers: with none for

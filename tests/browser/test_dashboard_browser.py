@@ -293,12 +293,13 @@ def test_a_slow_page_stays_close_to_now(lab):
             _wait(lambda: page.evaluate(STALENESS) is not None, "rows on screen")
             cdp = page.context.new_cdp_session(page)
             cdp.send("Emulation.setCPUThrottlingRate", {"rate": 4})
+            time.sleep(5)  # the page slows down; what it had queued drains
             samples = measure_staleness(page, 20.0)
             print("staleness (s), once a second at 4x throttle:", [round(x, 2) for x in samples])
             third = max(len(samples) // 3, 1)
             first, last = samples[:third], samples[-third:]
             # Does not grow: the last third is no older than the first (plus slack)...
-            assert sum(last) / len(last) <= sum(first) / len(first) + 1.5, samples
+            assert sum(last) / len(last) <= sum(first) / len(first) + 1.0, samples
             # ...and ends under a generous bound (a functional check, not a benchmark).
             assert max(last) < 5.0, samples
             page.screenshot(path=str(ARTIFACTS / "dashboard-throttled.png"), full_page=True)
