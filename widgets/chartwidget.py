@@ -153,6 +153,11 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
         _cells.hook()
         super().__init__(model, **kwargs)
 
+    @property
+    def acknowledged(self) -> int:
+        """Patches a page said it applied (0 until a view has drawn the charts)."""
+        return self._acked
+
     def get_state(self, key: Any = None) -> dict[str, Any]:
         """The widget's state; its render bundle re-read from the live document."""
         state: dict[str, Any] = super().get_state(key)

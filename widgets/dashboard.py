@@ -12,6 +12,7 @@ import html
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as w
@@ -19,7 +20,7 @@ from bokeh.document import Document
 
 import labserve
 
-from .bokehjs import load_bokehjs
+from .bokehjs import show_bokehjs
 from .charts import Charts
 from .chartwidget import ChartWidget
 from .controls import BatchingControls
@@ -82,6 +83,7 @@ class Dashboard:
         self._views: list[ChartWidget] = []
         self._flow_history: deque[tuple[float, int, int]] = deque()
         self._status_at = -math.inf
+        self._stubs: list[Callable[[], None]] = []
         self.charts = Charts(follow_s=follow_s)
         self.doc = Document()
         self.doc.add_root(self.charts.layout)
@@ -134,7 +136,8 @@ class Dashboard:
         return w.VBox([self.panel, self.status, charts])
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        load_bokehjs()
+        # BokehJS with every display (a reloaded page has none); stubbed once a view drew.
+        self._stubs.append(show_bokehjs())
         bundle = self.view()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # the VBox's own text holds live numbers
             bundle["text/plain"] = repr(self)
@@ -181,6 +184,10 @@ class Dashboard:
         /config) shows in the dropdowns and sliders.
         """
         self.batching.follow()
+        if self._stubs and any(v.acknowledged for v in self._views):
+            stubs, self._stubs = self._stubs, []
+            for stub in stubs:  # a page drew the charts: the notebook need not keep BokehJS
+                stub()
         load = self.load.poll()
         behind = self._flow_note()
         # The line is read, not watched: twice a second, once while the page is behind

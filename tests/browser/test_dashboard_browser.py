@@ -37,8 +37,7 @@ NOTEBOOK_CELLS = [
     "import numpy as np\n"
     "import labserve\n"
     "from labserve.lab.demo import SleepModel\n"
-    "from labserve.widgets import Dashboard, load_bokehjs\n"
-    "load_bokehjs()",
+    "from labserve.widgets import Dashboard",  # it brings BokehJS itself
     'runner = labserve.Runner(SleepModel(a_ms=2.0, b_ms=0.05), name="sleep")\n'
     "server = labserve.serve(runner)\n"
     'with open("server.json", "w") as f:\n'
@@ -150,6 +149,29 @@ STALENESS = """() => {
 }"""
 
 
+KERNEL_READY = (
+    "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+    " && window.jupyterapp.shell.currentWidget.sessionContext"
+    " && window.jupyterapp.shell.currentWidget.sessionContext.session"
+    " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
+)
+
+# Characters of BokehJS in the dashboard cell's outputs as the notebook would save them.
+BOKEHJS_OUTPUT_CHARS = """() => {
+  const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
+  let chars = 0;
+  for (let i = 0; i < cells.length; i++) {
+    const cell = cells.get(i);
+    if (!cell.outputs) continue;
+    for (const out of cell.outputs.toJSON()) {
+      const js = out.data && out.data["application/vnd.bokehjs_load.v0+json"];
+      if (js) chars += js.length;
+    }
+  }
+  return chars;
+}"""
+
+
 def open_dashboard(pw: Any, lab: dict[str, Any]) -> tuple[Any, Any, dict[str, str], list[str]]:
     """Chromium on the lab's notebook, Run All done, the charts drawn: browser, page, server."""
     browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -157,13 +179,7 @@ def open_dashboard(pw: Any, lab: dict[str, Any]) -> tuple[Any, Any, dict[str, st
     console: list[str] = []
     page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
     page.goto(f"{lab['base']}/lab/tree/dashboard.ipynb?token={lab['token']}&reset")
-    page.wait_for_function(
-        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-        " && window.jupyterapp.shell.currentWidget.sessionContext"
-        " && window.jupyterapp.shell.currentWidget.sessionContext.session"
-        " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
-        timeout=90_000,
-    )
+    page.wait_for_function(KERNEL_READY, timeout=90_000)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
     server_file = lab["dir"] / "server.json"
     _wait(server_file.exists, "the notebook to start the server", timeout=90)
@@ -261,6 +277,20 @@ def test_the_dashboard_renders_streams_and_its_slider_configures_the_server(lab)
             shot = ARTIFACTS / "dashboard.png"
             page.screenshot(path=str(shot), full_page=True)
             assert shot.stat().st_size > 20_000
+            # Once the page drew the charts, the 2 MB of BokehJS in the cell's output is
+            # replaced by a stub: what the notebook saves stays small.
+            _wait(lambda: 0 < page.evaluate(BOKEHJS_OUTPUT_CHARS) < 1000, "the stub")
+
+            # Reload the page with the kernel alive and run the cells again: working charts.
+            page.reload()
+            page.wait_for_function(KERNEL_READY, timeout=90_000)
+            assert not page.evaluate("() => !!window.Bokeh")  # a fresh page has none
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            _wait(lambda: page.locator(".bk-Figure, .bk-figure").count() >= 6, "six figures")
+            n = rows("queue_requests")
+            _wait(lambda: rows("queue_requests") > n + 5, "rows after the reload")
+            assert page.get_by_text("Could not create a view").count() == 0
+            page.screenshot(path=str(ARTIFACTS / "dashboard-reloaded.png"), full_page=True)
         except BaseException:
             print("\n".join(console[-60:]))
             page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"), full_page=True)
