@@ -459,3 +459,12 @@ def test_idle_charts_start_empty():
         assert not list(fig.select(type=Legend)), name
     keys = [d.text for d in charts.layout.select({"type": Div})]
     assert len(keys) == 6 and "p99" in " ".join(keys) and "max_batch_size" in " ".join(keys)
+
+
+def test_the_status_line_says_when_the_page_cannot_keep_up(dash, runner):
+    view = dash.view().children[-1]  # a page that never says it applied a patch
+    wait_for(lambda: view.merged > 5)
+    wait_for(lambda: "dropping frames" in dash.status.value)
+    _ack(view, view._sent)  # it catches up, and keeps up from then on
+    view.send = lambda content, buffers=None: _ack(view, view._sent)
+    wait_for(lambda: "dropping frames" not in dash.status.value)
