@@ -109,7 +109,9 @@ class Dashboard:
             hz=hz,
             alive=self._alive,
             on_tick=self._on_tick,
+            start=False,  # _on_tick reads self.pump
         )
+        self.pump.start()
 
     @property
     def method(self) -> labserve.RunnerMethod:

@@ -40,7 +40,8 @@ class Pump:
     ``on_tick(snapshot)`` runs on the pump thread after the charts are written (or failed
     to be), at most 5 times a second, with the last snapshot pulled (None before the
     first). Thread-safety: :meth:`clear` and :meth:`stop` may be called from any thread;
-    the rest is read-only from outside.
+    the rest is read-only from outside. ``start=False`` leaves the thread to :meth:`start`,
+    for an owner whose ``on_tick`` needs the pump itself.
     """
 
     def __init__(
@@ -52,6 +53,7 @@ class Pump:
         hz: float = 5.0,
         alive: Callable[[], bool] = lambda: True,
         on_tick: Callable[[labserve.Snapshot | None], None] | None = None,
+        start: bool = True,
     ) -> None:
         if not (isinstance(hz, (int, float)) and math.isfinite(hz) and 0 < hz <= 60):
             raise ValueError(f"hz must be a number in (0, 60], got {hz!r}")
@@ -84,6 +86,11 @@ class Pump:
         self._clear = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="labserve-dashboard", daemon=True)
+        if start:
+            self._thread.start()
+
+    def start(self) -> None:
+        """Start the thread (when made with ``start=False``: its owner was not ready yet)."""
         self._thread.start()
 
     @property
