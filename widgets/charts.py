@@ -191,7 +191,7 @@ class Charts:
         lo, hi = min(items), max(items)
         if lo == hi or not (math.isfinite(a_ms) and math.isfinite(b_ms)):
             self.fit_line.data = {"items": [], "duration_ms": []}
-            text = f"{_COST_TITLE}: no fit, all batches {lo:g} items (not identifiable)"
+            text = f"{_COST_TITLE}: all {lo:g} items, fit not identifiable"
             top_line = 0.0
         else:
             ends = [a_ms + b_ms * lo, a_ms + b_ms * hi]
@@ -203,7 +203,7 @@ class Charts:
         top = max(bulk, top_line) * 1.25 or 1.0
         above = int((ms > top).sum())
         if above:
-            text += f" · {above} above (max {ms.max():.0f} ms)"
+            text += f" · {above} off-axis (max {ms.max():.0f} ms)"
         title.text = text
         if not math.isclose(self.cost_y.end, top, rel_tol=0.1):  # no event for a small change
             self.cost_y.end = top

@@ -339,3 +339,72 @@ def test_a_slow_page_stays_close_to_now(lab):
             raise
         finally:
             browser.close()
+
+
+def test_lesson_05_run_all_then_its_four_steps(tmp_path):
+    """Lesson 05 as a new user meets it: Run All, then the four steps; a screenshot of each."""
+    from playwright.sync_api import sync_playwright
+
+    lesson = pathlib.Path(__file__).parents[2] / "notebooks" / "05-interactive-tuning.ipynb"
+    nb = nbformat.read(lesson, as_version=4)
+    with run_lab(tmp_path, [c.source for c in nb.cells if c.cell_type == "code"]) as lab:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1500, "height": 1400})
+            try:
+                page.goto(f"{lab['base']}/lab/tree/dashboard.ipynb?token={lab['token']}&reset")
+                page.wait_for_function(KERNEL_READY, timeout=90_000)
+                page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+                # Run All ends with the save_html cell: the dashboard is still live after it.
+                _wait(lambda: page.get_by_text("opens offline: True").count(), "Run All", 180)
+                _wait(lambda: page.locator(".bk-Figure, .bk-figure").count() >= 6, "charts")
+                page.locator(".jp-OutputArea-output").filter(
+                    has=page.locator(".bk-Figure")
+                ).first.scroll_into_view_if_needed()
+
+                def last(column: str, n: int = 5) -> list[float]:
+                    sources = page.evaluate(READ_SOURCE, column)
+                    values = max(sources, key=lambda s: s["rows"])["values"] if sources else []
+                    return [v for v in values[-n:] if v is not None and v == v]
+
+                def shot(name: str) -> None:
+                    page.screenshot(path=str(ARTIFACTS / f"lesson05-{name}.png"), full_page=True)
+
+                ARTIFACTS.mkdir(exist_ok=True)
+                start_load(page, 2500)
+                _wait(lambda: last("served_rps") and max(last("served_rps")) > 1000, "load")
+                # 1. max_batch_size 4: batches on the cap, requests rejected.
+                _drag_slider_to(page, "max_batch_size", index=2, steps=11)
+                _wait(lambda: last("max_batch_size")[-1:] == [4], "cap 4")
+                _wait(lambda: last("rejected_rps") and min(last("rejected_rps", 3)) > 0, "rejects")
+                time.sleep(1)  # past the rows that still hold batches fired before the change
+                assert max(last("batch_max")) <= 4
+                time.sleep(3)
+                shot("1-cap-4")
+                # 2. back to 64: nothing rejected within a few seconds.
+                _drag_slider_to(page, "max_batch_size", index=6, steps=11)
+                _wait(lambda: last("max_batch_size")[-1:] == [64], "cap 64")
+                _wait(lambda: last("rejected_rps", 3) == [0.0] * 3, "no rejects", 20)
+                time.sleep(2)
+                shot("2-cap-64")
+                # 3. strategy off: only `idle` fires, every batch is one request.
+                page.locator(".widget-dropdown", has_text="strategy").locator(
+                    "select"
+                ).select_option("off")
+                _wait(lambda: last("batch_max", 3) == [1.0] * 3, "batches of one", 20)
+                assert last("adaptive", 3) == [0.0] * 3
+                time.sleep(2)
+                shot("3-off")
+                # 4. a 0 typed next to max_batch_size is refused with its reason; nothing changes.
+                box = page.locator(".widget-slider", has_text="max_batch_size").locator(
+                    "xpath=following-sibling::*[1]//input"
+                )
+                box.fill("0")
+                box.press("Enter")
+                _wait(
+                    lambda: page.get_by_text("max_batch_size must be an integer >= 1").count(),
+                    "why",
+                )
+                shot("4-refused")
+            finally:
+                browser.close()

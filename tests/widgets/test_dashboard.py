@@ -440,7 +440,7 @@ def test_the_cost_fit_is_drawn_only_over_the_data_and_ignores_a_stall():
     charts.show_fit(items, ms, a, b, cap=64.0)
     assert charts.fit_line.data["items"] == [2.0, 8.0]  # not 0..64
     assert charts.cost_y.end < 10  # the axis is not stretched to 136 ms
-    assert "1 above (max 136 ms)" in charts.figures["cost"].title.text
+    assert "1 off-axis (max 136 ms)" in charts.figures["cost"].title.text
 
 
 def test_one_batch_size_is_not_identifiable_and_says_so():
