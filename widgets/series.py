@@ -81,8 +81,12 @@ class Counters(NamedTuple):
     rejected: int
     failed: int
     batches: int
+    seen: int
+    """Of the batches, those still in the snapshots' recent records when pulled."""
     items: int
+    """Items in the batches seen."""
     busy_s: float
+    """Model time of the batches seen, seconds."""
     reasons: tuple[int, ...]
 
 
@@ -115,6 +119,7 @@ class LiveSeries:
         self._history: deque[Counters] = deque()
         self._busy_s = 0.0
         self._items = 0
+        self._seen = 0
 
     def update(self, snap: labserve.Snapshot) -> Rows:
         """The row for this tick."""
@@ -129,10 +134,11 @@ class LiveSeries:
         fired = snap.recent_batches[-new:] if new > 0 else ()
         sizes = [b.items for b in fired]
         self._items += sum(sizes)
+        self._seen += len(sizes)
         self._busy_s += sum(b.duration_s for b in fired)
         now = Counters(
-            snap.time_s, snap.served, snap.rejected, snap.failed, snap.batches, self._items,
-            self._busy_s, tuple(snap.fire_reasons.get(r, 0) for r in REASONS),
+            snap.time_s, snap.served, snap.rejected, snap.failed, snap.batches, self._seen,
+            self._items, self._busy_s, tuple(snap.fire_reasons.get(r, 0) for r in REASONS),
         )  # fmt: skip
         self._history.append(now)
         while len(self._history) > 2 and now.time_s - self._history[1].time_s >= self.window_s:
@@ -175,6 +181,7 @@ def _recent(then: Counters, now: Counters) -> Recent | None:
     rejected = now.rejected - then.rejected
     failed = now.failed - then.failed
     batches = now.batches - then.batches
+    seen = now.seen - then.seen  # fewer than batches when more fired than a snapshot keeps
     answered = served + rejected + failed
     return Recent(
         span_s=span,
@@ -182,9 +189,11 @@ def _recent(then: Counters, now: Counters) -> Recent | None:
         rejected_rps=rejected / span,
         failed_rps=failed / span,
         reasons_per_s=tuple((b - a) / span for a, b in zip(then.reasons, now.reasons, strict=True)),
-        mean_batch=(now.items - then.items) / batches if batches else math.nan,
+        mean_batch=(now.items - then.items) / seen if seen else math.nan,
         rejected_pct=100.0 * rejected / answered if answered else math.nan,
-        busy_pct=min(100.0 * (now.busy_s - then.busy_s) / span, 100.0),
+        busy_pct=min(100.0 * (now.busy_s - then.busy_s) * batches / seen / span, 100.0)
+        if seen
+        else 0.0,
     )
 
 

@@ -471,3 +471,13 @@ def test_the_status_line_says_when_the_page_cannot_keep_up(dash, runner):
     _ack(view, view._sent)  # it catches up, and keeps up from then on
     view.send = lambda content, buffers=None: _ack(view, view._sent)
     wait_for(lambda: "dropping frames" not in dash.status.value)
+
+
+def test_mean_batch_counts_only_batches_seen_when_more_fired_than_a_snapshot_keeps(runner):
+    series = LiveSeries()
+    series.update(runner.predict.stats())
+    kept = len(runner.predict.stats().recent_batches) or 64
+    for _ in range(3 * max(kept, 64)):  # one request at a time: batches of one
+        runner.predict.run(X)
+    series.update(runner.predict.stats())
+    assert series.recent is not None and series.recent.mean_batch == 1.0  # not 64 / 192
