@@ -59,6 +59,7 @@ from labserve.load.arrivals import (
     arrivals,
 )
 from labserve.load.generator import LoadRun, load_test, start_load
+from labserve.load.presets import LOAD_PRESETS, preset_arrivals
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.metrics.results import RunResult
 from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
@@ -70,6 +71,7 @@ from labserve.sim import LinearCost, simulate
 
 __all__ = [
     "ARRIVAL_KINDS",
+    "LOAD_PRESETS",
     "OUTCOMES",
     "REASONS",
     "STRATEGIES",
@@ -132,6 +134,7 @@ __all__ = [
     "load_config_file",
     "load_test",
     "method",
+    "preset_arrivals",
     "profile",
     "serve",
     "simulate",

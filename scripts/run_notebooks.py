@@ -3,9 +3,10 @@
     .venv/bin/python scripts/run_notebooks.py [notebooks/02-*.ipynb ...]   (default: all)
 
 Saved outputs are what strict nbval compares, so re-run this after a change that moves a
-lesson's numbers. The output that loads BokehJS (``load_bokehjs()``) is saved with a stub in
-place of its 2 MB of script, so the notebook stays small; labserve's nbval sanitizer makes
-any BokehJS compare equal to the stub. JupyterLab loads BokehJS when a reader runs the cell.
+lesson's numbers. Each output that loads BokehJS (``load_bokehjs()``, a dashboard) is saved
+with a stub in place of its 2 MB of script, so the notebook stays small; labserve's nbval
+sanitizer makes any BokehJS compare equal to the stub. JupyterLab loads BokehJS when a reader
+runs the cell.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ import sys
 import time
 
 import nbformat
+from labserve.widgets.bokehjs import LOAD_MIME, STUB
 from nbclient import NotebookClient
 
-LOAD_MIME = "application/vnd.bokehjs_load.v0+json"
-STUB = "/* BEGIN bokeh.min.js */ /* not saved with the lesson: run this cell to load BokehJS */"
 NOTEBOOKS = pathlib.Path(__file__).parents[1] / "notebooks"
 
 

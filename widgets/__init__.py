@@ -9,7 +9,8 @@ It uses only labserve's public API; the core never imports it.
 
 from labserve.widgets.bokehjs import load_bokehjs
 from labserve.widgets.charts import Charts, plot
-from labserve.widgets.dashboard import Dashboard, Pump
+from labserve.widgets.chartwidget import ChartWidget
+from labserve.widgets.dashboard import Dashboard
 from labserve.widgets.plots import (
     compare_figure,
     compare_series,
@@ -19,8 +20,10 @@ from labserve.widgets.plots import (
     plot_sweep,
     sweep_figure,
 )
+from labserve.widgets.pump import Pump
 
 __all__ = [
+    "ChartWidget",
     "Charts",
     "Dashboard",
     "Pump",

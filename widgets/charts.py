@@ -1,40 +1,43 @@
-"""The dashboard's six Bokeh charts over two ColumnDataSources, for live runs and finished ones.
+"""The dashboard's six Bokeh charts over one ColumnDataSource of ticks, live or for a finished run.
 
 :class:`Charts` owns the sources and figures; whoever streams into them must be the only
 writer of their document (the dashboard's pump). :func:`plot` draws the same charts from a
 finished :class:`labserve.RunResult`, real or simulated.
+
+Every time chart shares one x range (one time window) and one source (one row per tick). The
+axes follow the data; the legends sit beside the plots, never over the lines.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
+import html
 import math
-import threading
-import time
-from collections.abc import Iterator
 from typing import Any
 
-from bokeh.core.serialization import Serializer
-from bokeh.document.events import ColumnsStreamedEvent
+import numpy as np
+from bokeh.layouts import column as stack
 from bokeh.layouts import gridplot
-from bokeh.models import ColumnDataSource, DataRange1d, HoverTool, LayoutDOM, Legend
+from bokeh.models import (
+    ColumnDataSource,
+    DataRange1d,
+    Div,
+    HoverTool,
+    LayoutDOM,
+    Legend,
+    Range1d,
+)
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
-from bokeh.protocol.messages.patch_doc import patch_doc
-from jupyter_bokeh import BokehModel
 
 import labserve
 
-from .bokehjs import load_bokehjs
-from .series import BATCH_COLUMNS, REASONS, ROLLING, TICK_COLUMNS, Rows, fit_cost, result_rows
+from .chartwidget import ACK_NAME, ChartWidget
+from .series import RATE_WINDOW_S, REASONS, TICK_COLUMNS, Rows, fit_cost, result_rows
 
-__all__ = ["ChartWidget", "Charts", "charts_for_result", "one_patch_per_widget", "plot"]
+__all__ = ["Charts", "charts_for_result", "plot"]
 
 _TICK_ROLLOVER = 1500
 """Ticks kept: 5 minutes at 5 Hz."""
-_BATCH_ROLLOVER = 5000
-"""Batches kept in the batch-size chart."""
 _FIT_POINTS = 256
 """Recent batches shown against the fitted cost line."""
 _COLORS = Category10[10]
@@ -45,6 +48,7 @@ _REASON_COLORS = {
     "idle": _COLORS[7],
     "drain": _COLORS[4],
 }
+_COST_TITLE = "Batch time vs items"
 
 
 class Charts:
@@ -54,9 +58,8 @@ class Charts:
     everything (a finished run). Not thread-safe: one writer streams into it.
     """
 
-    def __init__(self, *, follow_s: float | None = 60.0, width: int = 430, height: int = 210):
+    def __init__(self, *, follow_s: float | None = 60.0, width: int = 470, height: int = 220):
         self.ticks = ColumnDataSource({c: [] for c in TICK_COLUMNS})
-        self.batches = ColumnDataSource({c: [] for c in BATCH_COLUMNS})
         self.fit_points = ColumnDataSource({"items": [], "duration_ms": []})
         self.fit_line = ColumnDataSource({"items": [], "duration_ms": []})
         if follow_s is not None:
@@ -65,36 +68,44 @@ class Charts:
             x_range = DataRange1d(range_padding=0.02)
         self.x_range = x_range
         size = {"width": width, "height": height}
+        window = f"{RATE_WINDOW_S:g} s"
 
-        def timeline(title: str, y_label: str) -> Any:
-            fig = figure(title=title, x_range=x_range, tools="pan,wheel_zoom,reset,save", **size)
+        def timeline(title: str, y_label: str, *, log: bool = False) -> Any:
+            # Counts and rates start at 0; a log axis (batch sizes, latencies) keeps a cap far
+            # above the data readable without squashing the data.
+            y_range = DataRange1d() if log else DataRange1d(start=0)
+            fig = figure(title=title, x_range=x_range, y_range=y_range,
+                         y_axis_type="log" if log else "linear",
+                         tools="pan,wheel_zoom,reset,save", **size)  # fmt: skip
             fig.xaxis.axis_label = "time (s)"
             fig.yaxis.axis_label = y_label
             fig.toolbar.logo = None
             return fig
 
-        queue = timeline("Queue depth", "waiting")
+        queue = timeline("Queue depth (now)", "waiting (requests, items)")
         queue.step("t", "queue_requests", source=self.ticks, color=_COLORS[0],
                    legend_label="requests", mode="after")  # fmt: skip
         queue.step("t", "queue_items", source=self.ticks, color=_COLORS[1],
                    legend_label="items", mode="after", line_dash="dashed")  # fmt: skip
 
-        sizes = timeline("Batch size as batches fire", "items per batch")
-        sizes.scatter("t", "items", source=self.batches, size=3, alpha=0.35, color=_COLORS[0],
-                      legend_label="batch")  # fmt: skip
-        sizes.line("t", "rolling_mean", source=self.batches, color=_COLORS[1], line_width=2,
-                   legend_label=f"rolling mean ({ROLLING})")  # fmt: skip
+        sizes = timeline("Batch size (each tick's batches)", "items per batch", log=True)
+        sizes.varea("t", "batch_min", "batch_max", source=self.ticks, color=_COLORS[0],
+                    alpha=0.25, legend_label="min-max")  # fmt: skip
+        sizes.line("t", "batch_mean", source=self.ticks, color=_COLORS[0], line_width=2,
+                   legend_label="mean")  # fmt: skip
         sizes.step("t", "max_batch_size", source=self.ticks, color=_COLORS[3], line_dash="dashed",
-                   legend_label="max_batch_size", mode="after")  # fmt: skip
+                   legend_label="max_batch_size", mode="after", line_width=2)  # fmt: skip
 
-        latency = timeline("Latency (window)", "ms")
+        latency = timeline("Latency of served requests (recorder window)", "ms", log=True)
         for column, color in (("p50", _COLORS[2]), ("p95", _COLORS[1]), ("p99", _COLORS[3])):
             latency.line("t", column, source=self.ticks, color=color, legend_label=column,
                          line_width=2)  # fmt: skip
+        latency.step("t", "max_latency_ms", source=self.ticks, color="gray", line_dash="dotted",
+                     legend_label="wait cap", mode="after")  # fmt: skip
         latency.line("t", "latency_bound", source=self.ticks, color="gray", line_dash="dashed",
-                     legend_label="wait cap + full batch")  # fmt: skip
+                     legend_label="cap + full batch")  # fmt: skip
 
-        throughput = timeline("Throughput", "requests / s")
+        throughput = timeline(f"Throughput (last {window})", "requests / s")
         for column, color, name in (
             ("served_rps", _COLORS[2], "served"),
             ("rejected_rps", _COLORS[3], "rejected"),
@@ -103,7 +114,7 @@ class Charts:
             throughput.line("t", column, source=self.ticks, color=color, legend_label=name,
                             line_width=2)  # fmt: skip
 
-        reasons = timeline("Why batches fired", "batches / s")
+        reasons = timeline(f"Why batches fired (last {window})", "batches / s")
         reasons.varea_stack(
             list(REASONS),
             x="t",
@@ -112,7 +123,8 @@ class Charts:
             legend_label=list(REASONS),
         )
 
-        cost = figure(title="Adaptive cost model: batch time vs items",
+        self.cost_y = Range1d(0, 1)
+        cost = figure(title=f"{_COST_TITLE}: no batches yet", y_range=self.cost_y,
                       tools="pan,wheel_zoom,reset,save", **size)  # fmt: skip
         cost.toolbar.logo = None
         cost.xaxis.axis_label = "items in batch"
@@ -120,7 +132,7 @@ class Charts:
         cost.scatter("items", "duration_ms", source=self.fit_points, size=4, alpha=0.4,
                      color=_COLORS[0], legend_label="recent batches")  # fmt: skip
         cost.line("items", "duration_ms", source=self.fit_line, color=_COLORS[3], line_width=2,
-                  legend_label="fitted a + b·items")  # fmt: skip
+                  legend_label="adaptive strategy's fit")  # fmt: skip
         cost.add_tools(HoverTool(tooltips=[("items", "@items"), ("ms", "@duration_ms{0.00}")]))
 
         self.figures = {
@@ -131,191 +143,109 @@ class Charts:
             "reasons": reasons,
             "cost": cost,
         }
-        for fig in self.figures.values():
-            for legend in fig.select(type=Legend):
-                legend.location = "top_left"
-                legend.label_text_font_size = "8pt"
-                legend.background_fill_alpha = 0.6
-                legend.click_policy = "hide"
+        # The keys are HTML above each plot, not Bokeh legends: a legend is redrawn (on a
+        # fresh canvas layer) with every frame, a key is drawn once. And they hide no data.
+        # Vertical grid lines would move with the window at every tick: none.
+        cells = {}
+        for name, fig in self.figures.items():
+            fig.xgrid.visible = False
+            cells[name] = stack(Div(text=_key(fig), styles=_KEY_STYLE), fig, spacing=0)
         self.layout: LayoutDOM = gridplot(
-            [[queue, sizes], [latency, throughput], [reasons, cost]],
+            [
+                [cells["queue"], cells["batch_size"]],
+                [cells["latency"], cells["throughput"]],
+                [cells["reasons"], cells["cost"]],
+            ],
             toolbar_location="right",
             merge_tools=True,
         )
+        # The model a ChartWidget's patches number themselves on (flow control); no view.
+        self.layout.tags = [ColumnDataSource(name=ACK_NAME)]
 
-    def stream(self, tick: Rows, batches: Rows) -> None:
+    def stream(self, tick: Rows) -> None:
         """Append rows, dropping the oldest past the rollover."""
         if tick["t"]:
             self.ticks.stream(tick, rollover=_TICK_ROLLOVER)
-        if batches["t"]:
-            self.batches.stream(batches, rollover=_BATCH_ROLLOVER)
+
+    def set_latency_window(self, window_s: float) -> None:
+        """Say in the latency chart's title which window its percentiles cover."""
+        title = f"Latency of served requests (last {window_s:g} s)"
+        if self.figures["latency"].title.text != title:
+            self.figures["latency"].title.text = title
 
     def show_fit(self, items: list[float], duration_ms: list[float], a_ms: float, b_ms: float,
                  cap: float) -> None:  # fmt: skip
-        """Replace the cost chart's points and fitted line."""
-        self.fit_points.data = {
-            "items": items[-_FIT_POINTS:],
-            "duration_ms": duration_ms[-_FIT_POINTS:],
-        }
-        if math.isfinite(a_ms) and math.isfinite(b_ms):
-            top = max([cap, *items]) if items else cap
-            self.fit_line.data = {"items": [0.0, top], "duration_ms": [a_ms, a_ms + b_ms * top]}
-        else:
+        """Replace the cost chart's points and fitted line (drawn only where there is data).
+
+        The y axis covers the bulk of the points and the line, not a stray stall: points far
+        above are counted in the title. With a single batch size the line is not
+        identifiable, and the title says so. ``cap`` (max_batch_size) is kept for callers.
+        """
+        items, duration_ms = items[-_FIT_POINTS:], duration_ms[-_FIT_POINTS:]
+        self.fit_points.data = {"items": items, "duration_ms": duration_ms}
+        title = self.figures["cost"].title
+        if not items:
             self.fit_line.data = {"items": [], "duration_ms": []}
+            title.text = f"{_COST_TITLE}: no batches yet"
+            return
+        lo, hi = min(items), max(items)
+        if lo == hi or not (math.isfinite(a_ms) and math.isfinite(b_ms)):
+            self.fit_line.data = {"items": [], "duration_ms": []}
+            text = f"{_COST_TITLE}: all {lo:g} items, fit not identifiable"
+            top_line = 0.0
+        else:
+            ends = [a_ms + b_ms * lo, a_ms + b_ms * hi]
+            self.fit_line.data = {"items": [lo, hi], "duration_ms": ends}
+            text = f"{_COST_TITLE}: fit {a_ms:.2f} ms + {b_ms:.3f} ms/item"
+            top_line = max(ends)
+        ms = np.asarray(duration_ms, dtype=float)
+        bulk = float(np.percentile(ms, 95)) if len(ms) >= 20 else float(ms.max())
+        top = max(bulk, top_line) * 1.25 or 1.0
+        above = int((ms > top).sum())
+        if above:
+            text += f" · {above} off-axis (max {ms.max():.0f} ms)"
+        title.text = text
+        if not math.isclose(self.cost_y.end, top, rel_tol=0.1):  # no event for a small change
+            self.cost_y.end = top
 
     def clear(self) -> None:
         """Empty every chart (another method was chosen, or the stats were reset)."""
         self.ticks.data = {c: [] for c in TICK_COLUMNS}
-        self.batches.data = {c: [] for c in BATCH_COLUMNS}
-        self.fit_points.data = {"items": [], "duration_ms": []}
-        self.fit_line.data = {"items": [], "duration_ms": []}
+        self.show_fit([], [], math.nan, math.nan, math.nan)
+
+
+_KEY_STYLE = {"font-size": "11px", "padding-left": "50px", "white-space": "nowrap"}
+
+
+def _key(fig: Any) -> str:
+    """The figure's legend as one line of HTML (a coloured mark and a label per item)."""
+    parts = []
+    for legend in list(fig.select(type=Legend)):
+        for item in legend.items:
+            glyph = item.renderers[0].glyph
+            color = getattr(glyph, "line_color", None) or getattr(glyph, "fill_color", "gray")
+            if "Area" in type(glyph).__name__ or "VArea" in type(glyph).__name__:
+                color = glyph.fill_color
+                mark = "&#9608;"  # a block: a filled band
+            else:
+                mark = "&#8943;&#8943;" if getattr(glyph, "line_dash", []) else "&#9473;&#9473;"
+            label = html.escape(str(item.label.value))
+            parts.append(f"<span style='color:{color}'>{mark}</span>&nbsp;{label}")
+        fig.center.remove(legend)
+    return " &nbsp; ".join(parts)
 
 
 def charts_for_result(result: labserve.RunResult, bin_s: float | None = None) -> Charts:
     """The dashboard's charts filled from a finished run (no widget)."""
-    tick, batches = result_rows(result, bin_s)
     charts = Charts(follow_s=None)
-    charts.ticks.data = tick
-    charts.batches.data = batches
-    a_ms, b_ms = fit_cost(result.batch_items, result.batch_duration_s)
-    cap = float(result.config.get("max_batch_size", max(batches["items"], default=1.0)))
-    charts.show_fit(batches["items"], batches["duration_ms"], a_ms, b_ms, cap)
+    charts.ticks.data = result_rows(result, bin_s)
+    items = result.batch_items.astype(float)
+    a_ms, b_ms = fit_cost(items, result.batch_duration_s)
+    cap = float(result.config.get("max_batch_size", max(items, default=1.0)))
+    charts.show_fit(items.tolist(), (result.batch_duration_s * 1000.0).tolist(), a_ms, b_ms, cap)
     title = result.label or "run"
     charts.figures["queue"].title.text = f"Queue depth · {title}"
     return charts
-
-
-_batch = threading.local()
-
-
-@contextlib.contextmanager
-def one_patch_per_widget() -> Iterator[None]:
-    """Send a ChartWidget's document changes made in this block (on this thread) as one patch.
-
-    A pump tick then costs the page one message instead of four.
-    """
-    _batch.pending = pending = {}
-    try:
-        yield
-    finally:
-        del _batch.pending
-        for widget, events in pending.items():
-            widget._send_patch(events)
-
-
-_MAX_UNACKED = 8
-"""Changes sent but not yet drawn by the page before more are held back (and merged)."""
-_ACK_TIMEOUT_S = 3.0
-"""With no word from the page for this long (no view open), send anyway."""
-
-
-def _merged(events: list[Any]) -> list[Any]:
-    """Held changes as few as possible: streams into one source become one stream."""
-    out: list[Any] = []
-    for event in events:
-        last = next((o for o in reversed(out) if getattr(o, "model", None) is event.model), None)
-        if (
-            isinstance(event, ColumnsStreamedEvent)
-            and isinstance(last, ColumnsStreamedEvent)
-            and last.rollover == event.rollover
-            and set(last.data) == set(event.data)
-        ):
-            keep = event.rollover or None
-            data = {k: (list(last.data[k]) + list(event.data[k]))[-keep if keep else 0 :]
-                    for k in event.data}  # fmt: skip
-            merged = ColumnsStreamedEvent(
-                event.document, event.model, event.attr, data, event.rollover, event.setter
-            )
-            out[out.index(last)] = merged
-        else:
-            out.append(event)
-    return out
-
-
-class ChartWidget(BokehModel):  # type: ignore[misc]
-    """jupyter_bokeh's widget for display-only charts that a pump thread streams into.
-
-    What it changes, each found in a real browser: a patch reaches the page in a framing no
-    view can read out of step; nothing the page sends back changes the document (the pump
-    stays its only writer); a tick's changes travel as one patch; a page that draws slower
-    than the pump streams gets fewer, merged patches instead of a growing backlog;
-    ``close()`` may be called twice (jupyter_bokeh's raises KeyError the second time, and
-    ipywidgets calls it again when the widget is collected).
-    """
-
-    _closed = False
-
-    def __init__(self, model: Any, **kwargs: Any) -> None:
-        self._flow = threading.Lock()
-        self._held: list[Any] = []
-        self._unacked = 0
-        self._last_heard = time.monotonic()
-        super().__init__(model, **kwargs)
-
-    def _document_patched(self, event: Any) -> None:
-        if event.setter is self:
-            return
-        pending = getattr(_batch, "pending", None)
-        if pending is not None:
-            pending.setdefault(self, []).append(event)
-        else:
-            self._send_patch([event])
-
-    def _send_patch(self, events: list[Any]) -> None:
-        # Flow control: BokehJS sends back each change it has applied (see _sync_model), so
-        # the changes sent and not yet drawn are known. Past a few, hold the new ones and
-        # send them merged once the page catches up: a slow page draws less often instead of
-        # falling further and further behind the live numbers.
-        with self._flow:
-            self._held += events
-            now = time.monotonic()
-            if self._unacked >= _MAX_UNACKED and now - self._last_heard < _ACK_TIMEOUT_S:
-                return
-            if self._unacked >= _MAX_UNACKED:  # no word for a while: no view is drawing
-                self._unacked = 0
-                self._last_heard = now
-            events, self._held = _merged(self._held), []
-            self._unacked += len(events)
-        # jupyter_bokeh sends a patch as three comm messages (header, metadata, content) that
-        # BokehJS reassembles in order. A view that starts listening between two of them (a
-        # chart displayed, or a page reloaded, while a pump streams) reads every later patch
-        # out of step and stops updating for good. Here each message is one JSON object that
-        # is all three at once, sent three times: whichever copy lands in the content slot,
-        # every patch is applied exactly once. (Arrays would go inline, not as buffers, so a
-        # message stays one fragment; the charts stream lists, cheaper here than arrays.)
-        doc = events[0].document
-        # References: the changed models only (the page has them all already); passing every
-        # model of the document costs a dict of ~300 entries per tick.
-        touched = {e.model for e in events if getattr(e, "model", None) is not None}
-        serializer = Serializer(references=touched, deferred=False)
-        content = {"events": serializer.encode(events)}
-        doc.models.flush_synced(lambda model: not serializer.has_ref(model))
-        whole = json.dumps({**patch_doc.create_header(), "num_buffers": 0, **content})
-        for _ in range(3):
-            self.send({"msg": "patch", "payload": whole})
-
-    def _sync_model(self, _model: Any, content: dict[str, Any], _buffers: list[Any]) -> None:
-        # BokehJS sends back each change it applied (and each view's pans and zooms). Applying
-        # that here would make the kernel's main thread a second writer of the document and
-        # double every streamed row: views are display-only. It does say the page has drawn.
-        if content.get("event") == "jsevent":
-            with self._flow:
-                self._unacked = max(self._unacked - 1, 0)
-                self._last_heard = time.monotonic()
-
-    def __repr__(self) -> str:
-        # The default repr holds random document ids: a saved notebook output would change.
-        return f"ChartWidget({type(self._model).__name__})"
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        load_bokehjs()
-        return super()._repr_mimebundle_(**kwargs)
-
-    def close(self) -> None:
-        """Close the widget (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            super().close()
 
 
 def plot(result: labserve.RunResult, bin_s: float | None = None) -> Any:

@@ -25,7 +25,7 @@ from bokeh.plotting import figure
 
 import labserve
 
-from .charts import ChartWidget
+from .chartwidget import ChartWidget
 
 __all__ = [
     "compare_figure",

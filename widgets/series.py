@@ -8,19 +8,37 @@ rows, so one set of charts shows both.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
 import labserve
 
-__all__ = ["BATCH_COLUMNS", "TICK_COLUMNS", "LiveSeries", "Rows", "fit_cost", "result_rows"]
+__all__ = [
+    "RATE_WINDOW_S",
+    "TICK_COLUMNS",
+    "Counters",
+    "LiveSeries",
+    "Recent",
+    "Rows",
+    "fit_cost",
+    "result_rows",
+]
 
 REASONS: tuple[str, ...] = labserve.REASONS
+RATE_WINDOW_S = 1.0
+"""The window of what moves (served, rejected and failed rates, why batches fired, mean batch,
+model busy): a second, derived here from the snapshots' counters. Latency percentiles use the
+recorder's own window (``Snapshot.window_s``, 10 s by default), which /stats and /metrics share."""
 TICK_COLUMNS: tuple[str, ...] = (
     "t",
     "queue_requests",
     "queue_items",
+    "batch_min",
+    "batch_mean",
+    "batch_max",
     "p50",
     "p95",
     "p99",
@@ -29,13 +47,15 @@ TICK_COLUMNS: tuple[str, ...] = (
     "rejected_rps",
     "failed_rps",
     "max_batch_size",
+    "max_latency_ms",
     *REASONS,
+    "clock_s",
 )
-"""One row per pump tick (or per time bin of a finished run). Latencies in ms; rates per s."""
-BATCH_COLUMNS: tuple[str, ...] = ("t", "items", "rolling_mean", "duration_ms")
-"""One row per fired batch."""
-ROLLING = 20
-"""Batches in the batch-size chart's rolling mean."""
+"""One row per pump tick (or per time bin of a finished run). Latencies in ms; rates per s.
+
+``batch_*``: items per batch of the batches fired since the last row (NaN if none).
+``clock_s``: the wall-clock time the tick was taken (Unix seconds; NaN for a finished run), so
+that a page can tell how old the newest row it drew is."""
 
 Rows = dict[str, list[float]]
 
@@ -53,66 +73,131 @@ def latency_bound_ms(
     return float(max_latency_ms) + a + b * float(max_batch_size)
 
 
+class Counters(NamedTuple):
+    """A snapshot's running totals, what short-window rates are derived from."""
+
+    time_s: float
+    served: int
+    rejected: int
+    failed: int
+    batches: int
+    seen: int
+    """Of the batches, those still in the snapshots' recent records when pulled."""
+    items: int
+    """Items in the batches seen."""
+    busy_s: float
+    """Model time of the batches seen, seconds."""
+    reasons: tuple[int, ...]
+
+
+class Recent(NamedTuple):
+    """What moved over the last ``span_s`` seconds (NaN where nothing happened)."""
+
+    span_s: float
+    served_rps: float
+    rejected_rps: float
+    failed_rps: float
+    reasons_per_s: tuple[float, ...]
+    mean_batch: float
+    rejected_pct: float
+    busy_pct: float
+    """Share of the span the model was running a batch (from the batches' durations)."""
+
+
 class LiveSeries:
     """Turns successive snapshots of one runner method into new chart rows.
 
     Not thread-safe: one pump owns it. Times are seconds since the first snapshot seen.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.recent: Recent | None = None
+        """What moved over the last ``window_s`` (None before two snapshots)."""
         self._t0: float | None = None
         self._prev: labserve.Snapshot | None = None
-        self._recent: deque[int] = deque(maxlen=ROLLING)
+        self._history: deque[Counters] = deque()
+        self._busy_s = 0.0
+        self._items = 0
+        self._seen = 0
 
-    def update(self, snap: labserve.Snapshot) -> tuple[Rows, Rows]:
-        """Rows for this tick and for the batches fired since the last one."""
+    def update(self, snap: labserve.Snapshot) -> Rows:
+        """The row for this tick."""
         if self._t0 is None:
             self._t0 = snap.time_s
         prev = self._prev
         if prev is not None and (snap.batches < prev.batches or snap.admitted < prev.admitted):
             prev = None  # the stats were reset: count from here
-            self._recent.clear()
+            self._history.clear()
         self._prev = snap
-        t = snap.time_s - self._t0
-        tick = _empty(TICK_COLUMNS)
+        new = snap.batches - prev.batches if prev is not None else 0
+        fired = snap.recent_batches[-new:] if new > 0 else ()
+        sizes = [b.items for b in fired]
+        self._items += sum(sizes)
+        self._seen += len(sizes)
+        self._busy_s += sum(b.duration_s for b in fired)
+        now = Counters(
+            snap.time_s, snap.served, snap.rejected, snap.failed, snap.batches, self._seen,
+            self._items, self._busy_s, tuple(snap.fire_reasons.get(r, 0) for r in REASONS),
+        )  # fmt: skip
+        self._history.append(now)
+        while len(self._history) > 2 and now.time_s - self._history[1].time_s >= self.window_s:
+            self._history.popleft()
+        self.recent = _recent(self._history[0], now)
         lat = snap.latency_ms_window
         fit = snap.cost_fit
+        recent = self.recent
+        nan = math.nan
         values = {
-            "t": t,
+            "t": snap.time_s - self._t0,
             "queue_requests": snap.queue_requests,
             "queue_items": snap.queue_items,
+            "batch_min": min(sizes) if sizes else nan,
+            "batch_mean": sum(sizes) / len(sizes) if sizes else nan,
+            "batch_max": max(sizes) if sizes else nan,
             "p50": lat.p50,  # NaN while nothing was served
             "p95": lat.p95,
             "p99": lat.p99,
             "latency_bound": latency_bound_ms(
                 snap.config.max_latency_ms, snap.config.max_batch_size, fit.a_ms, fit.b_ms
             ),
-            "served_rps": snap.served_rate,
-            "rejected_rps": snap.rejected_rate,
-            "failed_rps": snap.failed_rate,
+            "served_rps": recent.served_rps if recent else nan,
+            "rejected_rps": recent.rejected_rps if recent else nan,
+            "failed_rps": recent.failed_rps if recent else nan,
             "max_batch_size": snap.config.max_batch_size,
+            "max_latency_ms": snap.config.max_latency_ms,
+            "clock_s": time.time(),
         }
-        dt = snap.time_s - prev.time_s if prev is not None else 0.0
-        for reason in REASONS:
-            fired = snap.fire_reasons.get(reason, 0)
-            before = prev.fire_reasons.get(reason, 0) if prev is not None else fired
-            values[reason] = (fired - before) / dt if dt > 0 else 0.0
-        for c in TICK_COLUMNS:
-            tick[c].append(float(values[c]))
-        batches = _empty(BATCH_COLUMNS)
-        new = snap.batches - (prev.batches if prev is not None else 0)
-        if prev is None:
-            new = 0  # the first tick (or a reset) starts the chart; older batches are history
-        for b in snap.recent_batches[-new:] if new > 0 else ():
-            self._recent.append(b.items)
-            batches["t"].append(b.start_s - self._t0)
-            batches["items"].append(float(b.items))
-            batches["rolling_mean"].append(sum(self._recent) / len(self._recent))
-            batches["duration_ms"].append(b.duration_s * 1000.0)
-        return tick, batches
+        for k, reason in enumerate(REASONS):
+            values[reason] = recent.reasons_per_s[k] if recent else nan
+        return {c: [float(values[c])] for c in TICK_COLUMNS}
 
 
-def result_rows(result: labserve.RunResult, bin_s: float | None = None) -> tuple[Rows, Rows]:
+def _recent(then: Counters, now: Counters) -> Recent | None:
+    span = now.time_s - then.time_s
+    if span <= 0:
+        return None
+    served = now.served - then.served
+    rejected = now.rejected - then.rejected
+    failed = now.failed - then.failed
+    batches = now.batches - then.batches
+    seen = now.seen - then.seen  # fewer than batches when more fired than a snapshot keeps
+    answered = served + rejected + failed
+    return Recent(
+        span_s=span,
+        served_rps=served / span,
+        rejected_rps=rejected / span,
+        failed_rps=failed / span,
+        reasons_per_s=tuple((b - a) / span for a, b in zip(then.reasons, now.reasons, strict=True)),
+        mean_batch=(now.items - then.items) / seen if seen else math.nan,
+        rejected_pct=100.0 * rejected / answered if answered else math.nan,
+        busy_pct=min(100.0 * (now.busy_s - then.busy_s) * batches / seen / span, 100.0)
+        if seen
+        else 0.0,
+    )
+
+
+def result_rows(result: labserve.RunResult, bin_s: float | None = None) -> Rows:
     """The rows :class:`LiveSeries` would have produced, from a finished run.
 
     Time is cut into bins of ``bin_s`` seconds (default: about 200 bins over the run);
@@ -172,28 +257,43 @@ def result_rows(result: labserve.RunResult, bin_s: float | None = None) -> tuple
             tick["p50"][k], tick["p95"][k], tick["p99"][k] = float(p50), float(p95), float(p99)
     tick["latency_bound"] = [bound] * n_bins
     tick["max_batch_size"] = [cap] * n_bins
+    tick["max_latency_ms"] = [float(config.get("max_latency_ms", math.nan))] * n_bins
+    tick["clock_s"] = [math.nan] * n_bins
     fired_bin = np.clip(np.floor(result.batch_start_s / bin_s).astype(np.int64), 0, n_bins - 1)
     for code, reason in enumerate(REASONS):
         mask = result.batch_reason == code
         tick[reason] = (np.bincount(fired_bin[mask], minlength=n_bins) / bin_s).tolist()
 
-    batches = _empty(BATCH_COLUMNS)
     b_items = result.batch_items.astype(float)
-    batches["t"] = result.batch_start_s.astype(float).tolist()
-    batches["items"] = b_items.tolist()
-    csum = np.concatenate([[0.0], np.cumsum(b_items)])
-    idx = np.arange(len(b_items))
-    lo = np.maximum(idx + 1 - ROLLING, 0)
-    batches["rolling_mean"] = ((csum[idx + 1] - csum[lo]) / (idx + 1 - lo)).tolist()
-    batches["duration_ms"] = (result.batch_duration_s * 1000.0).tolist()
-    return tick, batches
+    count = np.bincount(fired_bin, minlength=n_bins)[:n_bins]
+    total = np.bincount(fired_bin, weights=b_items, minlength=n_bins)[:n_bins]
+    low = np.full(n_bins, np.inf)
+    high = np.full(n_bins, -np.inf)
+    np.minimum.at(low, fired_bin, b_items)
+    np.maximum.at(high, fired_bin, b_items)
+    none = count == 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tick["batch_mean"] = np.where(none, np.nan, total / count).tolist()
+    tick["batch_min"] = np.where(none, np.nan, low).tolist()
+    tick["batch_max"] = np.where(none, np.nan, high).tolist()
+    return tick
 
 
 def fit_cost(items: np.ndarray, duration_s: np.ndarray) -> tuple[float, float]:
-    """Least-squares batch_ms = a + b * items over a run's batches (NaN when underdetermined)."""
-    if len(items) < 2 or np.ptp(items) == 0:
-        if len(items):
-            return float(np.median(duration_s) * 1000.0), 0.0
+    """A robust fit of batch_ms = a + b * items: least squares on each size's median time.
+
+    A stalled batch moves its size's median little, not the line. NaN, NaN when the line is
+    not identifiable: fewer than two distinct batch sizes.
+    """
+    items = np.asarray(items, dtype=float)
+    ms = np.asarray(duration_s, dtype=float) * 1000.0
+    keep = np.isfinite(items) & np.isfinite(ms)
+    items, ms = items[keep], ms[keep]
+    sizes, which, counts = np.unique(items, return_inverse=True, return_counts=True)
+    if len(sizes) < 2:
         return math.nan, math.nan
-    b, a = np.polyfit(items.astype(float), duration_s * 1000.0, 1)
+    order = np.argsort(which, kind="stable")
+    groups = np.split(ms[order], np.cumsum(counts)[:-1])
+    medians = np.array([float(np.median(g)) for g in groups])
+    b, a = np.polyfit(sizes, medians, 1, w=np.sqrt(counts))
     return float(a), float(b)

@@ -5,20 +5,23 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import math
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
 from bokeh.document import Document
+from bokeh.models import Div, Legend
 from bokeh.protocol import Protocol
 from bokeh.protocol.exceptions import ProtocolError
 from bokeh.protocol.receiver import Receiver
 from jupyter_bokeh import BokehModel
-from labserve.widgets import Charts, Dashboard, Pump, plot
-from labserve.widgets.charts import ChartWidget
-from labserve.widgets.series import BATCH_COLUMNS, TICK_COLUMNS, LiveSeries, result_rows
+from labserve.widgets import Charts, ChartWidget, Dashboard, Pump, loadpanel, plot
+from labserve.widgets.chartwidget import MAX_IN_FLIGHT
+from labserve.widgets.series import TICK_COLUMNS, LiveSeries, fit_cost, result_rows
 
 import labserve
 from labserve.lab.demo import SleepModel
@@ -83,11 +86,35 @@ def test_a_bad_typed_value_says_why_and_changes_nothing(dash, runner, key, text,
     assert getattr(runner.predict.config, key) == 8
 
 
-def test_the_controls_show_a_change_made_elsewhere_only_when_asked(dash, runner):
-    runner.configure("predict", max_batch_size=16)
-    dash._show_config(runner.predict.config)
-    assert dash.controls["max_batch_size"].value == 16
-    assert runner.predict.config.max_batch_size == 16  # showing did not configure again
+def test_the_controls_follow_a_change_made_elsewhere(dash, runner):
+    runner.configure("predict", max_batch_size=16, strategy="fixed", max_latency_ms=50)
+    in_force = runner.predict.config
+    wait_for(lambda: dash.controls["max_batch_size"].value == 16)
+    wait_for(lambda: dash.controls["strategy"].value == "fixed")
+    assert dash.controls["max_latency_ms"].value == 50
+    assert dash.controls["max_batch_size_text"].value == "16"
+    assert "max_batch_size: 16" in dash.controls["export"].value
+    assert runner.predict.config is in_force  # showing it did not configure the runner again
+    dash.controls["max_batch_size"].value = 8  # and the controls still act
+    assert runner.predict.config.max_batch_size == 8
+
+
+def test_the_controls_follow_a_patch_config_from_another_client(runner):
+    server = labserve.serve(runner)
+    d = Dashboard(server, example=X, hz=20)
+    try:
+        request = urllib.request.Request(
+            f"{server.url}/config",
+            data=json.dumps({"runner": "sleep", "method": "predict", "max_batch_size": 4}).encode(),
+            method="PATCH",
+            headers={"Authorization": f"Bearer {server.token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5):
+            pass
+        wait_for(lambda: d.controls["max_batch_size"].value == 4)
+    finally:
+        d.close()
+        server.stop()
 
 
 def test_the_pump_streams_rows_while_load_runs(dash, runner):
@@ -95,14 +122,37 @@ def test_the_pump_streams_rows_while_load_runs(dash, runner):
     dash.controls["duration"].value = "1"
     dash.controls["start"].value = True
     assert dash.errors["load"].value == ""
-    wait_for(lambda: len(dash.charts.batches.data["t"]) > 20)
     wait_for(lambda: not dash.controls["start"].value)  # the run ended; the button says so
     ticks = dash.charts.ticks.data
     assert len(ticks["t"]) >= 2 and ticks["t"] == sorted(ticks["t"])
-    assert max(ticks["served_rps"]) > 0
-    assert sum(dash.charts.batches.data["items"]) <= runner.predict.stats().served
-    assert "req/s served" in dash.status.value
-    assert dash.pump.last_error is None
+    assert max(x for x in ticks["served_rps"] if math.isfinite(x)) > 0
+    sizes = [x for x in ticks["batch_max"] if math.isfinite(x)]
+    assert sizes and max(sizes) <= runner.predict.config.max_batch_size
+    assert "req/s served" in dash.status.value and "(last " in dash.status.value
+    assert dash.pump.last_error is None, repr(dash.pump.last_error)
+
+
+def test_the_load_runs_until_stopped_by_default(dash, runner, monkeypatch):
+    monkeypatch.setattr(loadpanel, "CHUNK_S", 0.3)  # chain short runs to see several
+    started: list[labserve.LoadRun] = []
+    start_load = labserve.start_load
+    monkeypatch.setattr(
+        labserve, "start_load", lambda *a, **k: started.append(start_load(*a, **k)) or started[-1]
+    )
+    assert dash.controls["duration"].value == ""  # "until stopped"
+    dash.controls["rate"].value = "300"
+    dash.controls["start"].value = True
+    assert dash.errors["load"].value == ""
+    wait_for(lambda: dash.load._chunks >= 4)
+    assert dash.controls["start"].value is True
+    wait_for(lambda: "until stopped" in dash.status.value)
+    assert "running 0:0" in dash.status.value  # the elapsed time
+    dash.controls["start"].value = False
+    assert dash.load.run is None
+    assert runner.predict.stats().served > 300 * 0.3 * 3 * 0.5  # the chained runs all sent
+    runs = len(started)
+    time.sleep(0.6)  # two chunks long: a chained run started after the stop would show
+    assert len(started) == runs and dash.load.run is None
 
 
 def test_a_bad_load_setting_is_shown_and_starts_nothing(dash, runner):
@@ -110,7 +160,19 @@ def test_a_bad_load_setting_is_shown_and_starts_nothing(dash, runner):
     dash.controls["start"].value = True
     assert "rate_rps" in dash.errors["load"].value
     assert dash.controls["start"].value is False
-    assert dash._load is None
+    assert dash.load.run is None
+
+
+def test_a_failing_chart_update_shows_in_the_status_line(dash, runner, monkeypatch):
+    def broken(tick):
+        raise ValueError("the chart refused a row")
+
+    monkeypatch.setattr(dash.charts, "stream", broken)
+    runner.predict.run(X)
+    wait_for(lambda: "chart update failed" in dash.status.value)
+    assert "ValueError: the chart refused a row" in html.unescape(dash.status.value)
+    assert "req/s served" in dash.status.value  # the numbers still show
+    assert dash.pump.running and dash.pump.errors >= 1
 
 
 def test_without_an_example_the_load_controls_say_what_is_missing(runner):
@@ -125,11 +187,9 @@ def test_without_an_example_the_load_controls_say_what_is_missing(runner):
 def test_rollover_bounds_memory_over_a_long_run():
     charts = Charts()
     tick = {c: [0.0] * 100 for c in TICK_COLUMNS}
-    batches = {c: [1.0] * 100 for c in ("t", "items", "rolling_mean", "duration_ms")}
-    for _ in range(100):  # 10,000 ticks and batches, past both rollovers
-        charts.stream(tick, batches)
+    for _ in range(100):  # 10,000 ticks, past the rollover
+        charts.stream(tick)
     assert len(charts.ticks.data["t"]) == 1500
-    assert len(charts.batches.data["t"]) == 5000
 
 
 def test_two_pumps_never_write_one_document(runner):
@@ -151,7 +211,7 @@ def test_the_pump_is_the_only_thread_that_writes_the_document(dash, runner):
     dash.doc.on_change(lambda event: writers.add(threading.current_thread().name))
     runner.predict.run(X)
     dash.controls["max_batch_size"].value = 8  # control changes go to the runner, not the doc
-    dash._on_reset()
+    dash.controls["reset"].click()
     wait_for(lambda: dash.pump.ticks > 5 and writers)
     assert writers == {"labserve-dashboard"}
 
@@ -206,7 +266,7 @@ def test_a_new_view_or_a_reload_shows_current_data(dash, runner):
 
 def test_save_html_writes_a_standalone_page_with_current_data(dash, runner, tmp_path):
     runner.predict.run(X)
-    wait_for(lambda: len(dash.charts.batches.data["t"]) >= 1)
+    wait_for(lambda: any(math.isfinite(x) for x in dash.charts.ticks.data["batch_max"]))
     path = tmp_path / "dash.html"
     dash.save_html(str(path))
     page = path.read_text()
@@ -217,31 +277,35 @@ def test_save_html_writes_a_standalone_page_with_current_data(dash, runner, tmp_
 
 def test_live_series_turns_snapshots_into_rows(runner):
     series = LiveSeries()
-    tick, batches = series.update(runner.predict.stats())
-    assert tick["t"] == [0.0] and batches["t"] == []  # the first tick opens the chart
+    tick = series.update(runner.predict.stats())
+    assert tick["t"] == [0.0]  # the first tick opens the chart
+    assert math.isnan(tick["batch_mean"][0]) and math.isnan(tick["served_rps"][0])  # empty
     for _ in range(5):
         runner.predict.run(X)
     snap = runner.predict.stats()
-    tick, batches = series.update(snap)
-    assert len(batches["t"]) == 5 and batches["items"] == [1.0] * 5
-    assert batches["rolling_mean"] == [1.0] * 5
+    tick = series.update(snap)
+    assert tick["batch_min"] == tick["batch_max"] == tick["batch_mean"] == [1.0]
     assert tick["max_batch_size"] == [float(snap.config.max_batch_size)]
+    recent = series.recent
+    assert recent is not None and recent.mean_batch == 1.0 and recent.rejected_pct == 0.0
+    assert recent.served_rps == pytest.approx(5 / recent.span_s)
     runner.predict.reset_stats()
-    tick, batches = series.update(runner.predict.stats())
-    assert batches["t"] == []  # a reset starts over instead of counting backwards
+    tick = series.update(runner.predict.stats())
+    assert math.isnan(tick["batch_mean"][0])  # a reset starts over instead of counting back
 
 
 def test_a_finished_run_gives_the_same_rows():
     result = labserve.simulate(
         labserve.arrivals("poisson", rate_rps=1000), duration_s=2.0, seed=3, cost=(2.0, 0.1)
     )
-    tick, batches = result_rows(result, bin_s=0.1)
+    tick = result_rows(result, bin_s=0.1)
     served = int((result.outcome == 0).sum())
     assert sum(tick["served_rps"]) * 0.1 == pytest.approx(served)
     fired = sum(sum(tick[r]) for r in labserve.REASONS) * 0.1
     assert fired == pytest.approx(len(result.batch_items))
     assert tick["queue_requests"][-1] == 0  # everything was served by the end
-    assert batches["items"] == result.batch_items.astype(float).tolist()
+    assert np.nanmax(tick["batch_max"]) == result.batch_items.max()
+    assert np.nanmin(tick["batch_min"]) == result.batch_items.min()
     with pytest.raises(ValueError, match="bin_s"):
         result_rows(result, bin_s=0)
 
@@ -258,7 +322,7 @@ def test_ticks_are_on_one_clock_before_and_after_the_first_request(runner):
     series = LiveSeries()
     series.update(runner.predict.stats())  # no request yet: the driver has not started
     runner.predict.run(X)
-    tick, _ = series.update(runner.predict.stats())
+    tick = series.update(runner.predict.stats())
     assert 0 <= tick["t"][0] < 60  # seconds since the first tick, not the clock's epoch
 
 
@@ -269,7 +333,9 @@ def _fragments_sent(widget_cls: type, patches: int) -> list[str]:
     sent: list[str] = []
     widget.send = lambda content, buffers=None: sent.append(content["payload"])
     for k in range(patches):
-        charts.stream({c: [float(k)] for c in TICK_COLUMNS}, {c: [] for c in BATCH_COLUMNS})
+        charts.stream({c: [float(k)] for c in TICK_COLUMNS})
+        if isinstance(widget, ChartWidget):
+            _ack(widget, k + 1)  # a page that keeps up
     return sent  # (the widget is closed when collected; jupyter_bokeh's close() is not idempotent)
 
 
@@ -283,7 +349,7 @@ def _applied(fragments: list[str]) -> list[float]:
         except ProtocolError:  # BokehJS does not check; it applies the wrong part or nothing
             continue
         if message is not None and "events" in message.content:
-            (event,) = message.content["events"]
+            (event,) = [e for e in message.content["events"] if e["kind"] == "ColumnsStreamed"]
             out += dict(event["data"]["entries"])["t"]
     return out
 
@@ -302,36 +368,116 @@ def test_plain_jupyter_bokeh_framing_goes_out_of_step_when_a_view_starts_mid_pat
     assert _applied(fragments[1:])[-4:] != [1.0, 2.0, 3.0, 4.0]
 
 
-def test_a_page_that_has_not_drawn_gets_held_changes_merged_not_a_backlog(monkeypatch):
+def _ack(widget: ChartWidget, seq: int) -> None:
+    """What the page sends back once it applied patch ``seq`` (BokehJS's echo of the change)."""
+    model = widget._ack_model
+    widget._sync_model(widget, {"event": "jsevent", "kind": "ModelChanged",
+                                "model": {"id": model.id}, "attr": "name",
+                                "new": f"labserve-ack:{seq}"}, [])  # fmt: skip
+
+
+def _streaming_widget() -> tuple[Charts, ChartWidget, list[dict]]:
     charts = Charts()
     widget = ChartWidget(charts.layout)
     sent: list[dict] = []
     widget.send = lambda content, buffers=None: sent.append(json.loads(content["payload"]))
-    tick = {c: [0.0] for c in TICK_COLUMNS}
-    no_batches = {c: [] for c in BATCH_COLUMNS}
-    for k in range(20):  # no view has said it drew anything
-        charts.stream({**tick, "t": [float(k)]}, no_batches)
+    return charts, widget, sent
+
+
+def _tick(charts: Charts, t: float) -> None:
+    charts.stream({**{c: [0.0] for c in TICK_COLUMNS}, "t": [t]})
+
+
+def test_a_page_that_has_not_applied_gets_held_changes_merged_not_a_backlog():
+    charts, widget, sent = _streaming_widget()
+    for k in range(20):  # no view has said it applied anything
+        _tick(charts, float(k))
     patches = sent[::3]  # each patch goes out three times
-    assert len(patches) == 8  # then the rest are held
-    ack = {"event": "jsevent"}
-    for _ in range(8):  # the page applied the eight
-        widget._sync_model(widget, dict(ack), [])
-    charts.stream({**tick, "t": [20.0]}, no_batches)
+    n = MAX_IN_FLIGHT
+    assert len(patches) == n  # in flight; the rest are held
+    assert widget.updates == 20 and widget.merged == 20 - n
+    assert patches[-1]["events"][-1]["new"] == f"labserve-ack:{n}"  # each patch is numbered
+    _ack(widget, 1)  # the page applied the first: one more may go
+    _tick(charts, 20.0)
     merged = sent[-1]["events"]
-    assert len(merged) == 1  # the twelve held ticks and the new one, as one stream
-    assert dict(merged[0]["data"]["entries"])["t"] == [float(k) for k in range(8, 21)]
+    streams = [e for e in merged if e["kind"] == "ColumnsStreamed"]
+    assert len(streams) == 1  # the held ticks and the new one, as one stream
+    assert dict(streams[0]["data"]["entries"])["t"] == [float(k) for k in range(n, 21)]
+    assert merged[-1]["new"] == f"labserve-ack:{n + 1}"
     assert len(charts.ticks.data["t"]) == 21  # the kernel's document kept every row
 
 
-def test_held_changes_go_out_after_a_silence_when_no_view_answers(monkeypatch):
+def test_other_echoes_from_the_page_are_not_acknowledgements():
+    charts, widget, sent = _streaming_widget()
+    for k in range(3):
+        _tick(charts, float(k))
+    assert len(sent) == MAX_IN_FLIGHT * 3
+    # A range the page moved while drawing, and the echo of a streamed column: not an ack.
+    widget._sync_model(widget, {"event": "jsevent", "kind": "ModelChanged", "attr": "start",
+                                "new": 1.0}, [])  # fmt: skip
+    widget._sync_model(widget, {"event": "jsevent", "kind": "ColumnsStreamed"}, [])
+    _tick(charts, 3.0)
+    assert len(sent) == MAX_IN_FLIGHT * 3
+
+
+def test_held_changes_go_out_after_a_silence_when_no_view_answers():
+    charts, widget, sent = _streaming_widget()
+    for k in range(10):
+        _tick(charts, float(k))
+    assert len(sent) == MAX_IN_FLIGHT * 3
+    widget._last_sent -= 60  # no word from any page for a minute: no view is open
+    _tick(charts, 10.0)
+    assert len(sent) == (MAX_IN_FLIGHT + 1) * 3
+
+
+def test_the_cost_fit_is_drawn_only_over_the_data_and_ignores_a_stall():
     charts = Charts()
-    widget = ChartWidget(charts.layout)
-    sent: list[str] = []
-    widget.send = lambda content, buffers=None: sent.append(content["payload"])
-    tick = {c: [0.0] for c in TICK_COLUMNS}
-    for _ in range(10):
-        charts.stream(tick, {c: [] for c in BATCH_COLUMNS})
-    assert len(sent) == 8 * 3
-    widget._last_heard -= 10  # no word from any page for 10 s: nobody is drawing
-    charts.stream(tick, {c: [] for c in BATCH_COLUMNS})
-    assert len(sent) == 9 * 3
+    items = [2.0, 4.0, 8.0] * 20
+    ms = [2.0 + 0.1 * n for n in items]
+    ms[5] = 136.0  # one stalled batch
+    a, b = fit_cost(np.array(items), np.array(ms) / 1000.0)
+    assert a == pytest.approx(2.0) and b == pytest.approx(0.1)  # the medians ignore it
+    charts.show_fit(items, ms, a, b, cap=64.0)
+    assert charts.fit_line.data["items"] == [2.0, 8.0]  # not 0..64
+    assert charts.cost_y.end < 10  # the axis is not stretched to 136 ms
+    assert "1 off-axis (max 136 ms)" in charts.figures["cost"].title.text
+
+
+def test_one_batch_size_is_not_identifiable_and_says_so():
+    charts = Charts()
+    assert (
+        fit_cost(np.array([4.0] * 10), np.full(10, 0.0024))
+        == (pytest.approx(math.nan, nan_ok=True),) * 2
+    )
+    charts.show_fit([4.0] * 10, [2.4] * 10, 2.4, 0.0, cap=4.0)
+    assert charts.fit_line.data["items"] == []
+    assert "not identifiable" in charts.figures["cost"].title.text
+
+
+def test_idle_charts_start_empty():
+    charts = Charts()
+    assert charts.fit_line.data["items"] == [] and charts.ticks.data["t"] == []
+    assert "no batches yet" in charts.figures["cost"].title.text
+    for name, fig in charts.figures.items():  # keys above the plots, not over the lines
+        assert not list(fig.select(type=Legend)), name
+    keys = [d.text for d in charts.layout.select({"type": Div})]
+    assert len(keys) == 6 and "p99" in " ".join(keys) and "max_batch_size" in " ".join(keys)
+
+
+def test_the_status_line_says_when_the_page_cannot_keep_up(dash, runner):
+    view = dash.view().children[-1]  # a page that never says it applied a patch
+    wait_for(lambda: view.merged > 5)
+    wait_for(lambda: "dropping frames" in dash.status.value)
+    _ack(view, view._sent)  # it catches up, and keeps up from then on
+    view.send = lambda content, buffers=None: _ack(view, view._sent)
+    wait_for(lambda: "dropping frames" not in dash.status.value)
+
+
+def test_mean_batch_counts_only_batches_seen_when_more_fired_than_a_snapshot_keeps(runner):
+    series = LiveSeries()
+    series.update(runner.predict.stats())
+    kept = len(runner.predict.stats().recent_batches) or 64
+    for _ in range(3 * max(kept, 64)):  # one request at a time: batches of one
+        runner.predict.run(X)
+    series.update(runner.predict.stats())
+    assert series.recent is not None and series.recent.mean_batch == 1.0  # not 64 / 192

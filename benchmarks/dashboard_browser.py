@@ -1,0 +1,81 @@
+"""The dashboard in real Chromium: staleness of the newest data on screen, and renderer CPU.
+
+    .venv/bin/python benchmarks/dashboard_browser.py [--rate 2500] [--seconds 20] [--hz 5]
+
+Starts JupyterLab on a temporary notebook (the browser test's: a served sleep model, then a
+Dashboard), Run All in Chromium (Playwright, /usr/bin/chromium), starts the load from the
+page, then for each CPU throttle rate (DevTools Emulation.setCPUThrottlingRate 1 and 4)
+samples once a second how old the newest row on the page is (now minus its clock_s), and
+reads the renderer's main-thread busy time (Performance.getMetrics TaskDuration) over the
+period. Prints one Markdown row per throttle rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import pathlib
+import statistics
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location(
+    "browser_test", HERE.parent / "tests" / "browser" / "test_dashboard_browser.py"
+)
+assert _spec is not None and _spec.loader is not None
+bt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bt)
+
+
+def task_s(cdp) -> float:
+    metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+    return float(metrics["TaskDuration"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=int, default=2500)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--hz", type=float, default=5.0)
+    args = parser.parse_args()
+    cells = list(bt.NOTEBOOK_CELLS)
+    cells[2] = f"dash = Dashboard(server, example=np.ones((1, 4)), hz={args.hz})\ndash"
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as folder, bt.run_lab(pathlib.Path(folder), cells) as lab:
+        with sync_playwright() as pw:
+            browser, page, _server, _console = bt.open_dashboard(pw, lab)
+            try:
+                bt.start_load(page, args.rate)
+                page.locator("canvas").first.wait_for()
+                time.sleep(5)  # rows streaming
+                cdp = page.context.new_cdp_session(page)
+                cdp.send("Performance.enable")
+                print(f"rate {args.rate} req/s, {args.hz:g} Hz, {args.seconds:g} s per row")
+                print(
+                    "| CPU throttle | staleness median (s) | p90 | last | renderer main "
+                    "thread busy (% of a core, unthrottled-equivalent) |"
+                )
+                print("|---:|---:|---:|---:|---:|")
+                for rate in (1, 4):
+                    cdp.send("Emulation.setCPUThrottlingRate", {"rate": rate})
+                    time.sleep(3)  # settle
+                    busy0, t0 = task_s(cdp), time.monotonic()
+                    samples = bt.measure_staleness(page, args.seconds)
+                    busy = (task_s(cdp) - busy0) / (time.monotonic() - t0)
+                    if samples:
+                        q = statistics.quantiles(samples, n=10) if len(samples) > 2 else samples
+                        ages = f"{statistics.median(samples):.2f} | {q[-1]:.2f} | {samples[-1]:.2f}"
+                    else:  # a version without clock_s in its rows
+                        ages = "n/a | n/a | n/a"
+                    print(
+                        f"| {rate}x | {ages} | {100 * busy / rate:.0f}% "
+                        f"({100 * busy:.0f}% throttled) |"
+                    )
+            finally:
+                browser.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""The jupyter_bokeh widget the charts travel in: one writer, one patch per tick, flow control.
+
+jupyter_bokeh's :class:`BokehModel` is built for a document that the page edits too. Here a
+pump thread is the document's only writer and the page only draws, so :class:`ChartWidget`
+overrides three of its hooks: ``_document_patched`` (how a change goes to the page),
+``_sync_model`` (what the page sends back) and ``_model_to_traits`` (the state a new view or
+a reloaded page starts from). They are private to jupyter_bokeh: pyproject pins the versions
+they were tested with, and ``tests/widgets/test_jupyter_bokeh_hooks.py`` fails, naming the
+hook, if an upgrade changes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from bokeh.core.json_encoder import serialize_json
+from bokeh.core.serialization import Serializer
+from bokeh.document.events import ColumnsStreamedEvent, ModelChangedEvent
+from bokeh.protocol.messages.patch_doc import patch_doc
+from IPython import get_ipython
+from jupyter_bokeh import BokehModel
+
+from .bokehjs import load_bokehjs
+
+__all__ = ["ACK_NAME", "HOOKS", "ChartWidget", "one_patch_per_widget"]
+
+HOOKS: dict[str, tuple[str, ...]] = {
+    "_document_patched": ("self", "event"),
+    "_sync_model": ("self", "_model", "content", "_buffers"),
+    "_model_to_traits": ("cls", "model"),
+}
+"""jupyter_bokeh's private hooks ChartWidget overrides or calls, with their parameters."""
+
+_batch = threading.local()
+
+
+@contextlib.contextmanager
+def one_patch_per_widget() -> Iterator[None]:
+    """Send a ChartWidget's document changes made in this block (on this thread) as one patch.
+
+    A pump tick then costs the page one message instead of four.
+    """
+    _batch.pending = pending = {}
+    try:
+        yield
+    finally:
+        del _batch.pending
+        for widget, events in pending.items():
+            widget._send_patch(events)
+
+
+ACK_NAME = "labserve-ack"
+"""Name of the model in a chart document that carries each patch's sequence number.
+
+A document that holds a model of that name (``Charts`` does) gets flow control: each patch
+sets that model's ``name`` to ``"labserve-ack:<n>"`` on the page, and the page's echo of that
+change says patch n was applied. The kernel's copy of the model never changes."""
+MAX_IN_FLIGHT = 1
+"""Patches sent and not yet applied by the page before new changes are held (and merged)."""
+ACK_TIMEOUT_S = 1.0
+"""While a cell runs, the kernel's main thread cannot read the page's answers: with none for
+this long, one patch goes out anyway (so the charts move, once a second, during a cell)."""
+SILENT_TIMEOUT_S = 10.0
+"""Otherwise, with no answer for this long (no view open), one patch goes out anyway."""
+
+
+class _CellWatch:
+    """Whether a notebook cell is running, from IPython's pre/post_run_cell events."""
+
+    def __init__(self) -> None:
+        self.running = False
+        self._hooked: object = None
+
+    def hook(self) -> None:
+        """Follow the current IPython shell's cells (idempotent; no-op outside IPython)."""
+        shell = get_ipython()
+        if shell is None or shell is self._hooked:
+            return
+        shell.events.register("pre_run_cell", self._pre)
+        shell.events.register("post_run_cell", self._post)
+        self._hooked = shell
+
+    def _pre(self, *_: Any) -> None:
+        self.running = True
+
+    def _post(self, *_: Any) -> None:
+        self.running = False
+
+
+_cells = _CellWatch()
+
+
+def _merged(events: list[Any]) -> list[Any]:
+    """Held changes as few as possible: streams into one source become one stream."""
+    out: list[Any] = []
+    for event in events:
+        last = next((o for o in reversed(out) if getattr(o, "model", None) is event.model), None)
+        if (
+            isinstance(event, ColumnsStreamedEvent)
+            and isinstance(last, ColumnsStreamedEvent)
+            and last.rollover == event.rollover
+            and set(last.data) == set(event.data)
+        ):
+            keep = event.rollover or None
+            data = {k: (list(last.data[k]) + list(event.data[k]))[-keep if keep else 0 :]
+                    for k in event.data}  # fmt: skip
+            merged = ColumnsStreamedEvent(
+                event.document, event.model, event.attr, data, event.rollover, event.setter
+            )
+            out[out.index(last)] = merged
+        else:
+            out.append(event)
+    return out
+
+
+class ChartWidget(BokehModel):  # type: ignore[misc]
+    """jupyter_bokeh's widget for display-only charts that a pump thread streams into.
+
+    What it changes, each found in a real browser: a patch reaches the page in a framing no
+    view can read out of step; nothing the page sends back changes the document (the pump
+    stays its only writer); a tick's changes travel as one patch; a page that draws slower
+    than the pump streams gets fewer, merged patches instead of a growing backlog;
+    ``close()`` may be called twice (jupyter_bokeh's raises KeyError the second time, and
+    ipywidgets calls it again when the widget is collected).
+    """
+
+    _closed = False
+
+    def __init__(self, model: Any, *, lock: Any = None, **kwargs: Any) -> None:
+        """Show ``model``; ``lock``: held by the document's writer while it writes, if any.
+
+        With a lock, the state a new view or a reloaded page asks for is the document as it
+        is now (read under the lock), not as it was when the widget was made: streamed rows
+        reach open views as patches, never jupyter_bokeh's saved render bundle.
+        """
+        self._flow = threading.Lock()
+        self._held: list[Any] = []
+        self._sent = 0  # patches sent (their sequence numbers)
+        self._acked = 0  # the newest sequence number a page said it applied
+        self._last_sent = 0.0
+        self.updates = 0
+        """Changes handed to the widget (a pump tick each)."""
+        self.merged = 0
+        """Of those, how many were held and went out merged into a later patch."""
+        find = getattr(model, "select_one", None)
+        self._ack_model = find({"name": ACK_NAME}) if find is not None else None
+        self._writer_lock = lock
+        _cells.hook()
+        super().__init__(model, **kwargs)
+
+    @property
+    def acknowledged(self) -> int:
+        """Patches a page said it applied (0 until a view has drawn the charts)."""
+        return self._acked
+
+    def get_state(self, key: Any = None) -> dict[str, Any]:
+        """The widget's state; its render bundle re-read from the live document."""
+        state: dict[str, Any] = super().get_state(key)
+        if "render_bundle" in state and self._writer_lock is not None:
+            with self._writer_lock:
+                state["render_bundle"] = serialize_json(self._model_to_traits(self._model))
+        return state
+
+    def _document_patched(self, event: Any) -> None:
+        if event.setter is self:
+            return
+        pending = getattr(_batch, "pending", None)
+        if pending is not None:
+            pending.setdefault(self, []).append(event)
+        else:
+            self._send_patch([event])
+
+    def _send_patch(self, events: list[Any]) -> None:
+        # Flow control: each patch carries a sequence number that the page echoes once it
+        # has applied it (see ACK_NAME and _sync_model). With MAX_IN_FLIGHT patches not yet
+        # applied, new changes are held, and go out merged when the page catches up: a slow
+        # page draws less often, with the newest data, instead of falling further and
+        # further behind.
+        with self._flow:
+            self._held += events
+            self.updates += 1
+            now = time.monotonic()
+            timeout = ACK_TIMEOUT_S if _cells.running else SILENT_TIMEOUT_S
+            if (
+                self._ack_model is not None
+                and self._sent - self._acked >= MAX_IN_FLIGHT
+                and now - self._last_sent < timeout
+            ):
+                self.merged += 1
+                return
+            events, self._held = _merged(self._held), []
+            self._sent += 1
+            self._last_sent = now
+            seq = self._sent
+        doc = events[0].document
+        if self._ack_model is not None:
+            events.append(ModelChangedEvent(doc, self._ack_model, "name", f"{ACK_NAME}:{seq}"))
+        # jupyter_bokeh sends a patch as three comm messages (header, metadata, content) that
+        # BokehJS reassembles in order. A view that starts listening between two of them (a
+        # chart displayed, or a page reloaded, while a pump streams) reads every later patch
+        # out of step and stops updating for good. Here each message is one JSON object that
+        # is all three at once, sent three times: whichever copy lands in the content slot,
+        # every patch is applied exactly once. (Arrays would go inline, not as buffers, so a
+        # message stays one fragment; the charts stream lists, cheaper here than arrays.)
+        # References: the changed models only (the page has them all already); passing every
+        # model of the document costs a dict of ~300 entries per tick.
+        touched = {e.model for e in events if getattr(e, "model", None) is not None}
+        serializer = Serializer(references=touched, deferred=False)
+        content = {"events": serializer.encode(events)}
+        doc.models.flush_synced(lambda model: not serializer.has_ref(model))
+        whole = json.dumps({**patch_doc.create_header(), "num_buffers": 0, **content})
+        for _ in range(3):
+            self.send({"msg": "patch", "payload": whole})
+
+    def _sync_model(self, _model: Any, content: dict[str, Any], _buffers: list[Any]) -> None:
+        # BokehJS sends back each change it applied (and each view's pans, zooms and range
+        # updates). Applying that here would make the kernel's main thread a second writer of
+        # the document and double every streamed row: views are display-only. The echo of a
+        # patch's sequence number says the page applied it.
+        if content.get("event") != "jsevent" or content.get("kind") != "ModelChanged":
+            return
+        new = content.get("new")
+        if content.get("attr") == "name" and isinstance(new, str) and new.startswith(ACK_NAME):
+            try:
+                seq = int(new.rpartition(":")[2])
+            except ValueError:
+                return
+            with self._flow:
+                self._acked = max(self._acked, min(seq, self._sent))
+
+    def __repr__(self) -> str:
+        # The default repr holds random document ids: a saved notebook output would change.
+        return f"ChartWidget({type(self._model).__name__})"
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        load_bokehjs()
+        return super()._repr_mimebundle_(**kwargs)
+
+    def close(self) -> None:
+        """Close the widget (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            super().close()
