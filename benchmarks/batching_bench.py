@@ -82,7 +82,12 @@ class Rejected(Exception):
     """The system under test refused the request because it is overloaded."""
 
 
+class RefusedAtAdmission(Rejected):
+    """Rejected at once, at admission, because the system predicted it could not start in time."""
+
+
 REJECTION = Rejected("overloaded")  # what a rejected request's reply slot keeps
+REFUSAL = RefusedAtAdmission("overloaded, refused at admission")
 
 
 def log(message: str) -> None:
@@ -197,6 +202,8 @@ def labserve_target(
         try:
             return await runner.predict.async_run(x)
         except labserve.OverloadError as exc:
+            if exc.predicted_wait_s is not None:  # refused at admission, by prediction
+                raise RefusedAtAdmission(str(exc)) from exc
             raise Rejected(str(exc)) from exc
 
     return Target(
@@ -326,19 +333,23 @@ _PENDING = object()  # the reply slot of a request that never finished
 
 @dataclass
 class Outcomes:
-    """Per-request launch time, completion time and reply (monotonic seconds).
+    """Per-request launch time, call time, completion time and reply (monotonic seconds).
+
+    ``launched``: the task was created; ``called``: the task ran and called the system (later
+    than launched when the generator catches up on a backlog without yielding).
 
     Replies are kept and checked after the run, so the check costs the event loop nothing.
     """
 
     launched: np.ndarray
+    called: np.ndarray
     done: np.ndarray
     replies: list[Any]
 
     @classmethod
     def empty(cls, n: int) -> Outcomes:
         nan = np.full(n, np.nan)
-        return cls(nan.copy(), nan.copy(), [_PENDING] * n)
+        return cls(nan.copy(), nan.copy(), nan.copy(), [_PENDING] * n)
 
     def classify(self, rows: np.ndarray, model: Model) -> tuple[np.ndarray, str | None]:
         """Outcome code of every request, and the first error or wrong reply, verbatim."""
@@ -354,10 +365,12 @@ class Outcomes:
 
 
 async def send(call: Callable, x: np.ndarray, i: int, out: Outcomes) -> None:
+    out.called[i] = time.monotonic()
     try:
         reply = await call(x)
-    except Rejected:
-        reply = REJECTION  # drop the traceback: thousands of them would load the GC
+    except Rejected as exc:
+        # Drop the traceback: thousands of them would load the GC.
+        reply = REFUSAL if isinstance(exc, RefusedAtAdmission) else REJECTION
     except Exception as exc:
         reply = exc
     out.done[i] = time.monotonic()
@@ -406,7 +419,8 @@ def summarize(trace: Trace, start: float, out: Outcomes, model: Model) -> dict[s
     n_served = int(served.sum())
     lag_ms = (out.launched[measured] - intended[measured]) * 1000
     refused = measured & (status == REJECTED)
-    refused_ms = (out.done[refused] - out.launched[refused]) * 1000  # call made -> refusal
+    refused_ms = (out.done[refused] - out.called[refused]) * 1000  # call made -> refusal
+    at_admission = np.array([out.replies[i] is REFUSAL for i in np.flatnonzero(refused)], bool)
     return {
         "rate": trace.rate,
         "requests": n,
@@ -420,8 +434,15 @@ def summarize(trace: Trace, start: float, out: Outcomes, model: Model) -> dict[s
         "mean_batch": round(float(np.mean(sizes)), 2) if sizes else None,
         "batches": len(sizes),
         "model_ms_per_request": round(1000 * model_s / n_served, 4) if n_served else None,
+        "refused_call_to_refusal_p50_ms": percentile(refused_ms, 50),
         "refused_call_to_refusal_p99_ms": percentile(refused_ms, 99),
         "refused_call_to_refusal_max_ms": percentile(refused_ms, 100),
+        "refused_within_1ms_pct": (
+            round(100 * float(np.mean(refused_ms <= 1.0)), 2) if len(refused_ms) else None
+        ),
+        "refused_at_admission": int(at_admission.sum()),
+        "refused_at_admission_p99_ms": percentile(refused_ms[at_admission], 99),
+        "rejected_at_deadline": int((~at_admission).sum()),
         "rejected_pct": round(100 * float(np.mean(codes == REJECTED)), 2),
         "errored_pct": round(100 * float(np.mean(codes >= ERROR)), 2),
         "errors": int((codes == ERROR).sum()),
