@@ -55,7 +55,14 @@ POOL_WORKERS = 4
 DRAIN_TIMEOUT_S = 30.0
 DEFAULT_RATES = (200, 1000, 2000, 4000, 6000, 8000)
 LABSERVE_STRATEGIES = ("off", "fixed", "greedy", "adaptive")
-SYSTEMS = (*(f"labserve-{s}" for s in LABSERVE_STRATEGIES), "bentoml", "ray", "null")
+TARGET_MS = 15  # labserve-target15: adaptive with a latency target (p99) of this many ms
+SYSTEMS = (
+    *(f"labserve-{s}" for s in LABSERVE_STRATEGIES),
+    f"labserve-target{TARGET_MS}",
+    "bentoml",
+    "ray",
+    "null",
+)
 HERE = Path(__file__).resolve().parent
 
 OK, REJECTED, ERROR, WRONG, LOST = range(5)
@@ -75,7 +82,12 @@ class Rejected(Exception):
     """The system under test refused the request because it is overloaded."""
 
 
+class RefusedAtAdmission(Rejected):
+    """Rejected at once, at admission, because the system predicted it could not start in time."""
+
+
 REJECTION = Rejected("overloaded")  # what a rejected request's reply slot keeps
+REFUSAL = RefusedAtAdmission("overloaded, refused at admission")
 
 
 def log(message: str) -> None:
@@ -86,18 +98,27 @@ def log(message: str) -> None:
 
 
 class Model:
-    """The benchmark model: records each batch's size and start time, then does its work."""
+    """The benchmark model: records each batch's start, size and duration, then does its work.
+
+    ``batches`` holds ``[start, items, duration]`` (monotonic s, count, s); the duration is
+    filled in when the call returns (NaN until then), measured inside the model call, so it
+    is the same measure of model time for every system.
+    """
 
     def __init__(self, *, noop: bool = False) -> None:
         self.noop = noop
-        self.batches: list[tuple[float, int]] = []
+        self.batches: list[list[float]] = []
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
-        self.batches.append((time.monotonic(), len(batch)))
+        record = [time.monotonic(), len(batch), float("nan")]
+        self.batches.append(record)
         if self.noop:
+            record[2] = time.monotonic() - record[0]
             return batch
         time.sleep(COST_BASE_S + COST_PER_ITEM_S * len(batch))
-        return batch * 2
+        out = batch * 2
+        record[2] = time.monotonic() - record[0]
+        return out
 
     def expected(self, x: np.ndarray) -> np.ndarray:
         return x if self.noop else x * 2
@@ -146,8 +167,17 @@ def batch_handler(
     return handle
 
 
-def labserve_target(strategy: str, model: Model) -> Target:
+def labserve_target(
+    strategy: str, model: Model, *, latency_slo_ms: float = 0.0, on_overload: str | None = None
+) -> Target:
+    """A Runner with the given strategy (and latency target, and on_overload if given)."""
     import labserve
+
+    extra: dict[str, Any] = {}
+    if latency_slo_ms:
+        extra["latency_slo_ms"] = latency_slo_ms
+    if on_overload:
+        extra["on_overload"] = on_overload
 
     class BenchModel(labserve.Runnable):
         @labserve.method(
@@ -165,12 +195,15 @@ def labserve_target(strategy: str, model: Model) -> Target:
         strategy=strategy,
         max_batch_size=MAX_BATCH_SIZE,
         max_latency_ms=MAX_LATENCY_MS,
+        **extra,
     )
 
     async def call(x: np.ndarray) -> Any:
         try:
             return await runner.predict.async_run(x)
         except labserve.OverloadError as exc:
+            if exc.predicted_wait_s is not None:  # refused at admission, by prediction
+                raise RefusedAtAdmission(str(exc)) from exc
             raise Rejected(str(exc)) from exc
 
     return Target(
@@ -245,9 +278,11 @@ def null_target(model: Model) -> Target:
     return Target(call=call, run=asyncio.run, close=lambda: None)
 
 
-def build_target(system: str, model: Model) -> Target:
+def build_target(system: str, model: Model, on_overload: str | None = None) -> Target:
+    if system == f"labserve-target{TARGET_MS}":
+        return labserve_target("adaptive", model, latency_slo_ms=TARGET_MS, on_overload=on_overload)
     if system.startswith("labserve-"):
-        return labserve_target(system.removeprefix("labserve-"), model)
+        return labserve_target(system.removeprefix("labserve-"), model, on_overload=on_overload)
     if system == "bentoml":
         return bentoml_target(model)
     if system == "ray":
@@ -298,19 +333,23 @@ _PENDING = object()  # the reply slot of a request that never finished
 
 @dataclass
 class Outcomes:
-    """Per-request launch time, completion time and reply (monotonic seconds).
+    """Per-request launch time, call time, completion time and reply (monotonic seconds).
+
+    ``launched``: the task was created; ``called``: the task ran and called the system (later
+    than launched when the generator catches up on a backlog without yielding).
 
     Replies are kept and checked after the run, so the check costs the event loop nothing.
     """
 
     launched: np.ndarray
+    called: np.ndarray
     done: np.ndarray
     replies: list[Any]
 
     @classmethod
     def empty(cls, n: int) -> Outcomes:
         nan = np.full(n, np.nan)
-        return cls(nan.copy(), nan.copy(), [_PENDING] * n)
+        return cls(nan.copy(), nan.copy(), nan.copy(), [_PENDING] * n)
 
     def classify(self, rows: np.ndarray, model: Model) -> tuple[np.ndarray, str | None]:
         """Outcome code of every request, and the first error or wrong reply, verbatim."""
@@ -326,10 +365,12 @@ class Outcomes:
 
 
 async def send(call: Callable, x: np.ndarray, i: int, out: Outcomes) -> None:
+    out.called[i] = time.monotonic()
     try:
         reply = await call(x)
-    except Rejected:
-        reply = REJECTION  # drop the traceback: thousands of them would load the GC
+    except Rejected as exc:
+        # Drop the traceback: thousands of them would load the GC.
+        reply = REFUSAL if isinstance(exc, RefusedAtAdmission) else REJECTION
     except Exception as exc:
         reply = exc
     out.done[i] = time.monotonic()
@@ -372,13 +413,19 @@ def summarize(trace: Trace, start: float, out: Outcomes, model: Model) -> dict[s
     ok = measured & (status == OK)
     latency_ms = (out.done[ok] - intended[ok]) * 1000
     served = (status == OK) & (out.done >= w0) & (out.done < w1)
-    sizes = [size for t, size in list(model.batches) if w0 <= t < w1]
+    window = [(size, seconds) for t, size, seconds in list(model.batches) if w0 <= t < w1]
+    sizes = [size for size, _ in window]
+    model_s = sum(seconds for _, seconds in window if seconds == seconds)  # skip NaN (unfinished)
+    n_served = int(served.sum())
     lag_ms = (out.launched[measured] - intended[measured]) * 1000
+    refused = measured & (status == REJECTED)
+    refused_ms = (out.done[refused] - out.called[refused]) * 1000  # call made -> refusal
+    at_admission = np.array([out.replies[i] is REFUSAL for i in np.flatnonzero(refused)], bool)
     return {
         "rate": trace.rate,
         "requests": n,
         "offered_rps": round(n / trace.duration, 1),
-        "served_rps": round(int(served.sum()) / trace.duration, 1),
+        "served_rps": round(n_served / trace.duration, 1),
         "p50_ms": percentile(latency_ms, 50),
         "p90_ms": percentile(latency_ms, 90),
         "p99_ms": percentile(latency_ms, 99),
@@ -386,6 +433,16 @@ def summarize(trace: Trace, start: float, out: Outcomes, model: Model) -> dict[s
         "max_ms": percentile(latency_ms, 100),
         "mean_batch": round(float(np.mean(sizes)), 2) if sizes else None,
         "batches": len(sizes),
+        "model_ms_per_request": round(1000 * model_s / n_served, 4) if n_served else None,
+        "refused_call_to_refusal_p50_ms": percentile(refused_ms, 50),
+        "refused_call_to_refusal_p99_ms": percentile(refused_ms, 99),
+        "refused_call_to_refusal_max_ms": percentile(refused_ms, 100),
+        "refused_within_1ms_pct": (
+            round(100 * float(np.mean(refused_ms <= 1.0)), 2) if len(refused_ms) else None
+        ),
+        "refused_at_admission": int(at_admission.sum()),
+        "refused_at_admission_p99_ms": percentile(refused_ms[at_admission], 99),
+        "rejected_at_deadline": int((~at_admission).sum()),
         "rejected_pct": round(100 * float(np.mean(codes == REJECTED)), 2),
         "errored_pct": round(100 * float(np.mean(codes >= ERROR)), 2),
         "errors": int((codes == ERROR).sum()),
@@ -432,7 +489,7 @@ async def run_overhead(target: Target, model: Model, waves: int, seed: int) -> d
             if code in (ERROR, WRONG) and first_problem is None:
                 first_problem = describe(reply, x)
     n = waves * len(xs)
-    sizes = [size for _, size in model.batches]
+    sizes = [size for _, size, _ in model.batches]
     return {
         "requests": n,
         "us_per_request": round(wall / n * 1e6, 2),
@@ -475,7 +532,10 @@ def own_stats(target: Target) -> str:
         return (
             f"mean_batch_size={snap.mean_batch_size:.2f} "
             f"queue_wait_ms_p99={wait.p99:.2f} queue_wait_ms_p999={wait.p999:.2f} "
-            f"served={snap.served} rejected={snap.rejected}"
+            f"served={snap.served} rejected={snap.rejected} refused={snap.refused} "
+            f"model_ms_per_request={snap.model_ms_per_request:.3f} "
+            f"latency_slo_met={snap.latency_slo_met:.4f} "
+            f"latency_budget_ms={snap.latency_budget_ms:.2f}"
         )
     except Exception as exc:
         return f"stats() failed: {exc!r}"
@@ -486,15 +546,21 @@ def brief(row: dict[str, Any]) -> str:
         return "CRASHED\n" + row["crash"]
     return (
         f"served {row['served_rps']}/s p50 {row['p50_ms']} p99 {row['p99_ms']} ms "
-        f"batch {row['mean_batch']} rejected {row['rejected_pct']}% "
+        f"batch {row['mean_batch']} model {row['model_ms_per_request']} ms/req "
+        f"rejected {row['rejected_pct']}% "
         f"errored {row['errored_pct']}% lag p99 {row['launch_lag_p99_ms']} ms"
     )
 
 
-def run_phase(system: str, noop: bool, body: Callable[[Target, Model], Coroutine]) -> Any:
+def run_phase(
+    system: str,
+    noop: bool,
+    body: Callable[[Target, Model], Coroutine],
+    on_overload: str | None = None,
+) -> Any:
     """Build a fresh instance of the system, drive `body` on its loop, always clean up."""
     model = Model(noop=noop)
-    target = build_target(system, model)
+    target = build_target(system, model, on_overload)
     try:
         return target.run(body(target, model))
     finally:
@@ -504,10 +570,16 @@ def run_phase(system: str, noop: bool, body: Callable[[Target, Model], Coroutine
 def worker_main(args: argparse.Namespace) -> None:
     result: dict[str, Any] = {"system": args.worker, "rates": [], "overhead": None}
     try:
-        result["rates"] = run_phase(args.worker, False, lambda t, m: run_all_rates(t, m, args))
-        result["overhead"] = run_phase(
-            args.worker, True, lambda t, m: run_overhead(t, m, args.overhead_waves, args.seed)
+        result["rates"] = run_phase(
+            args.worker, False, lambda t, m: run_all_rates(t, m, args), args.on_overload
         )
+        if args.overhead_waves > 0:
+            result["overhead"] = run_phase(
+                args.worker,
+                True,
+                lambda t, m: run_overhead(t, m, args.overhead_waves, args.seed),
+                args.on_overload,
+            )
         log(f"[{args.worker}] overhead: {result['overhead']}")
     except Exception:
         result["crash"] = traceback.format_exc()
@@ -536,6 +608,7 @@ def worker_command(system: str, out: Path, args: argparse.Namespace) -> list[str
         str(args.seed),
         "--overhead-waves",
         str(args.overhead_waves),
+        *(["--on-overload", args.on_overload] if args.on_overload else []),
     ]
 
 
@@ -601,24 +674,65 @@ def fmt(value: Any) -> str:
 
 
 def rates_table(results: list[dict[str, Any]], rates: Sequence[int]) -> str:
+    """One line per rate, system and repeat, with the load average before that worker ran."""
     lines = [
-        "| rate (req/s) | system | served req/s | p50 ms | p99 ms | mean batch "
-        "| rejected % | errored % |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| rate (req/s) | system | run | load avg | served req/s | p50 ms | p99 ms | mean batch "
+        "| model ms/req | rejected % | errored % |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for rate in rates:
         for result in results:
             row = next((r for r in result.get("rates", []) if r["rate"] == rate), None)
-            lines.append(rate_line(rate, result["system"], row))
+            lines.append(rate_line(rate, result, row))
     return "\n".join(lines)
 
 
-def rate_line(rate: int, system: str, row: dict[str, Any] | None) -> str:
+def rate_line(rate: int, result: dict[str, Any], row: dict[str, Any] | None) -> str:
+    head = f"| {rate} | {result['system']} | {result.get('repeat', 1)} | {result.get('load1', '')}"
     if row is None or "crash" in row:
-        return f"| {rate} | {system} | crashed | | | | | |"
-    cells = [row[k] for k in ("served_rps", "p50_ms", "p99_ms", "mean_batch")]
-    cells += [row["rejected_pct"], row["errored_pct"]]
-    return f"| {rate} | {system} | " + " | ".join(fmt(c) for c in cells) + " |"
+        return head + " | crashed | | | | | | |"
+    keys = ("served_rps", "p50_ms", "p99_ms", "mean_batch", "model_ms_per_request")
+    cells = [row.get(k) for k in keys] + [row["rejected_pct"], row["errored_pct"]]
+    return head + " | " + " | ".join(fmt(c) for c in cells) + " |"
+
+
+SPREAD_KEYS = ("served_rps", "p50_ms", "p99_ms", "mean_batch", "model_ms_per_request")
+
+
+def spread_table(results: list[dict[str, Any]], rates: Sequence[int]) -> str:
+    """Per rate and system, each figure as median [min-max] over the repeats."""
+    lines = [
+        "| rate (req/s) | system | runs | "
+        + " | ".join(k.replace("_", " ") for k in SPREAD_KEYS)
+        + " | rejected % |",
+        "|---:|---|---:|" + "---:|" * (len(SPREAD_KEYS) + 1),
+    ]
+    systems = list(dict.fromkeys(r["system"] for r in results))
+    for rate in rates:
+        for system in systems:
+            rows = [
+                r
+                for result in results
+                if result["system"] == system
+                for r in result.get("rates", [])
+                if r["rate"] == rate and "crash" not in r
+            ]
+            if not rows:
+                lines.append(f"| {rate} | {system} | 0 |" + " |" * (len(SPREAD_KEYS) + 1))
+                continue
+            cells = [spread([r.get(k) for r in rows]) for k in (*SPREAD_KEYS, "rejected_pct")]
+            lines.append(f"| {rate} | {system} | {len(rows)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def spread(values: Sequence[Any]) -> str:
+    """Median [min-max] of the known values ('—' if none)."""
+    known = [float(v) for v in values if v is not None]
+    if not known:
+        return "—"
+    if len(known) == 1:
+        return f"{known[0]:g}"
+    return f"{float(np.median(known)):.4g} [{min(known):.4g}-{max(known):.4g}]"
 
 
 def overhead_table(results: list[dict[str, Any]]) -> str:
@@ -629,7 +743,7 @@ def overhead_table(results: list[dict[str, Any]]) -> str:
     for result in results:
         o = result.get("overhead")
         if not o:
-            lines.append(f"| {result['system']} | crashed | | | |")
+            lines.append(f"| {result['system']} | not run or crashed | | | |")
             continue
         errors = o["errors"] + o["wrong_rows"]
         cells = [o["us_per_request"], o["mean_batch"], o["rejected"], errors]
@@ -653,13 +767,23 @@ def problems(results: list[dict[str, Any]]) -> list[str]:
 
 def driver_main(args: argparse.Namespace) -> None:
     started, load_before = time.monotonic(), os.getloadavg()
-    results = [run_worker(system, args) for system in args.systems]
+    results = []
+    for repeat in range(1, args.repeats + 1):  # round-robin: each repeat runs every system
+        for system in args.systems:
+            load1 = round(os.getloadavg()[0], 2)
+            log(f"== {system}, run {repeat} of {args.repeats}, load average {load1}")
+            result = run_worker(system, args)
+            result["repeat"], result["load1"] = repeat, load1
+            results.append(result)
     report = {"environment": environment(), "params": params(args), "results": results}
     report["environment"]["wall_s"] = round(time.monotonic() - started, 1)
     report["environment"]["loadavg_1_5_15_before_after"] = [load_before, os.getloadavg()]
     Path(args.json).write_text(json.dumps(report, indent=2))
     print(rates_table(results, args.rates))
     print()
+    if args.repeats > 1:
+        print(spread_table(results, args.rates))
+        print()
     print(overhead_table(results))
     for problem in problems(results):
         print(f"\nPROBLEM {problem}")
@@ -673,6 +797,9 @@ def params(args: argparse.Namespace) -> dict[str, Any]:
         "warmup_s": args.warmup,
         "seed": args.seed,
         "overhead_waves": args.overhead_waves,
+        "repeats": args.repeats,
+        "on_overload": args.on_overload or "labserve's default",
+        "latency_slo_ms (labserve-target systems)": TARGET_MS,
         "max_batch_size": MAX_BATCH_SIZE,
         "max_latency_ms": MAX_LATENCY_MS,
         "model": f"sleep({COST_BASE_S} + {COST_PER_ITEM_S} * items) in a thread; returns x * 2",
@@ -689,7 +816,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per rate")
     parser.add_argument("--warmup", type=float, default=2.0, help="unreported seconds per rate")
     parser.add_argument("--seed", type=int, default=20240601)
-    parser.add_argument("--overhead-waves", type=int, default=1000)
+    parser.add_argument(
+        "--overhead-waves", type=int, default=1000, help="0 skips the overhead phase"
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="runs of every system, round-robin")
+    parser.add_argument(
+        "--on-overload",
+        choices=("wait", "reject"),
+        help="labserve systems' on_overload (default: labserve's own default)",
+    )
     parser.add_argument("--json", default=str(HERE / "batching_results.json"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
