@@ -58,10 +58,10 @@ class Replica:
             self.runner, state, stats=self._stats, merged=self._merged, configure=self._configure
         )
         self._stop = threading.Event()
+        self._reporting = False
         self._pusher = threading.Thread(
             target=self._push_loop, name=f"labserve-ray-push-{spec.runner}", daemon=True
         )
-        self._pusher.start()
 
     def reconfigure(self, user_config: Mapping[str, Any]) -> None:
         """Ray Serve's live config: ``{"methods": {method: settings}}``, applied to every method.
@@ -71,6 +71,11 @@ class Replica:
         for method, settings in dict(user_config.get("methods", {})).items():
             self.runner.configure(method, **settings)
         self.push()
+        if not self._reporting:
+            # Reporting starts once the deployed config is asked for (Serve calls
+            # reconfigure right after __init__): no view of the decorator's alone.
+            self._reporting = True
+            self._pusher.start()
 
     def snapshots(self) -> list[Snapshot]:
         """This replica's snapshots, one per batchable method."""
