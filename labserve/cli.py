@@ -173,6 +173,9 @@ def _serve(args: argparse.Namespace) -> None:
         raise UsageError(f"cannot load {args.target!r}: {exc}") from exc
     if not (isinstance(cls, type) and issubclass(cls, Runnable)):
         raise UsageError(f"{args.target!r} is not a labserve.Runnable class")
+    if args.ray:
+        _serve_on_ray(cls, args)
+        return
     runner = Runner(cls, name=args.name, config=args.config)
     server = serve(runner, host=args.host, port=args.port, token=args.token)
     print(
@@ -187,6 +190,42 @@ def _serve(args: argparse.Namespace) -> None:
     finally:
         server.stop()
         runner.stop()
+
+
+def _serve_on_ray(cls: type[Any], args: argparse.Namespace) -> None:
+    try:
+        # Optional: the `ray` extra. Imported only when asked for (--ray).
+        import labserve.ray
+        from labserve.ray import cluster
+    except ImportError as exc:
+        raise UsageError(f"--ray needs the ray extra: pip install 'labserve[ray]' ({exc})") from exc
+    if args.host not in ("127.0.0.1", "localhost", "::1") and args.token is None:
+        raise UsageError(f"binding {args.host!r} (not loopback) needs --token")
+    owned = cluster.start(address=args.ray_address, host=args.host, port=args.port)
+    app = None
+    try:
+        app = labserve.ray.deploy(
+            cls,
+            name=args.name,
+            config=args.config,
+            num_replicas=args.replicas,
+            token=args.token,
+            token_everywhere=args.host not in ("127.0.0.1", "localhost", "::1"),
+        )
+        print(
+            f"serving {app.runner} on Ray Serve ({args.replicas} replicas) at "
+            f"{app.url(args.host, args.port)}  (token {app.token}); Ctrl-C stops",
+            flush=True,
+        )
+        stop = threading.Event()
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        print("stopping", flush=True)
+    finally:
+        if app is not None:
+            app.stop()
+        cluster.stop(owned=owned)
 
 
 def _load(args: argparse.Namespace) -> None:
@@ -272,6 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=3000)
     srv.add_argument("--token", help="required for PATCH /config (and every route off loopback)")
+    srv.add_argument("--ray", action="store_true", help="on Ray Serve replicas (labserve[ray])")
+    srv.add_argument("--replicas", type=int, default=1, help="with --ray: replicas (default 1)")
+    srv.add_argument(
+        "--ray-address", help="with --ray: join this cluster (default: start a local Ray)"
+    )
     srv.set_defaults(run=_serve)
 
     load = sub.add_parser("load", help="open- or closed-loop load on an HTTP endpoint")
