@@ -40,5 +40,5 @@ def start(
 def stop(*, owned: bool) -> None:
     """Stop Serve and Ray if this process started them; else only leave the cluster."""
     if owned:
-        serve.shutdown()
-    ray.shutdown()  # type: ignore[no-untyped-call]
+        serve.shutdown()  # type: ignore[no-untyped-call]
+    ray.shutdown()
