@@ -18,8 +18,9 @@ def start(
     host: str = "127.0.0.1",
     port: int = 8000,
     num_cpus: int | None = None,
+    proxy: bool = True,
 ) -> bool:
-    """Join the cluster at ``address``, or start a local one; make sure Serve's proxy runs.
+    """Join the cluster at ``address``, or start a local one; with ``proxy``, Serve's too.
 
     Returns True when this call started Ray (then :func:`stop` with ``owned=True`` stops
     it all). On a cluster whose Serve already runs, its proxy's host and port stay.
@@ -33,7 +34,8 @@ def start(
             log_to_driver=False,
         )
         owned = address is None
-    serve.start(http_options={"host": host, "port": port})
+    if proxy:
+        serve.start(http_options={"host": host, "port": port})
     return owned
 
 

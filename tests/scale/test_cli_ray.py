@@ -54,3 +54,20 @@ def test_serve_ray_replicas_from_the_command_line(ray_cluster):
     while "shell" in serve.status().applications and time.monotonic() < deadline:
         time.sleep(0.2)
     assert "shell" not in serve.status().applications  # Ctrl-C deleted the application
+
+
+def test_sweep_on_ray_tasks_from_the_command_line(ray_cluster, tmp_path):
+    address = ray.get_runtime_context().gcs_address
+    base = [sys.executable, "-m", "labserve.cli", "sweep", "--rates", "500,3000"]
+    base += ["--max-batch-size", "8,32", "--duration", "1"]
+    serial = subprocess.run(
+        [*base, "--csv", str(tmp_path / "serial.csv")], capture_output=True, text=True, check=True
+    )
+    fanned = subprocess.run(
+        [*base, "--ray", "--ray-address", address, "--csv", str(tmp_path / "ray.csv")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "wrote 4 rows" in serial.stdout and "wrote 4 rows" in fanned.stdout
+    assert (tmp_path / "serial.csv").read_text() == (tmp_path / "ray.csv").read_text()
