@@ -104,7 +104,7 @@ class Routes:
         v2 = path.startswith("/v2")
         try:
             self._guard(request, token=request.method == "PATCH")
-            return await self._route(request, path)
+            response = await self._route(request, path)
         except _Refused as refused:
             error = refused.error
             level = logging.WARNING if error.status >= 500 else logging.INFO
@@ -112,6 +112,13 @@ class Routes:
             return error_response(error, v2=v2 or refused.v2)
         except LabServeError as error:
             return error_response(error, v2=v2)
+        origin = request.headers.get("origin")
+        if origin is not None and (
+            origin in self.state.allow_origins or "*" in self.state.allow_origins
+        ):
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Vary"] = "Origin"
+        return response
 
     def _guard(self, request: Request, *, token: bool) -> None:
         host = request.headers.get("host", "")

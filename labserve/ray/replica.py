@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,6 +30,9 @@ from labserve.server.handlers import ServerState
 __all__ = ["Replica", "replica_class"]
 
 log = logging.getLogger("labserve.ray")
+
+_IN_FORCE_WAIT_S = 1.0
+"""How long reconfigure waits for a new config to be in force before reporting anyway."""
 
 
 class Replica:
@@ -68,8 +72,17 @@ class Replica:
 
         Each method's new settings take effect at its next batch boundary.
         """
-        for method, settings in dict(user_config.get("methods", {})).items():
-            self.runner.configure(method, **settings)
+        asked = {
+            method: self.runner.configure(method, **settings)
+            for method, settings in dict(user_config.get("methods", {})).items()
+        }
+        # Report once the new config is in force (the next batch boundary: at once when
+        # idle, as a new replica is), so no view shows a config the replica is leaving.
+        deadline = time.monotonic() + _IN_FORCE_WAIT_S
+        while time.monotonic() < deadline and any(
+            self.runner.stats(m).config != c for m, c in asked.items()
+        ):
+            time.sleep(0.002)
         self.push()
         if not self._reporting:
             # Reporting starts once the deployed config is asked for (Serve calls
