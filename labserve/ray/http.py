@@ -14,6 +14,7 @@ import inspect
 import json
 import logging
 import re
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -288,16 +289,30 @@ class Routes:
         )
 
 
+# Per method, per number of inputs: why the model cannot take them (None: it can).
+_arity: weakref.WeakKeyDictionary[RunnerMethod, dict[int, str | None]] = weakref.WeakKeyDictionary()
+
+
+def _arity_refusal(method: RunnerMethod, n: int) -> str | None:
+    known = _arity.setdefault(method, {})
+    if n not in known:
+        try:
+            inspect.signature(method.model_fn).bind(*range(n))
+            known[n] = None
+        except TypeError as exc:
+            known[n] = str(exc)
+        except ValueError:
+            known[n] = None  # a callable without a signature: the call decides
+    return known[n]
+
+
 async def call(method: RunnerMethod, *args: Any) -> Any:
     """``method.async_run(*args)`` with every failure typed (a plain method's too)."""
-    try:
-        inspect.signature(method.model_fn).bind(*args)
-    except TypeError as exc:
+    why = _arity_refusal(method, len(args))
+    if why is not None:
         raise InputError(
-            f"{method.runner.name}.{method.name} cannot take {len(args)} input(s): {exc}"
-        ) from None
-    except ValueError:
-        pass  # a callable without a signature: the call decides
+            f"{method.runner.name}.{method.name} cannot take {len(args)} input(s): {why}"
+        )
     try:
         return await method.async_run(*args)
     except LabServeError:

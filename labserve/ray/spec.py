@@ -143,16 +143,19 @@ def _constant_class(cls: type[Runnable]) -> Callable[[], type[Runnable]]:
 
 
 def max_ongoing_requests(configs: Mapping[str, BatchingConfig]) -> int:
-    """How many requests a replica takes at once: enough to fill its batches twice over.
+    """How many requests a replica takes at once (Ray Serve's ``max_ongoing_requests``).
 
-    Ray Serve's default (5) would cap every batch at 5. Two full rounds of batches (one
-    running, one forming) per method, bounded by what its queue holds.
+    Serve's default, 5, would cap every batch at 5; and what a replica refuses, Serve's
+    router holds at the caller and retries with backoff, outside labserve's queue and its
+    overload rule. So: room for four rounds of full batches per method, at least 256 (a
+    burst waits in labserve's queue, where the tuned rules apply), never more than the
+    queue holds plus its running batches.
     """
     per_method = [
         min(
-            2 * c.max_batch_size * c.max_concurrent_batches,
-            c.max_queue_size + c.max_concurrent_batches * c.max_batch_size,
+            c.max_queue_size + c.max_batch_size * c.max_concurrent_batches,
+            max(256, 4 * c.max_batch_size * c.max_concurrent_batches),
         )
         for c in configs.values()
     ]
-    return max(5, sum(per_method)) if per_method else 5
+    return sum(per_method) if per_method else 256

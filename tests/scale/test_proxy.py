@@ -174,3 +174,10 @@ def test_refusals_are_typed_json_errors(app, http, method, path, body, headers, 
     got, head, reply = http(method, path, body, sent)
     assert (got, reply["error"]) == (status, error)
     assert head["content-type"] == "application/json"
+
+
+def test_a_v2_request_with_too_many_inputs_is_a_400_naming_the_method(app, http):
+    tensor = {"datatype": "FP64", "shape": [1, 3], "data": [1, 2, 3]}
+    body = json.dumps({"inputs": [{"name": "a", **tensor}, {"name": "b", **tensor}]}).encode()
+    status, _, reply = http("POST", "/v2/models/sleep/infer", body)
+    assert status == 400 and reply["error"].startswith("InputError: sleep.predict cannot take 2")
