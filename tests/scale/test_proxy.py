@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+import labserve
 import labserve.ray
 from labserve.lab.demo import SleepModel
 
@@ -181,3 +182,17 @@ def test_a_v2_request_with_too_many_inputs_is_a_400_naming_the_method(app, http)
     body = json.dumps({"inputs": [{"name": "a", **tensor}, {"name": "b", **tensor}]}).encode()
     status, _, reply = http("POST", "/v2/models/sleep/infer", body)
     assert status == 400 and reply["error"].startswith("InputError: sleep.predict cannot take 2")
+
+
+@pytest.mark.parametrize("route", ["/runners/sleep/predict", "/v2/models/sleep/infer"])
+def test_the_load_generator_drives_the_application_through_the_proxy(app, ray_cluster, route):
+    result = labserve.load_test(
+        ray_cluster.url(route),
+        example=np.ones((1, 3)),
+        duration_s=1.0,
+        arrivals=labserve.arrivals("poisson", rate_rps=100),
+    )
+    summary = result.summary()
+    assert summary["requests"] > 50
+    assert summary["served_rps"] == summary["offered_rps"]  # every request answered, 2xx
+    assert summary["failed_pct"] == summary["rejected_pct"] == 0
