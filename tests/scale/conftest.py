@@ -1,7 +1,7 @@
-"""One local Ray (real, from PyPI) for the whole session, and applications on it.
+"""One local Ray (real, from PyPI) for this folder's tests, and applications on it.
 
 Ray starts once (about 10-20 s here) with 2 CPUs and Serve's proxy on a free loopback
-port; at the end of the session Serve and Ray shut down and no process of that Ray
+port; after this folder's last test Serve and Ray shut down and no process of that Ray
 (found by its own temp dir in their command lines) may remain.
 """
 
@@ -59,8 +59,11 @@ def wait_gone(temp_dir: str, timeout_s: float = 20.0) -> list[str]:
     return left
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster() -> Iterator[Cluster]:
+    # Package scope: started once (every test that needs Ray is in this folder) and shut
+    # down right after its last test, so an idle Ray (its controller, proxy and GCS) does
+    # not take CPU from the timing-sensitive tests that run later in the session.
     # A short path: Ray's unix sockets live under it (at most 107 bytes).
     temp_dir = tempfile.mkdtemp(prefix="lsray", dir="/tmp")
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
