@@ -40,7 +40,22 @@ def board_name(app: str) -> str:
     return f"labserve-stats-{app}"
 
 
-RESERVED = frozenset({"reconfigure", "check_health", "call", "http", "snapshots"})
+RESERVED = frozenset(
+    {
+        # The replica's own attributes (tests/scale checks the list against the class)...
+        "call",
+        "http",
+        "push",
+        "replica_id",
+        "runner",
+        "snapshots",
+        "spec",
+        # ...and the methods Ray Serve looks for on a deployment.
+        "check_health",
+        "reconfigure",
+        "record_routing_stats",
+    }
+)
 """Names of the replica's own methods: a Runnable method may not take them."""
 
 
