@@ -16,11 +16,11 @@ from typing import Any
 
 import ray
 from ray import serve
-from ray.exceptions import RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from labserve.base.errors import LabServeError
+from labserve.base.errors import LabServeError, ServerError
 from labserve.metrics.snapshot import Snapshot
 from labserve.ray.http import Routes, call
 from labserve.ray.spec import BOARD_NAMESPACE, ReplicaSpec, board_name
@@ -108,22 +108,33 @@ class Replica:
 
     async def _stats(self) -> dict[str, Any]:
         self.push()  # this replica's latest, ahead of the board's read (one actor: in order)
-        payload: dict[str, Any] = await self._board.payload.remote()
+        payload: dict[str, Any] = await self._ask(self._board.payload.remote())
         return payload
 
     async def _merged(self) -> list[Snapshot]:
         self.push()
-        merged: list[Snapshot] = await self._board.merged.remote()
+        merged: list[Snapshot] = await self._ask(self._board.merged.remote())
         return merged
 
     async def _configure(self, method: str, changes: dict[str, Any]) -> dict[str, Any]:
+        configs: dict[str, Any] = await self._ask(self._board.configure.remote(method, changes))
+        return configs
+
+    async def _ask(self, ref: Any) -> Any:
+        """The board's answer; its typed error as such; ServerError if the board is gone."""
         try:
-            configs: dict[str, Any] = await self._board.configure.remote(method, changes)
+            return await ref
         except RayTaskError as exc:
             if isinstance(exc.cause, LabServeError):
                 raise exc.cause from None
             raise
-        return configs
+        except RayActorError:
+            # The board lives as long as the process that deployed (its owner): a driver
+            # that exited leaves the replicas serving but nobody to gather or redeploy.
+            raise ServerError(
+                f"the stats board of application {self.spec.app!r} is gone (the process that "
+                "deployed it exited): /stats, /metrics and PATCH /config need it"
+            ) from None
 
     async def call(self, method: str, *args: Any) -> Any:
         """Run one request of ``method`` through this replica's batch queue."""

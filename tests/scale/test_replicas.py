@@ -162,3 +162,20 @@ def test_a_replica_killed_mid_load_every_caller_answered_and_config_kept(deploy)
     assert [s["config"]["max_batch_size"] for s in new] == [8]
     wait_for(lambda: serve.status().applications["phoenix"].status == "RUNNING")
     assert float(app.predict(np.ones((1, 3)))[0, 0]) == 3.0
+
+
+def test_stats_without_the_board_is_a_typed_error_and_requests_still_served(
+    deploy, raw_http, ray_cluster
+):
+    deploy(SleepModel, name="orphan", max_batch_size=8)
+    ray.kill(ray.get_actor("labserve-stats-orphan", namespace="labserve"))
+    status, _, body = raw_http(ray_cluster.port, "GET", "/stats")
+    assert status == 500 and b"ServerError" in body and b"is gone" in body
+    status, _, body = raw_http(
+        ray_cluster.port,
+        "POST",
+        "/runners/orphan/predict",
+        b"[[1, 2]]",
+        {"Content-Type": "application/json"},
+    )
+    assert (status, body) == (200, b"[[3]]")
