@@ -129,10 +129,10 @@ def plain_round() -> str:
 
 def proxy() -> None:
     print(f"## Through Ray's proxy: wrk -t1 -c64 -d{SECONDS}s, one JSON row per POST\n")
-    print("Two rounds, alternating (labserve, plain, plain, labserve).\n")
+    print("Rounds alternate: labserve, plain, labserve, plain.\n")
     print("| deployment (1 replica) | req/s | replies | mean batch | fired by |")
     print("|---|---:|---|---:|---|")
-    for run in (labserve_round, plain_round, plain_round, labserve_round):
+    for run in (labserve_round, plain_round, labserve_round, plain_round):
         print(run(), flush=True)
     print()
 
