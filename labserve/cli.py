@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import csv
 import functools
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from labserve.base.errors import LabServeError
 from labserve.base.vocabulary import STRATEGIES
@@ -106,16 +108,26 @@ def _demo(args: argparse.Namespace) -> None:
 def _sweep(args: argparse.Namespace) -> None:
     from labserve.lab.sweep import COLUMNS, format_table, sweep
 
-    rows = sweep(
-        rates=args.rates,
-        strategies=args.strategies,
-        max_batch_size=[int(v) for v in args.max_batch_size],
-        max_latency_ms=args.max_latency_ms,
-        duration_s=args.duration,
-        cost=(args.cost[0], args.cost[1] if len(args.cost) > 1 else 0.0),
-        seed=args.seed,
-        progress=_progress("simulating"),
-    )
+    with contextlib.ExitStack() as stack:
+        executor = _sweep_executor(args, stack)
+        # A real progress bar on a terminal (tqdm); none when stderr is not one.
+        bar = stack.enter_context(tqdm(desc="simulating", unit="point", disable=None))
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        rows = sweep(
+            rates=args.rates,
+            strategies=args.strategies,
+            max_batch_size=[int(v) for v in args.max_batch_size],
+            max_latency_ms=args.max_latency_ms,
+            duration_s=args.duration,
+            cost=(args.cost[0], args.cost[1] if len(args.cost) > 1 else 0.0),
+            seed=args.seed,
+            progress=progress,
+            executor=executor,
+        )
     if args.csv:
         with open(args.csv, "w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=list(COLUMNS), extrasaction="ignore")
@@ -124,6 +136,27 @@ def _sweep(args: argparse.Namespace) -> None:
         print(f"wrote {len(rows)} rows to {args.csv}")
     else:
         print(format_table(rows))
+
+
+def _sweep_executor(
+    args: argparse.Namespace, stack: contextlib.ExitStack
+) -> concurrent.futures.Executor | None:
+    """Where the points run: here (None), in ``--workers`` processes, or as Ray tasks."""
+    if args.ray:
+        try:
+            # Optional: the `ray` extra. Imported only when asked for (--ray).
+            from labserve.ray import cluster
+            from labserve.ray.executor import RayExecutor
+        except ImportError as exc:
+            raise UsageError(
+                f"--ray needs the ray extra: pip install 'labserve[ray]' ({exc})"
+            ) from exc
+        owned = cluster.start(address=args.ray_address, proxy=False)
+        stack.callback(cluster.stop, owned=owned)
+        return stack.enter_context(RayExecutor())
+    if args.workers > 1:
+        return stack.enter_context(concurrent.futures.ProcessPoolExecutor(args.workers))
+    return None
 
 
 def _load_target(spec: str) -> tuple[Callable[..., Any], Any]:
@@ -178,6 +211,9 @@ def _serve(args: argparse.Namespace) -> None:
         raise UsageError(f"cannot load {args.target!r}: {exc}") from exc
     if not (isinstance(cls, type) and issubclass(cls, Runnable)):
         raise UsageError(f"{args.target!r} is not a labserve.Runnable class")
+    if args.ray:
+        _serve_on_ray(cls, args)
+        return
     runner = Runner(cls, name=args.name, config=args.config)
     server = serve(
         runner,
@@ -199,6 +235,42 @@ def _serve(args: argparse.Namespace) -> None:
     finally:
         server.stop()
         runner.stop()
+
+
+def _serve_on_ray(cls: type[Any], args: argparse.Namespace) -> None:
+    try:
+        # Optional: the `ray` extra. Imported only when asked for (--ray).
+        import labserve.ray
+        from labserve.ray import cluster
+    except ImportError as exc:
+        raise UsageError(f"--ray needs the ray extra: pip install 'labserve[ray]' ({exc})") from exc
+    if args.host not in ("127.0.0.1", "localhost", "::1") and args.token is None:
+        raise UsageError(f"binding {args.host!r} (not loopback) needs --token")
+    owned = cluster.start(address=args.ray_address, host=args.host, port=args.port)
+    app = None
+    try:
+        app = labserve.ray.deploy(
+            cls,
+            name=args.name,
+            config=args.config,
+            num_replicas=args.replicas,
+            token=args.token,
+            token_everywhere=args.host not in ("127.0.0.1", "localhost", "::1"),
+        )
+        print(
+            f"serving {app.runner} on Ray Serve ({args.replicas} replicas) at "
+            f"{app.url(args.host, args.port)}  (token {app.token}); Ctrl-C stops",
+            flush=True,
+        )
+        stop = threading.Event()
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        print("stopping", flush=True)
+    finally:
+        if app is not None:
+            app.stop()
+        cluster.stop(owned=owned)
 
 
 def _load(args: argparse.Namespace) -> None:
@@ -346,6 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--max-batch-size", type=_numbers(int, "max-batch-size"), default=[32])
     sweep.add_argument("--max-latency-ms", type=_numbers(float, "max-latency-ms"), default=[10.0])
     sweep.add_argument("--duration", type=float, default=10.0, help="seconds of load per point")
+    sweep.add_argument("--workers", type=int, default=1, help="run points in N processes")
+    sweep.add_argument("--ray", action="store_true", help="run points as Ray tasks (labserve[ray])")
+    sweep.add_argument("--ray-address", help="with --ray: join this cluster (default: start one)")
     sweep.add_argument(
         "--cost", type=_numbers(float, "cost"), default=[2.0, 0.1], help="a_ms,b_ms (2,0.1)"
     )
@@ -380,6 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME",
         help="accept this Host name besides loopback and the bound address (repeatable; '*')",
+    )
+    srv.add_argument("--ray", action="store_true", help="on Ray Serve replicas (labserve[ray])")
+    srv.add_argument("--replicas", type=int, default=1, help="with --ray: replicas (default 1)")
+    srv.add_argument(
+        "--ray-address", help="with --ray: join this cluster (default: start a local Ray)"
     )
     srv.set_defaults(run=_serve)
 

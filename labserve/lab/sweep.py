@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,6 +41,7 @@ def sweep(
     example: Any = None,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    executor: concurrent.futures.Executor | None = None,
 ) -> list[dict[str, Any]]:
     """Run every combination; return one row per point (its settings and its summary).
 
@@ -47,7 +49,9 @@ def sweep(
     ``example`` are given: then each point is a real open-loop run after
     ``configure()`` (the method's config is restored afterwards). ``progress(done, total)``
     is called after each point. ``latency_slo_ms`` sweeps the latency target (0: none);
-    ``on_overload`` applies to every point.
+    ``on_overload`` applies to every point. ``executor`` (a ThreadPoolExecutor,
+    ProcessPoolExecutor, ``labserve.ray.RayExecutor``...) runs the simulated points in
+    parallel; each point is seeded alike, so the rows are the serial run's, in its order.
 
     >>> rows = sweep(rates=[1000], max_batch_size=[8, 64], duration_s=1)
     >>> [r["max_batch_size"] for r in rows]
@@ -58,6 +62,10 @@ def sweep(
     grid = list(
         itertools.product(strategies, max_batch_size, max_latency_ms, latency_slo_ms, rates)
     )
+    if executor is not None:
+        if method is not None:
+            raise TypeError("executor= runs simulated points; a real sweep runs one at a time")
+        return _fan_out(executor, grid, on_overload, duration_s, seed, cost, progress)
     rows: list[dict[str, Any]] = []
     before = method.config if method is not None else None
     try:
@@ -85,6 +93,49 @@ def sweep(
         if method is not None and before is not None:
             method.configure(**before.as_dict())
     return rows
+
+
+def _point(
+    point: tuple[str, int, float, float, float],
+    on_overload: str,
+    duration_s: float,
+    seed: int,
+    cost: CostLike,
+) -> dict[str, Any]:
+    """One simulated point's row (module level: an executor pickles it by name)."""
+    strategy, cap, wait_ms, slo_ms, rate = point
+    settings: dict[str, Any] = {
+        "strategy": strategy,
+        "max_batch_size": cap,
+        "max_latency_ms": wait_ms,
+        "latency_slo_ms": slo_ms,
+        "on_overload": on_overload,
+    }
+    result = simulate(
+        PoissonArrivals(rate), duration_s=duration_s, seed=seed, cost=cost, **settings
+    )
+    return {**settings, "rate": rate, **result.summary()}
+
+
+def _fan_out(
+    executor: concurrent.futures.Executor,
+    grid: list[tuple[str, int, float, float, float]],
+    on_overload: str,
+    duration_s: float,
+    seed: int,
+    cost: CostLike,
+    progress: Callable[[int, int], None] | None,
+) -> list[dict[str, Any]]:
+    """Every point submitted to ``executor``; rows in the grid's order, progress as done."""
+    futures = [executor.submit(_point, p, on_overload, duration_s, seed, cost) for p in grid]
+    try:
+        for done, _ in enumerate(concurrent.futures.as_completed(futures), start=1):
+            if progress is not None:
+                progress(done, len(grid))
+        return [f.result() for f in futures]
+    finally:
+        for f in futures:
+            f.cancel()  # an error or an interrupt: drop the points not yet started
 
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:

@@ -1,0 +1,237 @@
+"""labserve on Ray Serve, measured: the proxy, the handle's scaling, and sweep fan-out.
+
+Run from the repository root (needs the ray extra, and Debian's `wrk` for the proxy part):
+
+    .venv/bin/python benchmarks/ray_bench.py            # all three
+    .venv/bin/python benchmarks/ray_bench.py proxy      # or: handle, sweep
+
+One local Ray (`ray.init(num_cpus=2)`), Serve's proxy on 127.0.0.1:8123.
+
+- proxy: wrk -t1 -c64 -d10s, one JSON row per POST, through Ray's proxy, against (a) labserve
+  on one replica (sleep model 2 ms + 0.1 ms x items, cap 64, max_latency_ms 20) and (b) a plain
+  Ray Serve deployment with @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.02) doing
+  the same sleep; both with max_ongoing_requests 128 and half a CPU per replica.
+- handle: 64 closed-loop callers on a DeploymentHandle for 10 s; sleep model 20 ms + 1 ms x
+  items, cap 8 (one replica's capacity: 8 / 28 ms = 285 req/s); one replica, then two.
+- sweep: a 1,000-point simulated grid of 10 s Poisson traces, serial, then as Ray tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+from ray import serve
+
+import labserve
+import labserve.ray
+from labserve.lab.demo import SleepModel
+
+PORT = 8123
+SECONDS = 10
+HERE = Path(__file__).parent
+
+
+def wrk(path: str) -> tuple[float, str]:
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            "-c64",
+            f"-d{SECONDS}s",
+            "-s",
+            str(HERE / "http" / "post.lua"),
+            f"http://127.0.0.1:{PORT}{path}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return rps, (f"{non2xx.group(1)} non-2xx" if non2xx else "all 2xx")
+
+
+def warm(path: str) -> None:
+    subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            "-c64",
+            "-d3s",
+            "-s",
+            str(HERE / "http" / "post.lua"),
+            f"http://127.0.0.1:{PORT}{path}",
+        ],
+        capture_output=True,
+        check=True,
+    )
+
+
+@serve.deployment(max_ongoing_requests=128, ray_actor_options={"num_cpus": 0.5})
+class PlainBatch:
+    """Ray Serve's own batching: the same sleep, per batch."""
+
+    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.02)
+    async def predict(self, rows: list[list[float]]) -> list[list[float]]:
+        await asyncio.to_thread(time.sleep, (2.0 + 0.1 * len(rows)) / 1000.0)
+        return [[float(sum(r))] for r in rows]
+
+    async def __call__(self, request: Any) -> Any:
+        body = json.loads(await request.body())
+        return [await self.predict(body[0])]
+
+
+def labserve_round() -> str:
+    app = labserve.ray.deploy(
+        functools.partial(SleepModel, 2.0, 0.1),
+        name="m",
+        max_batch_size=64,
+        max_latency_ms=20,
+        max_ongoing_requests=128,
+    )
+    try:
+        warm("/runners/m/predict")
+        time.sleep(0.6)
+        before = app.snapshots()[0]
+        rps, status = wrk("/runners/m/predict")
+        time.sleep(0.6)
+        after = app.snapshots()[0]
+        batches = after.batches - before.batches
+        mean = (after.served - before.served) / batches if batches else float("nan")
+        reasons = {k: v - before.fire_reasons.get(k, 0) for k, v in after.fire_reasons.items()}
+        fired = ", ".join(f"{k} {v}" for k, v in reasons.items() if v)
+        return f"| labserve on Ray Serve | {rps:,.0f} | {status} | {mean:.1f} | {fired} |"
+    finally:
+        app.stop()
+
+
+def plain_round() -> str:
+    serve.run(PlainBatch.bind(), name="plain", route_prefix="/")
+    try:
+        warm("/")
+        rps, status = wrk("/")
+        return f"| plain @serve.batch | {rps:,.0f} | {status} | - | - |"
+    finally:
+        serve.delete("plain")
+
+
+def proxy() -> None:
+    print(f"## Through Ray's proxy: wrk -t1 -c64 -d{SECONDS}s, one JSON row per POST\n")
+    print("Rounds alternate: labserve, plain, labserve, plain.\n")
+    print("| deployment (1 replica) | req/s | replies | mean batch | fired by |")
+    print("|---|---:|---|---:|---|")
+    for run in (labserve_round, plain_round, labserve_round, plain_round):
+        print(run(), flush=True)
+    print()
+
+
+async def closed_loop(handle: Any, callers: int, seconds: float) -> int:
+    x = np.ones((1, 4))
+    done = 0
+    stop = time.monotonic() + seconds
+
+    async def caller() -> None:
+        nonlocal done
+        while time.monotonic() < stop:
+            await handle.predict.remote(x)
+            done += 1
+
+    await asyncio.gather(*(caller() for _ in range(callers)))
+    return done
+
+
+@ray.remote(num_cpus=0)
+def caller_process(handle: Any, callers: int, seconds: float) -> int:
+    """Closed-loop callers in a Ray worker process of their own (the driver alone is the
+    bottleneck past ~350 req/s here: every handle call costs it routing work)."""
+    return asyncio.run(closed_loop(handle, callers, seconds))
+
+
+def handle() -> None:
+    print(
+        "## Through a DeploymentHandle: 64 closed-loop callers, sleep 20 ms + 1 ms x items, cap 8\n"
+    )
+    print("Callers in 2 processes (Ray tasks) of 32 each.\n")
+    print("| replicas | req/s | mean batch |")
+    print("|---:|---:|---:|")
+    rates = {}
+    for replicas in (1, 2):
+        app = labserve.ray.deploy(
+            functools.partial(SleepModel, 20.0, 1.0),
+            name="h",
+            num_replicas=replicas,
+            max_batch_size=8,
+            max_latency_ms=20,
+            route_prefix=None,
+        )
+        try:
+            ray.get([caller_process.remote(app.handle, 32, 3) for _ in range(2)])
+            time.sleep(0.6)
+            before = app.snapshots()[0]
+            n = sum(ray.get([caller_process.remote(app.handle, 32, SECONDS) for _ in range(2)]))
+            time.sleep(0.6)
+            after = app.snapshots()[0]
+            mean = (after.served - before.served) / max(1, after.batches - before.batches)
+            rates[replicas] = n / SECONDS
+            print(f"| {replicas} | {n / SECONDS:,.0f} | {mean:.1f} |", flush=True)
+        finally:
+            app.stop()
+    print(f"\n2 replicas / 1 replica: {rates[2] / rates[1]:.2f}x (target >= 1.6x)\n")
+
+
+def sweep_fan_out() -> None:
+    grid = {
+        "rates": [float(r) for r in range(100, 1001, 100)],
+        "max_batch_size": [1, 2, 4, 8, 16, 24, 32, 48, 64, 128],
+        "max_latency_ms": [1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 50.0, 75.0, 100.0],
+        "duration_s": 10.0,
+        "seed": 3,
+    }
+    points = len(grid["rates"]) * len(grid["max_batch_size"]) * len(grid["max_latency_ms"])
+    print(f"## Sweep fan-out: {points} points, 10 s Poisson traces each\n")
+    t = time.perf_counter()
+    serial = labserve.sweep(**grid)  # type: ignore[arg-type]
+    serial_s = time.perf_counter() - t
+    with labserve.ray.RayExecutor(num_cpus=1) as pool:
+        t = time.perf_counter()
+        fanned = labserve.sweep(**grid, executor=pool)  # type: ignore[arg-type]
+        ray_s = time.perf_counter() - t
+    with concurrent.futures.ProcessPoolExecutor(2) as procs:
+        t = time.perf_counter()
+        pooled = labserve.sweep(**grid, executor=procs)  # type: ignore[arg-type]
+        pool_s = time.perf_counter() - t
+    same = repr(serial) == repr(fanned) == repr(pooled)
+    print("| run | seconds | speed-up |\n|---|---:|---:|")
+    print(f"| serial | {serial_s:.1f} | 1.00x |")
+    print(f"| Ray tasks (2 CPUs) | {ray_s:.1f} | {serial_s / ray_s:.2f}x |")
+    print(f"| ProcessPoolExecutor(2), for scale | {pool_s:.1f} | {serial_s / pool_s:.2f}x |")
+    print(f"\nRay: {serial_s / ray_s:.2f}x (target >= 1.7x); rows identical: {same}\n")
+
+
+def main() -> None:
+    parts = sys.argv[1:] or ["proxy", "handle", "sweep"]
+    temp = tempfile.mkdtemp(prefix="lsbench", dir="/tmp")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    try:
+        for part in parts:
+            {"proxy": proxy, "handle": handle, "sweep": sweep_fan_out}[part]()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+"""labserve on Ray Serve: the Runnable tuned in the lab, on replicas, with the same batching.
+
+An optional extra (``pip install 'labserve[ray]'``): nothing else in labserve imports it.
+
+>>> import ray, labserve, labserve.ray                          # doctest: +SKIP
+>>> ray.init(num_cpus=2)                                         # doctest: +SKIP
+>>> app = labserve.ray.deploy(runner, num_replicas=2)            # doctest: +SKIP
+"""
+
+from labserve.ray.app import RayApp, deploy
+from labserve.ray.executor import RayExecutor
+from labserve.ray.stats import merge_snapshots
+
+__all__ = ["RayApp", "RayExecutor", "deploy", "merge_snapshots"]

@@ -1,0 +1,225 @@
+"""``deploy()``: a labserve Runnable, tuned in the lab, as a Ray Serve application.
+
+>>> import labserve, labserve.ray                                   # doctest: +SKIP
+>>> app = labserve.ray.deploy(labserve.Runner(Model), num_replicas=2)  # doctest: +SKIP
+>>> app.predict(x)                       # through a DeploymentHandle, batched  # doctest: +SKIP
+>>> app.configure("predict", max_batch_size=64)   # every replica, live      # doctest: +SKIP
+>>> app.stats()                          # merged, with each replica's view    # doctest: +SKIP
+>>> app.stop()                                                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import ray
+from ray import serve
+from ray.exceptions import RayTaskError
+from ray.serve.handle import DeploymentHandle
+
+from labserve.base.errors import LabServeError
+from labserve.config.batching import BatchingConfig
+from labserve.metrics.snapshot import Snapshot
+from labserve.ray.board import StatsBoard
+from labserve.ray.plan import Plan
+from labserve.ray.spec import BOARD_NAMESPACE, ReplicaSpec, RunnableSource, board_name, resolve
+
+__all__ = ["RayApp", "deploy"]
+
+
+def deploy(
+    runnable: RunnableSource,
+    *,
+    name: str | None = None,
+    app_name: str | None = None,
+    config: str | os.PathLike[str] | None = None,
+    num_replicas: int | None = 1,
+    autoscaling_config: Mapping[str, Any] | None = None,
+    num_cpus: float = 0.5,
+    max_ongoing_requests: int | None = None,
+    route_prefix: str | None = "/",
+    token: str | None = None,
+    token_everywhere: bool = False,
+    max_body_bytes: int = 16 * 1024 * 1024,
+    allow_hosts: str | Iterable[str] = (),
+    allow_origin: str | Iterable[str] = (),
+    ray_actor_options: Mapping[str, Any] | None = None,
+    deployment_options: Mapping[str, Any] | None = None,
+    **batching: Any,
+) -> RayApp:
+    """Deploy ``runnable`` on the running Ray cluster (``ray.init()`` first) as an application.
+
+    Args:
+        runnable: a Runnable class, instance or zero-argument factory; or a lab Runner (or
+            one of its methods), whose live config (``configure()`` state) is deployed.
+        name: the runner's name in routes (``/runners/{name}/...``, the v2 model name).
+        app_name: the Ray Serve application's name (default: ``name``).
+        config: a BentoML-shaped YAML config file (or ``$LABSERVE_CONFIG``), read here.
+        num_replicas: replicas, each with its own labserve Runner; or
+        autoscaling_config: Ray Serve's autoscaling config, passed through.
+        num_cpus: CPUs each replica reserves (fractional, so replicas fit small machines).
+        max_ongoing_requests: requests a replica takes at once; default: from the caps
+            (Ray Serve's own default, 5, would cap every batch at 5).
+        route_prefix: where Ray's proxy serves the routes (None: handles only).
+        token: needed by PATCH /config (and by every route with ``token_everywhere``);
+            generated when not given.
+        token_everywhere: every route needs the token (a proxy bound off loopback).
+        max_body_bytes: the largest request body; larger ones get 413.
+        allow_hosts: Host names served besides loopback names ("*": any).
+        allow_origin: origins of pages allowed to call the routes ("*": any).
+        ray_actor_options: more of Ray's actor options for each replica.
+        deployment_options: any other ``serve.deployment`` option, passed through.
+        **batching: BatchingConfig settings for every batchable method (as Runner's).
+
+    Returns once every replica runs. Blocking; call from the driver, not a replica.
+    """
+    if not ray.is_initialized():
+        raise RuntimeError("labserve.ray.deploy() needs a running Ray: call ray.init() first")
+    runner, make, configs, methods = resolve(runnable, name=name, config=config, batching=batching)
+    spec = ReplicaSpec(
+        app=app_name or runner,
+        runner=runner,
+        make=make,
+        methods=methods,
+        token=token or secrets.token_urlsafe(24),
+        token_everywhere=token_everywhere,
+        max_body_bytes=max_body_bytes,
+        allow_hosts=_names(allow_hosts, lower=True),
+        allow_origins=_names(allow_origin),
+    )
+    plan = Plan(
+        spec=spec,
+        configs=configs,
+        version=uuid.uuid4().hex,
+        route_prefix=route_prefix,
+        num_replicas=num_replicas if autoscaling_config is None else None,
+        autoscaling_config=autoscaling_config,
+        num_cpus=num_cpus,
+        max_ongoing=max_ongoing_requests,
+        ray_actor_options=dict(ray_actor_options or {}),
+        options=dict(deployment_options or {}),
+    )
+    board: Any = (
+        ray.remote(StatsBoard)
+        .options(name=board_name(spec.app), namespace=BOARD_NAMESPACE, num_cpus=0)
+        .remote(plan)
+    )
+    try:
+        ray.get(board.deploy.remote())
+    except BaseException:
+        ray.kill(board)
+        raise
+    return RayApp(plan, board)
+
+
+def _names(value: str | Iterable[str], *, lower: bool = False) -> frozenset[str]:
+    names = [value] if isinstance(value, str) else list(value)
+    return frozenset(n.lower() if lower else n for n in names)
+
+
+class RayApp:
+    """A deployed labserve application: its handle, live config, merged stats, and stop.
+
+    Thread-safe: every method is a call to Ray (the handle, the stats board).
+    """
+
+    def __init__(self, plan: Plan, board: Any) -> None:
+        self.name = plan.spec.app
+        self.runner = plan.spec.runner
+        self.token = plan.spec.token
+        self.route_prefix = plan.route_prefix
+        self.methods: tuple[str, ...] = plan.spec.methods
+        """The served methods: ``app.<method>(*args)`` calls one through the handle."""
+        self._board = board
+        self._stopped = False
+        self.handle: DeploymentHandle[Any] = serve.get_deployment_handle(self.runner, self.name)
+        """Ray Serve's handle: ``app.handle.predict.remote(x)`` returns a response to await
+        or ``.result()``; every call is batched by the replica's labserve queue."""
+
+    def __getattr__(self, name: str) -> _Caller:
+        if name in self.__dict__.get("methods", ()):
+            return _Caller(self.handle, name)
+        raise AttributeError(f"application {self.__dict__.get('name')!r} has no method {name!r}")
+
+    def url(self, host: str = "127.0.0.1", port: int = 8000) -> str:
+        """Where Ray's proxy serves this application (its host and port are Serve's)."""
+        return f"http://{host}:{port}{(self.route_prefix or '').rstrip('/')}"
+
+    def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        """One request of ``method`` through the handle; blocks for its result or typed error."""
+        return _Caller(self.handle, method)(*args, timeout_s=timeout_s)
+
+    def configure(self, method: str, **changes: Any) -> BatchingConfig:
+        """Change ``method``'s settings on every replica, live; returns the new config.
+
+        Validated first (ConfigError changes nothing). Through Ray Serve's ``user_config``:
+        each running replica applies it at its next batch boundary, and a replica Ray
+        restarts begins with it. Blocks until Serve has the new config.
+        """
+        try:
+            configs = ray.get(self._board.configure.remote(method, dict(changes)))
+        except RayTaskError as exc:
+            if isinstance(exc.cause, LabServeError):
+                raise exc.cause from None
+            raise
+        return BatchingConfig(**configs[self.runner][method])
+
+    def configs(self) -> dict[str, BatchingConfig]:
+        """Every batchable method's config as deployed."""
+        raw = ray.get(self._board.configs.remote())[self.runner]
+        return {m: BatchingConfig(**c) for m, c in raw.items()}
+
+    def stats(self) -> dict[str, Any]:
+        """``/stats``: merged per method (exact counts and histograms) and per replica."""
+        payload: dict[str, Any] = ray.get(self._board.payload.remote())
+        return payload
+
+    def snapshots(self) -> list[Snapshot]:
+        """One merged snapshot per batchable method (for a dashboard, or Prometheus)."""
+        snaps: list[Snapshot] = ray.get(self._board.merged.remote())
+        return snaps
+
+    def replica_snapshots(self) -> dict[str, list[Snapshot]]:
+        """Each replica's own snapshots, by replica id."""
+        views: dict[str, list[Snapshot]] = ray.get(self._board.per_replica.remote())
+        return views
+
+    def stop(self) -> None:
+        """Delete the application (replicas drain their queues) and its board. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            serve.delete(self.name)
+        finally:
+            ray.kill(self._board)
+
+    def __enter__(self) -> RayApp:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<RayApp {self.name!r} runner={self.runner!r}{' stopped' if self._stopped else ''}>"
+
+
+class _Caller:
+    """``app.predict(x)``: one blocking call of a method through the handle."""
+
+    def __init__(self, handle: DeploymentHandle[Any], method: str) -> None:
+        self._handle = handle
+        self._method = method
+
+    def __call__(self, *args: Any, timeout_s: float | None = None) -> Any:
+        response = getattr(self._handle, self._method).remote(*args)
+        try:
+            return response.result(timeout_s=timeout_s)
+        except RayTaskError as exc:
+            if isinstance(exc.cause, LabServeError):
+                raise exc.cause from None
+            raise

@@ -1,0 +1,83 @@
+"""The plan of an application: what to build, with which options; run to (re)deploy it.
+
+A live config change is a new plan with a new ``user_config``, run again under the same
+code version: Ray Serve then calls ``reconfigure`` on every running replica instead of
+replacing them, and a replica it starts later gets the same ``user_config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from labserve.config.batching import BatchingConfig
+from labserve.ray.replica import replica_class
+from labserve.ray.spec import ReplicaSpec, max_ongoing_requests
+
+__all__ = ["Plan"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One application: its replica spec, configs, Serve options and route. Immutable."""
+
+    spec: ReplicaSpec
+    configs: Mapping[str, BatchingConfig]
+    version: str
+    """The code version Serve compares: fixed, so a new config is a lightweight update."""
+    route_prefix: str | None = "/"
+    num_replicas: int | str | None = 1
+    autoscaling_config: Mapping[str, Any] | None = None
+    num_cpus: float = 0.5
+    """CPUs each replica reserves (Ray's default, 1, fits only two replicas on 2 CPUs)."""
+    max_ongoing: int | None = None
+    """Ray Serve's max_ongoing_requests; None: derived from the caps."""
+    ray_actor_options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Any other ``serve.deployment`` option, passed through."""
+
+    def user_config(self) -> dict[str, Any]:
+        """What every replica's ``reconfigure`` receives: each method's whole config."""
+        return {"methods": {m: c.as_dict() for m, c in self.configs.items()}}
+
+    def ongoing(self) -> int:
+        """The replica's max_ongoing_requests."""
+        return self.max_ongoing or max_ongoing_requests(self.configs)
+
+    def with_change(self, method: str, changes: Mapping[str, Any]) -> Plan:
+        """This plan with ``method``'s config changed (validated: ConfigError changes nothing)."""
+        if method not in self.configs:
+            raise KeyError(f"{self.spec.runner} has no batchable method {method!r}")
+        configs = {**self.configs, method: self.configs[method].replace(**changes)}
+        return dataclasses.replace(self, configs=configs)
+
+    def run(self) -> DeploymentHandle[Any]:
+        """Deploy (or update) the application; returns once its replicas are running."""
+        scaling: dict[str, Any] = (
+            {"autoscaling_config": dict(self.autoscaling_config)}
+            if self.autoscaling_config is not None
+            else {"num_replicas": self.num_replicas}
+        )
+        deployment: Any = serve.deployment(
+            replica_class(self.spec.methods),
+            name=self.spec.runner,
+            user_config=self.user_config(),
+            max_ongoing_requests=self.ongoing(),
+            ray_actor_options={"num_cpus": self.num_cpus, **self.ray_actor_options},
+            **scaling,
+            **self.options,
+        )
+        # Serve gives a Python-API deployment a random code version on every serve.run, so
+        # a new user_config would replace every replica (a rolling restart, counts lost)
+        # instead of reconfiguring them. Serve sets the version itself with _internal=True
+        # (ray 2.60, pinned by labserve[ray]); tests/ray checks that a live change keeps
+        # the replicas it reached.
+        deployment = deployment.options(version=self.version, _internal=True)
+        return serve.run(
+            deployment.bind(self.spec), name=self.spec.app, route_prefix=self.route_prefix
+        )

@@ -1,0 +1,169 @@
+"""One Ray Serve replica: a labserve Runner inside, fed by the proxy and by handles.
+
+Each replica batches with labserve's own queue, strategies, caps, latency target and
+overload rule (a :class:`labserve.Runner` on the replica's own background loop), takes
+live config through Ray Serve's ``reconfigure(user_config)`` (so a replica restarted by
+Ray gets the config in force), and reports its snapshots to the application's stats board.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ray
+from ray import serve
+from ray.exceptions import RayActorError, RayTaskError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from labserve.base.errors import LabServeError, ServerError
+from labserve.metrics.snapshot import Snapshot
+from labserve.ray.http import Routes, call
+from labserve.ray.spec import BOARD_NAMESPACE, ReplicaSpec, board_name
+from labserve.runtime.runner import Runner
+from labserve.server.handlers import ServerState
+
+__all__ = ["Replica", "replica_class"]
+
+log = logging.getLogger("labserve.ray")
+
+_IN_FORCE_WAIT_S = 1.0
+"""How long reconfigure waits for a new config to be in force before reporting anyway."""
+
+
+class Replica:
+    """The deployment's class; :func:`replica_class` adds one method per Runnable method.
+
+    Ray Serve builds it once per replica. Its methods run on the replica's event loop
+    (async) or Serve's threads; the Runner's doors are thread-safe.
+    """
+
+    def __init__(self, spec: ReplicaSpec) -> None:
+        self.spec = spec
+        self.runner = Runner(spec.make(), name=spec.runner)
+        for m in self.runner.methods.values():
+            if m.batchable:
+                m.start()  # the loop and drivers now, not in the first request's latency
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self._board = ray.get_actor(board_name(spec.app), namespace=BOARD_NAMESPACE)
+        state = ServerState(
+            runners={spec.runner: self.runner},
+            token=spec.token,
+            token_everywhere=spec.token_everywhere,
+            max_body_bytes=spec.max_body_bytes,
+            allow_origins=spec.allow_origins,
+            allow_hosts=spec.allow_hosts,
+        )
+        self.http = Routes(
+            self.runner, state, stats=self._stats, merged=self._merged, configure=self._configure
+        )
+        self._stop = threading.Event()
+        self._reporting = False
+        self._pusher = threading.Thread(
+            target=self._push_loop, name=f"labserve-ray-push-{spec.runner}", daemon=True
+        )
+
+    def reconfigure(self, user_config: Mapping[str, Any]) -> None:
+        """Ray Serve's live config: ``{"methods": {method: settings}}``, applied to every method.
+
+        Each method's new settings take effect at its next batch boundary.
+        """
+        asked = {
+            method: self.runner.configure(method, **settings)
+            for method, settings in dict(user_config.get("methods", {})).items()
+        }
+        # Report once the new config is in force (the next batch boundary: at once when
+        # idle, as a new replica is), so no view shows a config the replica is leaving.
+        deadline = time.monotonic() + _IN_FORCE_WAIT_S
+        while time.monotonic() < deadline and any(
+            self.runner.stats(m).config != c for m, c in asked.items()
+        ):
+            time.sleep(0.002)
+        self.push()
+        if not self._reporting:
+            # Reporting starts once the deployed config is asked for (Serve calls
+            # reconfigure right after __init__): no view of the decorator's alone.
+            self._reporting = True
+            self._pusher.start()
+
+    def snapshots(self) -> list[Snapshot]:
+        """This replica's snapshots, one per batchable method."""
+        return self.runner.snapshots()
+
+    def push(self) -> None:
+        """Send this replica's snapshots to the board (fire and forget)."""
+        self._board.put.remote(self.replica_id, self.runner.snapshots())
+
+    def _push_loop(self) -> None:
+        while not self._stop.wait(self.spec.push_interval_s):
+            try:
+                self.push()
+            except Exception:  # the board is gone (the app is being deleted): stop reporting
+                log.info("replica %s: the stats board is gone", self.replica_id)
+                return
+
+    async def _stats(self) -> dict[str, Any]:
+        self.push()  # this replica's latest, ahead of the board's read (one actor: in order)
+        payload: dict[str, Any] = await self._ask(self._board.payload.remote())
+        return payload
+
+    async def _merged(self) -> list[Snapshot]:
+        self.push()
+        merged: list[Snapshot] = await self._ask(self._board.merged.remote())
+        return merged
+
+    async def _configure(self, method: str, changes: dict[str, Any]) -> dict[str, Any]:
+        configs: dict[str, Any] = await self._ask(self._board.configure.remote(method, changes))
+        return configs
+
+    async def _ask(self, ref: Any) -> Any:
+        """The board's answer; its typed error as such; ServerError if the board is gone."""
+        try:
+            return await ref
+        except RayTaskError as exc:
+            if isinstance(exc.cause, LabServeError):
+                raise exc.cause from None
+            raise
+        except RayActorError:
+            # The board lives as long as the process that deployed (its owner): a driver
+            # that exited leaves the replicas serving but nobody to gather or redeploy.
+            raise ServerError(
+                f"the stats board of application {self.spec.app!r} is gone (the process that "
+                "deployed it exited): /stats, /metrics and PATCH /config need it"
+            ) from None
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """Run one request of ``method`` through this replica's batch queue."""
+        return await call(self.runner.methods[method], *args)
+
+    async def __call__(self, request: Request) -> Response:
+        """An HTTP request from Ray Serve's proxy."""
+        return await self.http(request)
+
+    def __del__(self) -> None:
+        # Ray Serve's documented shutdown hook for a replica (it calls __del__ on a
+        # graceful stop): drain the queue, stop reporting.
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.stop(timeout=5.0)
+
+
+def replica_class(methods: tuple[str, ...]) -> type[Replica]:
+    """A Replica subclass with an async method per served method (for DeploymentHandles)."""
+
+    def caller(name: str) -> Callable[..., Any]:
+        async def run(self: Replica, *args: Any) -> Any:
+            return await self.call(name, *args)
+
+        run.__name__ = run.__qualname__ = name
+        run.__doc__ = f"One request of ``{name}``, batched with the others."
+        return run
+
+    return type("LabServeReplica", (Replica,), {m: caller(m) for m in methods})

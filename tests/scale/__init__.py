@@ -1,0 +1,1 @@
+"""A package, so that pytest ends its package-scoped Ray right after these tests."""
