@@ -11,12 +11,13 @@ model says holding longer no longer pays, or would miss the latency target), ``i
 slot was free and holding would not pay: fire what is queued), ``drain`` (the runner is
 stopping).
 
-``adaptive`` has two modes. With a latency target (``latency_slo_ms``) it plans for it:
-it holds the batch open, to make it larger and the model time per request smaller, until
-the oldest request's predicted latency (its wait so far, the rest of the hold, and the
-fitted time of the batch it will then be) reaches the target, and fires at once when it
-already would not hold. Without a target it fires like ``greedy`` except at the start of a
-burst, when its cost model says a short hold saves more latency than it costs.
+``adaptive`` plans for a latency target (``latency_slo_ms``): it holds the batch open, to
+make it larger and the model time per request smaller, until the oldest request's predicted
+latency (its wait so far, the rest of the hold, and the fitted time of the batch it will
+then be) reaches the target, and fires at once when it already would not hold. Without a
+target it decides exactly as ``greedy``: measured side by side, an earlier hold rule (hold
+when the cost model said a short wait saved more latency than it cost) almost never held
+under Poisson load and its p99 was no better than greedy's (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ def decide(
     ``max_latency_ms``: ``fixed`` and ``adaptive`` fire by then with reason ``timeout``.
     """
     strategy = config.effective_strategy
-    if strategy == "off" or strategy == "greedy":
-        return _FULL if view.items >= config.max_batch_size else _IDLE
+    if strategy == "off" or strategy == "greedy" or (strategy == "adaptive" and budget_s <= 0.0):
+        return _FULL if view.items >= config.max_batch_size else _IDLE  # adaptive: no target
     if view.items >= config.max_batch_size:
         return _FULL
     deadline = view.oldest_arrival_s + config.max_latency_s
@@ -99,11 +100,7 @@ def decide(
         return _TIMEOUT
     if strategy == "fixed":
         return Hold(deadline, config.max_batch_size)
-    if budget_s > 0.0:
-        cap = config.max_batch_size
-        return _toward_target(view, now, deadline, fit, rates[1], budget_s, cap)
-    last_slot = view.in_flight + 1 >= config.max_concurrent_batches
-    return _adaptive(view, now, deadline, fit, rates, last_slot)
+    return _toward_target(view, now, deadline, fit, rates[1], budget_s, config.max_batch_size)
 
 
 def _toward_target(
@@ -136,48 +133,3 @@ def _toward_target(
         return _ADAPTIVE if holding else _IDLE
     expected = view.items + int(item_rate * (until - now))
     return Hold(until, min(expected + 1, cap))
-
-
-def _adaptive(
-    view: HeadView,
-    now: float,
-    deadline: float,
-    fit: CostFit,
-    rates: tuple[float, float],
-    last_slot: bool,
-) -> Decision:
-    """Hold the batch open only while the latency it saves exceeds the latency it costs.
-
-    With the fitted cost T(n) = a + b*n items, arrival rates r (requests/s), r_i (items/s):
-    when this batch takes the last free slot (otherwise holding only delays: joiners
-    would find a slot), firing now makes the k = r*d requests arriving in the next d
-    seconds wait for a second batch, which also carries the F = r*T(n) requests
-    arriving while the first one runs.
-    Holding for d instead puts the k joiners in this batch: each saves a + b*r_i*T(n) - d,
-    the second batch it skips; the n queued requests each lose d + b*r_i*d; the F
-    followers each lose d. The gain is  d * (G - r*d)  with
-    G = r*(a + b*r_i*T(n)) - r*T(n) - n*(1 + b*r_i); it peaks at d* = G / (2*r) and is
-    positive only if G > 0.
-    Under steady load (F >= n) that is rarely so and adaptive fires at once like greedy;
-    it holds at the start of a burst, when few are queued and many are arriving.
-    """
-    req_rate, item_rate = rates
-    holding = view.hold_start_s is not None
-    idle_or_adaptive = _ADAPTIVE if holding else _IDLE
-    if not fit.ready or req_rate <= 0.0 or not last_slot:
-        # With a slot still free after this batch, joiners would start at once anyway.
-        return idle_or_adaptive
-    busy_s = fit.predict_s(view.items)  # how long the batch fired now would run
-    gain_rate = (
-        req_rate * (fit.a_s + fit.b_s * item_rate * busy_s)  # joiners skip the 2nd batch
-        - req_rate * busy_s  # followers wait the hold out
-        - view.requests * (1.0 + fit.b_s * item_rate)  # the queued wait it and the joiners
-    )
-    best_s = gain_rate / (2.0 * req_rate)
-    start = view.hold_start_s if view.hold_start_s is not None else now
-    until = min(start + best_s, deadline)
-    if view.hold_until_s is not None:
-        until = min(until, view.hold_until_s)  # a hold only ever shortens as requests join
-    if until - now < _MIN_HOLD_S:
-        return idle_or_adaptive
-    return Hold(until)

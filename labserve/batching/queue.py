@@ -45,6 +45,9 @@ _NO_FIT = CostFit(0.0, 0.0, 0)
 # the planning budget by this fraction of the target (a hit raises it by a small share of
 # that), never below _MIN_BUDGET of the target.
 _STEP = 0.05
+# A request this far past its wait cap when a free slot is finally polled is rejected (reject
+# mode), not served late; within it, a deadline timer that fired late still fires the batch.
+_OVERDUE_GRACE_S = 0.002
 _MIN_BUDGET = 0.2
 _NO_RATES = (0.0, 0.0)
 
@@ -295,12 +298,14 @@ class BatchQueue:
             # its requests time out.
             step.timeout_check_s = self._timeout_check_s
         slots = self._config.max_concurrent_batches
+        if self._queued_requests and self._config.on_overload == "reject":
+            self._reject_overdue(now, step)
         if self._queued_requests:
             held: list[_Group] = []
             held_items: int | None = None  # the hold stands while its group has fewer items
             cfg = self._config
-            adaptive = self._adaptive
-            # Only the adaptive strategy reads the fit: the others need not pay for a refit.
+            # Only a latency target reads the fit and the rates: without one, no refit.
+            adaptive = self._target_s > 0.0
             fit = self.cost_model.fit if adaptive else _NO_FIT
             while self._queued_requests and self._in_flight < slots:
                 group = self._oldest_group(held)
@@ -552,6 +557,33 @@ class BatchQueue:
             and head.start_s is None
             and head.arrival_s + self._config.max_latency_s > now
         )
+
+    def _reject_overdue(self, now: float, step: Step) -> None:
+        """With a slot free but a poll that came late, reject what is already past its cap.
+
+        A slot freed in time, but the owner polled too late (a stalled loop): firing the
+        overdue requests now would serve them after a wait over ``max_latency_ms``, which
+        ``on_overload="reject"`` promises not to do. A holding strategy's own deadline
+        timer firing a little late is not a stall: _OVERDUE_GRACE_S is allowed.
+        """
+        cfg = self._config
+        limit = now - cfg.max_latency_s - _OVERDUE_GRACE_S
+        for group in self._groups.values():
+            head = group.head()
+            if head is None or head.start_s is not None or head.arrival_s > limit:
+                continue  # the usual case, at the cost of one comparison
+            for r in group.queue:
+                if r.state == DONE or r.start_s is not None:
+                    continue
+                if r.arrival_s > limit:
+                    break  # FIFO: everything behind it is in time too
+                self._settle(r)
+                self.recorder.rejected(now)
+                cfg = self._config
+                err = OverloadError(
+                    self.label, now - r.arrival_s, cfg.max_latency_s, cfg.retry_after_s
+                )
+                step.rejected.append((r, None, err))
 
     def _expire(self, now: float, step: Step) -> bool:
         """Reject queued requests whose deadline passed while no batch slot was free.

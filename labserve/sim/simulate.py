@@ -186,9 +186,9 @@ class _Run:
         self.cost = cost
         self.items = items
         self.config = config
-        # Only the adaptive strategy reads the arrival rate, and a simulation's config never
+        # Only a latency target reads the arrival rate, and a simulation's config never
         # changes: otherwise its arrivals need not be folded into an estimate nobody reads.
-        unread = config.effective_strategy != "adaptive"
+        unread = config.effective_strategy != "adaptive" or not config.latency_slo_ms
         self.queue = BulkQueue(
             "sim",
             Codec("sim"),

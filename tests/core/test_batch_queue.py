@@ -167,11 +167,11 @@ def arrivals_at_rate(q, rate, until_s):
         q.rate.observe(float(t), 1)
 
 
-def test_adaptive_holds_when_busy_then_fires_adaptive():
-    q = make_queue(strategy="adaptive", max_batch_size=64, max_latency_ms=10)
+def test_adaptive_with_a_target_holds_when_busy_then_fires_adaptive():
+    q = make_queue(strategy="adaptive", max_batch_size=64, max_latency_ms=10, latency_slo_ms=15)
     fit_cost(q)
     assert q.cost_model.fit.ready
-    arrivals_at_rate(q, 20000.0, 1.0)  # a burst: many arriving, one queued
+    arrivals_at_rate(q, 2000.0, 1.0)  # steady arrivals, one queued
     first = q.admit((rows(1),), now=1.0)
     step = q.poll(1.0)
     assert step.fire == []
@@ -212,6 +212,7 @@ def test_adaptive_never_fires_later_than_max_latency_after_arrival():
             strategy="adaptive",
             max_batch_size=cap,
             max_latency_ms=float(rng.uniform(0.2, 30)),
+            latency_slo_ms=float(rng.uniform(1, 60)),
         )
         a_s, b_s = float(10 ** rng.uniform(-4, -1)), float(rng.uniform(0, 1e-3))
         for items in rng.integers(1, cap + 1, size=16):
@@ -935,3 +936,21 @@ def test_reject_refuses_at_admission_what_cannot_start_within_the_cap():
     with_wait.poll(now)
     for _ in range(20):
         with_wait.admit((rows(1),), now=now)  # 'wait' (the default) queues them all
+
+
+def test_reject_never_serves_a_request_past_its_cap_after_a_late_poll():
+    # The slot frees at 8 ms, but the owner's next poll comes at 50 ms (a stalled loop):
+    # the request that came at 1 ms is past its 20 ms cap by then, so it is rejected.
+    q = make_queue(strategy="greedy", max_batch_size=4, max_latency_ms=20, on_overload="reject")
+    q.admit((rows(1),), now=0.0)
+    (a,) = q.poll(0.0).fire
+    late = q.admit((rows(1),), now=0.001)
+    q.complete(a, [rows(1)], now=0.008)
+    q.release(a, now=0.008, ok=True)
+    step = q.poll(0.050)
+    assert step.fire == [] and [r for r, _, _ in step.rejected] == [late]
+    # A holding strategy's deadline timer a little late still fires the batch.
+    f = make_queue(strategy="fixed", max_batch_size=4, max_latency_ms=20, on_overload="reject")
+    f.admit((rows(1),), now=0.0)
+    assert f.poll(0.0).fire == []
+    assert [b.reason for b in f.poll(0.0205).fire] == ["timeout"]

@@ -57,87 +57,30 @@ def test_disabled_batching_never_holds():
     assert decide(view(items=1), 0.0, cfg, READY, BUSY) == Fire("idle")
 
 
-def test_adaptive_holds_when_busy_with_a_ready_fit():
-    cfg = config("adaptive")
-    decision = decide(view(oldest=1.0), 1.0, cfg, READY, BUSY)
-    assert isinstance(decision, Hold)
-    assert 1.0 < decision.until_s <= 1.0 + cfg.max_latency_s
+def test_adaptive_without_a_target_decides_exactly_as_greedy():
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        cap = int(rng.integers(1, 65))
+        kwargs = {"max_batch_size": cap, "max_latency_ms": float(rng.uniform(0, 50))}
+        fit = CostFit(float(rng.uniform(0, 0.1)), float(rng.uniform(0, 1e-3)), 64)
+        rate = float(10 ** rng.uniform(0, 5))
+        items = int(rng.integers(1, cap + 1))
+        oldest = float(rng.uniform(0, 10))
+        now = oldest + float(rng.uniform(0, 0.06))
+        seen = view(items, items, oldest, None, None)
+        assert decide(seen, now, config("adaptive", **kwargs), fit, (rate, rate)) == decide(
+            seen, now, config("greedy", **kwargs), fit, (rate, rate)
+        )
 
 
-def test_adaptive_fires_idle_when_quiet():
-    assert decide(view(oldest=1.0), 1.0, config("adaptive"), READY, QUIET) == Fire("idle")
-
-
-def test_adaptive_fires_idle_without_a_ready_fit():
-    assert decide(view(oldest=1.0), 1.0, config("adaptive"), NOT_READY, BUSY) == Fire("idle")
-
-
-def test_adaptive_fires_idle_with_no_arrivals_seen():
-    assert decide(view(oldest=1.0), 1.0, config("adaptive"), READY, (0.0, 0.0)) == Fire("idle")
-
-
-def test_adaptive_fires_adaptive_once_its_hold_ends():
-    cfg = config("adaptive")
-    hold = decide(view(oldest=1.0), 1.0, cfg, READY, BUSY)
-    assert isinstance(hold, Hold)
-    held = view(oldest=1.0, hold_start=1.0, hold_until=hold.until_s)
-    assert isinstance(decide(held, 1.0, cfg, READY, BUSY), Hold)
-    assert decide(held, hold.until_s, cfg, READY, BUSY) == Fire("adaptive")
-
-
-def test_adaptive_hold_only_shortens_as_requests_join():
-    cfg = config("adaptive", max_batch_size=64)
-    first = decide(view(oldest=1.0), 1.0, cfg, READY, BUSY)
-    assert isinstance(first, Hold)
-    later = decide(
-        view(items=3, requests=3, oldest=1.0, hold_start=1.0, hold_until=first.until_s),
-        1.0001,
-        cfg,
-        READY,
-        BUSY,
-    )
-    assert isinstance(later, Fire) or later.until_s <= first.until_s
-
-
-def test_adaptive_fires_at_once_under_steady_load():
-    # 20 queued at 2000/s: the requests behind would lose more than the joiners save.
-    cfg = config("adaptive", max_batch_size=64)
-    assert decide(view(items=20, requests=20, oldest=1.0), 1.0, cfg, READY, BUSY) == Fire("idle")
-
-
-def test_adaptive_never_holds_for_a_model_without_per_item_cost():
-    # b = 0: joiners save the fixed cost, but every follower loses the hold; never pays.
-    flat = CostFit(a_s=0.005, b_s=0.0, samples=64)
-    assert decide(view(oldest=1.0), 1.0, config("adaptive"), flat, BUSY) == Fire("idle")
-
-
-def test_adaptive_never_holds_while_another_slot_is_free():
-    # Joiners would find a free slot and start at once: holding only delays.
-    cfg = config("adaptive", max_concurrent_batches=2)
-    free = HeadView(1, 1, 1.0, None, None, in_flight=0)
-    busy = HeadView(1, 1, 1.0, None, None, in_flight=1)
-    assert decide(free, 1.0, cfg, READY, BUSY) == Fire("idle")
-    assert isinstance(decide(busy, 1.0, cfg, READY, BUSY), Hold)
-
-
-def test_adaptive_with_an_expensive_model_holds_exactly_to_the_deadline():
-    cfg = config("adaptive")
-    # Joiners skip a second batch that costs a second plus a millisecond per follower:
-    # holding pays far longer than the deadline allows.
-    slow = CostFit(a_s=1.0, b_s=1e-3, samples=64)
-    deadline = 1.0 + cfg.max_latency_s
-    assert decide(view(oldest=1.0), 1.0, cfg, slow, BUSY) == Hold(deadline)
-    held = view(oldest=1.0, hold_start=1.0, hold_until=deadline)
-    assert decide(held, deadline, cfg, slow, BUSY) == Fire("timeout")
-
-
-def test_adaptive_decisions_never_reach_past_the_oldest_deadline():
+def test_adaptive_target_decisions_never_reach_past_the_oldest_deadline():
     rng = np.random.default_rng(2024)
     for _ in range(2000):
         cfg = config(
             "adaptive",
             max_batch_size=int(rng.integers(1, 65)),
             max_latency_ms=float(rng.uniform(0, 50)),
+            latency_slo_ms=float(rng.uniform(1, 100)),
         )
         fit = CostFit(float(rng.uniform(0, 0.1)), float(rng.uniform(0, 1e-3)), 64)
         rate = float(10 ** rng.uniform(0, 5))
@@ -145,7 +88,8 @@ def test_adaptive_decisions_never_reach_past_the_oldest_deadline():
         oldest = float(rng.uniform(0, 10))
         now = oldest + float(rng.uniform(0, 0.06))
         hold_start = None if rng.random() < 0.5 else float(rng.uniform(oldest, now))
-        d = decide(view(items, items, oldest, hold_start, None), now, cfg, fit, (rate, rate * 1.5))
+        seen = view(items, items, oldest, hold_start, None)
+        d = decide(seen, now, cfg, fit, (rate, rate * 1.5), cfg.latency_slo_s)
         deadline = oldest + cfg.max_latency_s
         if now >= deadline or items >= cfg.max_batch_size:
             assert isinstance(d, Fire)
