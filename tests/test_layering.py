@@ -46,11 +46,26 @@ def test_the_probe_sees_a_ui_import():
     assert "traitlets" in _ui_modules_loaded_by("import traitlets")
 
 
+def _parse(path: pathlib.Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+# Parsed once, when the test module is imported: CPython 3.11's parser can be left in a broken
+# state ("AST constructor recursion depth mismatch") by a RecursionError elsewhere in the same
+# process, and the reliability tests provoke those on purpose.
+_TREES: dict[pathlib.Path, ast.Module] = {
+    path: _parse(path)
+    for root in (CORE, pathlib.Path(__file__).parents[1] / "widgets")
+    for path in root.rglob("*.py")
+}
+
+
 def _absolute_imports(root: pathlib.Path) -> list[tuple[pathlib.Path, ast.stmt, list[str]]]:
     """Every absolute import statement under ``root``: (file, node, the modules it names)."""
     found = []
     for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = _TREES.get(path) or _parse(path)
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 found.append((path, node, [alias.name for alias in node.names]))
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -197,11 +212,11 @@ def test_no_import_cycles():
     assert import_cycles({"labserve.x.a": {"labserve.x.b"}, "labserve.x.b": {"labserve.x.a"}})
 
 
-def private_imports(root: pathlib.Path) -> list[str]:
-    """``from module import _name`` of another module's private name, anywhere under root."""
+def private_imports(trees: dict[pathlib.Path, ast.Module]) -> list[str]:
+    """``from module import _name`` of another module's private name, in any of ``trees``."""
     bad = []
-    for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for path, tree in sorted(trees.items()):
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 for alias in node.names:
                     if alias.name.startswith("_") and not alias.name.startswith("__"):
@@ -214,8 +229,9 @@ def private_imports(root: pathlib.Path) -> list[str]:
     return bad
 
 
-def test_no_module_imports_another_modules_private_name(tmp_path):
-    here = pathlib.Path(__file__).parents[1]
-    assert private_imports(CORE) + private_imports(here / "widgets") == []
-    (tmp_path / "reach.py").write_text("from labserve.server.app import _Base\n")
-    assert private_imports(tmp_path) == ["reach.py:1 imports _Base"]
+_REACH_IN = ast.parse("from labserve.server.app import _Base\n")  # parsed at import, as above
+
+
+def test_no_module_imports_another_modules_private_name():
+    assert private_imports(_TREES) == []
+    assert private_imports({pathlib.Path("reach.py"): _REACH_IN}) == ["reach.py:1 imports _Base"]

@@ -104,6 +104,8 @@ class Charts:
                      legend_label="wait cap", mode="after")  # fmt: skip
         latency.line("t", "latency_bound", source=self.ticks, color="gray", line_dash="dashed",
                      legend_label="cap + full batch")  # fmt: skip
+        latency.step("t", "latency_slo_ms", source=self.ticks, color=_COLORS[2], line_width=2,
+                     line_dash="dashed", legend_label="target", mode="after")  # fmt: skip
 
         throughput = timeline(f"Throughput (last {window})", "requests / s")
         for column, color, name in (

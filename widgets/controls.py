@@ -72,20 +72,23 @@ class BatchingControls:
                                                 layout=control_layout(), style=_STYLE,
                                                 continuous_update=False)  # fmt: skip
         c["max_latency_ms_text"] = w.Text(layout=w.Layout(width="70px"), continuous_update=False)
-        c["on_overload"] = w.Dropdown(options=["reject", "wait"], description="on_overload",
+        c["on_overload"] = w.Dropdown(options=["wait", "reject"], description="on_overload",
                                       layout=control_layout(), style=_STYLE)  # fmt: skip
+        c["latency_slo_ms_text"] = w.Text(description="latency target ms", style=_STYLE,
+                                          layout=w.Layout(width="220px"),
+                                          continuous_update=False)  # fmt: skip
         c["reset"] = w.Button(description="reset statistics", icon="eraser")
         c["export_format"] = w.ToggleButtons(options=["labserve", "ray", "triton"],
                                              description="export", style=_STYLE)  # fmt: skip
         c["export"] = w.Textarea(layout=w.Layout(width="420px", height="150px"))
         self.widgets = c
-        self.errors = {k: w.HTML(layout=w.Layout(min_width="10px")) for k in
-                       ("max_batch_size", "max_latency_ms", "config")}  # fmt: skip
+        keys = ("max_batch_size", "max_latency_ms", "latency_slo_ms", "config")
+        self.errors = {k: w.HTML(layout=w.Layout(min_width="10px")) for k in keys}
 
         c["method"].observe(lambda _: self._on_method(), names="value")
         for key in ("strategy", "max_batch_size", "max_latency_ms", "on_overload"):
             c[key].observe(lambda change, key=key: self._on_setting(key, change["new"]), "value")
-        for key in ("max_batch_size", "max_latency_ms"):
+        for key in ("max_batch_size", "max_latency_ms", "latency_slo_ms"):
             c[f"{key}_text"].observe(lambda ch, key=key: self._on_text(key, ch["new"]), "value")
         c["reset"].on_click(lambda _: self._on_reset())
         c["export_format"].observe(lambda _: self._show_export(), "value")
@@ -96,6 +99,7 @@ class BatchingControls:
             w.HBox([c["max_batch_size"], c["max_batch_size_text"], self.errors["max_batch_size"]]),
             w.HBox([c["max_latency_ms"], c["max_latency_ms_text"], self.errors["max_latency_ms"]]),
             c["on_overload"],
+            w.HBox([c["latency_slo_ms_text"], self.errors["latency_slo_ms"]]),
             w.HBox([c["reset"], self.errors["config"]]),
         ])  # fmt: skip
         self.export = w.Accordion(children=[w.VBox([c["export_format"], c["export"]])])
@@ -124,6 +128,7 @@ class BatchingControls:
                         steps, key=lambda s, v=value: abs(math.log1p(s) - math.log1p(v))
                     )
                     c[f"{key}_text"].value = f"{value:g}"
+                c["latency_slo_ms_text"].value = f"{config.latency_slo_ms:g}"  # 0: none
                 self.shown = config
             finally:
                 self._showing.on = False

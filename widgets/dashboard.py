@@ -244,7 +244,15 @@ def _numbers(snap: labserve.Snapshot, recent: Recent | None) -> str:
         f"<b>{_fmt(busy, '.0f', '%')}</b> <i>(last {window})</i> · p50 "
         f"<b>{_fmt(lat.p50, '.1f')}</b> / p99 <b>{_fmt(lat.p99, '.1f')}</b> ms, wait cap "
         f"{cfg.max_latency_ms:g} ms <i>(last {snap.window_s:g} s)</i> · queue "
-        f"<b>{snap.queue_requests}</b> <i>(now)</i>"
+        f"<b>{snap.queue_requests}</b> <i>(now)</i> · model "
+        f"<b>{_fmt(snap.model_ms_per_request, '.2f')}</b> ms/request"
+        + (
+            f" · target {cfg.latency_slo_ms:g} ms, met "
+            f"<b>{_fmt(100.0 * snap.latency_slo_met, '.1f', '%')}</b>"
+            if cfg.latency_slo_ms
+            else ""
+        )
+        + f" <i>(last {snap.window_s:g} s)</i>"
     )
 
 
@@ -254,4 +262,5 @@ def _settings(snap: labserve.Snapshot) -> str:
         f"<b>{html.escape(snap.runner)}.{html.escape(snap.method)}</b>: {cfg.strategy}, "
         f"max_batch_size={cfg.max_batch_size}, max_latency_ms={cfg.max_latency_ms:g}, "
         f"on_overload={cfg.on_overload}"
+        + (f", latency_slo_ms={cfg.latency_slo_ms:g}" if cfg.latency_slo_ms else "")
     )

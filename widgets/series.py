@@ -48,6 +48,7 @@ TICK_COLUMNS: tuple[str, ...] = (
     "failed_rps",
     "max_batch_size",
     "max_latency_ms",
+    "latency_slo_ms",
     *REASONS,
     "clock_s",
 )
@@ -166,6 +167,7 @@ class LiveSeries:
             "failed_rps": recent.failed_rps if recent else nan,
             "max_batch_size": snap.config.max_batch_size,
             "max_latency_ms": snap.config.max_latency_ms,
+            "latency_slo_ms": snap.config.latency_slo_ms or nan,  # no target: no line
             "clock_s": time.time(),
         }
         for k, reason in enumerate(REASONS):
@@ -258,6 +260,7 @@ def result_rows(result: labserve.RunResult, bin_s: float | None = None) -> Rows:
     tick["latency_bound"] = [bound] * n_bins
     tick["max_batch_size"] = [cap] * n_bins
     tick["max_latency_ms"] = [float(config.get("max_latency_ms", math.nan))] * n_bins
+    tick["latency_slo_ms"] = [float(config.get("latency_slo_ms", 0.0)) or math.nan] * n_bins
     tick["clock_s"] = [math.nan] * n_bins
     fired_bin = np.clip(np.floor(result.batch_start_s / bin_s).astype(np.int64), 0, n_bins - 1)
     for code, reason in enumerate(REASONS):

@@ -61,8 +61,13 @@ def test_moving_a_control_configures_the_runner(dash, runner):
     assert runner.predict.config.max_latency_ms == 200
     dash.controls["max_latency_ms_text"].value = "0.25"
     assert runner.predict.config.max_latency_ms == 0.25
-    dash.controls["on_overload"].value = "wait"
-    assert runner.predict.config.on_overload == "wait"
+    dash.controls["on_overload"].value = "reject"
+    assert runner.predict.config.on_overload == "reject"
+    dash.controls["latency_slo_ms_text"].value = "15"
+    assert runner.predict.config.latency_slo_ms == 15
+    runner.configure("predict", latency_slo_ms=5)  # from a cell: the box follows
+    dash.batching.follow()
+    assert dash.controls["latency_slo_ms_text"].value == "5"
     assert "max_batch_size: 4" in dash.controls["export"].value  # the export follows
 
 
@@ -73,6 +78,7 @@ def test_moving_a_control_configures_the_runner(dash, runner):
         ("max_batch_size", "lots", "max_batch_size must be an integer, got 'lots'"),
         ("max_latency_ms", "-3", "max_latency_ms"),
         ("max_latency_ms", "soon", "max_latency_ms must be a number"),
+        ("latency_slo_ms", "-1", "latency_slo_ms must be a finite number >= 0"),
     ],
 )
 def test_a_bad_typed_value_says_why_and_changes_nothing(dash, runner, key, text, message):
