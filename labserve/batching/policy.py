@@ -71,8 +71,6 @@ class HeadView:
     """When the current hold began (the first moment the batch could have fired), or None."""
     hold_until_s: float | None
     """The hold's end as decided so far, or None."""
-    in_flight: int = 0
-    """Batches running now (before this one fires)."""
 
 
 def decide(

@@ -135,11 +135,10 @@ class BatchQueue:
         return self._config if pending is None else pending
 
     def _use(self, config: BatchingConfig) -> None:
-        """Put ``config`` in force; the strategy's two modes read per decision are kept."""
+        """Put ``config`` in force (and the target it plans for, learnt anew when it changed)."""
         self._config = config
-        self._adaptive = config.effective_strategy == "adaptive"
         self._one_request = config.effective_strategy == "off"
-        target = config.latency_slo_s if self._adaptive else 0.0
+        target = config.latency_slo_s if config.effective_strategy == "adaptive" else 0.0
         if target != self._target_s:
             self._target_s = target
             self._budget_s = target  # a new target: plan to it, and learn the margin again
@@ -305,8 +304,8 @@ class BatchQueue:
             held_items: int | None = None  # the hold stands while its group has fewer items
             cfg = self._config
             # Only a latency target reads the fit and the rates: without one, no refit.
-            adaptive = self._target_s > 0.0
-            fit = self.cost_model.fit if adaptive else _NO_FIT
+            planning = self._target_s > 0.0
+            fit = self.cost_model.fit if planning else _NO_FIT
             while self._queued_requests and self._in_flight < slots:
                 group = self._oldest_group(held)
                 if group is None:
@@ -323,9 +322,8 @@ class BatchQueue:
                         head.arrival_s,
                         group.hold_start,
                         group.hold_until,
-                        self._in_flight,
                     )
-                    rates = self.rate.rates(now) if adaptive else _NO_RATES
+                    rates = self.rate.rates(now) if planning else _NO_RATES
                     decision = decide(view, now, cfg, fit, rates, self._budget_s)
                 if isinstance(decision, Fire):
                     step.fire.append(self._form(group, decision.reason, now))

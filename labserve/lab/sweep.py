@@ -69,24 +69,21 @@ def sweep(
     rows: list[dict[str, Any]] = []
     before = method.config if method is not None else None
     try:
-        for done, (strategy, cap, wait_ms, slo_ms, rate) in enumerate(grid, start=1):
-            settings: dict[str, Any] = {
-                "strategy": strategy,
-                "max_batch_size": cap,
-                "max_latency_ms": wait_ms,
-                "latency_slo_ms": slo_ms,
-                "on_overload": on_overload,
-            }
-            arrivals = PoissonArrivals(rate)
+        for done, point in enumerate(grid, start=1):
             if method is None:
-                result = simulate(arrivals, duration_s=duration_s, seed=seed, cost=cost, **settings)
+                rows.append(_point(point, on_overload, duration_s, seed, cost))
             else:
+                settings = _settings(point, on_overload)
                 method.configure(**settings)
                 method.reset_stats()
                 result = load_test(
-                    method, example=example, duration_s=duration_s, arrivals=arrivals, seed=seed
+                    method,
+                    example=example,
+                    duration_s=duration_s,
+                    arrivals=PoissonArrivals(point[-1]),
+                    seed=seed,
                 )
-            rows.append({**settings, "rate": rate, **result.summary()})
+                rows.append({**settings, "rate": point[-1], **result.summary()})
             if progress is not None:
                 progress(done, len(grid))
     finally:
@@ -103,18 +100,24 @@ def _point(
     cost: CostLike,
 ) -> dict[str, Any]:
     """One simulated point's row (module level: an executor pickles it by name)."""
-    strategy, cap, wait_ms, slo_ms, rate = point
-    settings: dict[str, Any] = {
+    settings = _settings(point, on_overload)
+    rate = point[-1]
+    result = simulate(
+        PoissonArrivals(rate), duration_s=duration_s, seed=seed, cost=cost, **settings
+    )
+    return {**settings, "rate": rate, **result.summary()}
+
+
+def _settings(point: tuple[str, int, float, float, float], on_overload: str) -> dict[str, Any]:
+    """A grid point's batching settings (its rate is the last element)."""
+    strategy, cap, wait_ms, slo_ms, _rate = point
+    return {
         "strategy": strategy,
         "max_batch_size": cap,
         "max_latency_ms": wait_ms,
         "latency_slo_ms": slo_ms,
         "on_overload": on_overload,
     }
-    result = simulate(
-        PoissonArrivals(rate), duration_s=duration_s, seed=seed, cost=cost, **settings
-    )
-    return {**settings, "rate": rate, **result.summary()}
 
 
 def _fan_out(

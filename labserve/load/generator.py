@@ -362,15 +362,25 @@ async def _open_loop(sender: Sender, times: np.ndarray, control: Control) -> Rec
         except asyncio.CancelledError:
             if control.stopped_at is None:
                 raise  # the run itself was cancelled, not stopped
-        while control.in_flight:
-            await asyncio.wait(set(control.in_flight))
+        await _answered(control)
     finally:
-        for task in control.in_flight:
-            task.cancel()
-        await sender.close()
+        await _close(sender, control)
     if control.error is not None:
         raise control.error
     return rec
+
+
+async def _answered(control: Control) -> None:
+    """Wait until every request in flight has its outcome."""
+    while control.in_flight:
+        await asyncio.wait(set(control.in_flight))
+
+
+async def _close(sender: Sender, control: Control) -> None:
+    """Cancel what is still in flight (the run was interrupted) and close the sender."""
+    for task in control.in_flight:
+        task.cancel()
+    await sender.close()
 
 
 async def _closed_loop(
@@ -397,12 +407,9 @@ async def _closed_loop(
 
         for _ in range(clients):
             control.track(loop.create_task(client()))
-        while control.in_flight:
-            await asyncio.wait(set(control.in_flight))
+        await _answered(control)
     finally:
-        for task in control.in_flight:
-            task.cancel()
-        await sender.close()
+        await _close(sender, control)
     if control.error is not None:
         raise control.error
     return rec
