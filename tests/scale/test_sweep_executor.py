@@ -30,7 +30,9 @@ def test_a_process_pool_gives_the_serial_rows_in_order(serial):
     with concurrent.futures.ProcessPoolExecutor(2) as pool:
         rows = labserve.sweep(**GRID, executor=pool, progress=lambda d, n: seen.append((d, n)))
     assert repr(rows) == repr(serial)  # repr: NaN compares equal to itself there
-    assert seen == [(d, 12) for d in range(1, 13)]
+    done = [d for d, n in seen if n == 12]
+    assert len(done) == len(seen) > 1  # several tasks, each reported once
+    assert done == sorted(set(done)) and done[-1] == 12
 
 
 def test_ray_tasks_give_the_serial_rows_in_order(ray_cluster, serial):
@@ -57,3 +59,23 @@ def test_a_real_sweep_refuses_an_executor():
             )
     finally:
         runner.stop()
+
+
+class CountingPool(concurrent.futures.ThreadPoolExecutor):
+    """A thread pool that counts the tasks it was given."""
+
+    tasks = 0
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.tasks += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.mark.parametrize(("rate", "tasks"), [(50.0, 16), (40_000.0, 32)])
+def test_light_points_share_a_task_and_heavy_ones_do_not(rate, tasks):
+    grid = {"rates": [rate], "max_batch_size": list(range(1, 33)), "duration_s": 1.0}
+    with CountingPool(2) as pool:
+        rows = labserve.sweep(**grid, executor=pool)
+    assert repr(rows) == repr(labserve.sweep(**grid))
+    # 32 points of 50 requests: at most 1/16 of the grid a task; of 40,000: one each.
+    assert pool.tasks == tasks
