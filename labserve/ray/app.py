@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import secrets
 import uuid
@@ -239,7 +241,12 @@ class RayApp:
 
 
 class _Caller:
-    """``app.predict(x)``: one blocking call of a method through the handle."""
+    """``app.predict(x)``: one blocking call of a method through the handle.
+
+    From a thread that runs an event loop (a notebook cell: ipykernel's main thread runs
+    one), Ray refuses to block; the wait then happens on a helper thread, as a blocking
+    call in a cell does anywhere else.
+    """
 
     def __init__(self, handle: DeploymentHandle[Any], method: str) -> None:
         self._handle = handle
@@ -248,8 +255,19 @@ class _Caller:
     def __call__(self, *args: Any, timeout_s: float | None = None) -> Any:
         response = getattr(self._handle, self._method).remote(*args)
         try:
-            return response.result(timeout_s=timeout_s)
+            if not _in_event_loop():
+                return response.result(timeout_s=timeout_s)
+            with concurrent.futures.ThreadPoolExecutor(1, "labserve-ray-call") as pool:
+                return pool.submit(response.result, timeout_s=timeout_s).result()
         except RayTaskError as exc:
             if isinstance(exc.cause, LabServeError):
                 raise exc.cause from None
             raise
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -6,6 +6,7 @@ order on it, each leaving it as the next expects (caps they set are set again).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import html
 import time
@@ -58,6 +59,14 @@ def test_a_ray_app_gives_one_source_per_batchable_method(app, ray_cluster):
     assert isinstance(src, labserve.MethodSource) and src.name == "board.predict"
     assert src.resettable and src.alive
     assert src.proxy_url == app.url()  # Serve's default port unless told
+
+
+def test_a_blocking_call_works_from_a_thread_that_runs_an_event_loop(app):
+    # A notebook cell: ipykernel's main thread runs an asyncio loop, where Ray refuses .result().
+    async def in_a_cell() -> Any:
+        return app.predict(2 * X)
+
+    assert asyncio.run(in_a_cell()).ravel().tolist() == [8.0]
 
 
 def test_load_through_the_proxy_reaches_both_replicas_and_shows_each(dash, app):
