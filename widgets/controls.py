@@ -148,13 +148,14 @@ class BatchingControls:
     def follow(self, config: labserve.BatchingConfig | None = None) -> None:
         """Show the method's config if it changed elsewhere (thread-safe; cheap when not).
 
-        ``config``: the one asked for, as the pump's last view saw it (default: ask the
-        source). The config asked, not a snapshot's: a change applies at the next batch (an
-        idle runner has none), but the controls show what was asked at once.
+        ``config``: the one asked for, as the pump's last view saw it (the source is asked
+        again only when it differs from what is shown). The config asked, not a
+        snapshot's: a change applies at the next batch (an idle runner has none), but the
+        controls show what was asked at once.
         """
         with self._lock:
-            if config is None:
-                config = self.method.config
+            if config is None or config != self.shown:
+                config = self.method.config  # asked again: the view may predate a change
             if config != self.shown:
                 self.show_config(config)
 

@@ -40,11 +40,16 @@ _FLOW_SPAN_S = 3.0
 def _methods(target: Any, token: str | None) -> tuple[dict[str, labserve.MethodSource], str]:
     """The methods a dashboard target offers, by ``runner.method``; the first shown."""
     try:
-        sources = labserve.method_sources(target, token=token)
+        # A method: its runner's methods, that one shown first.
+        whole = target.runner if isinstance(target, labserve.RunnerMethod) else target
+        sources = labserve.method_sources(whole, token=token)
     except ValueError as exc:
         raise ValueError(f"Dashboard found no batchable method to show: {exc}") from None
     methods = {s.name: s for s in sources}
-    return methods, sources[0].name
+    first = sources[0].name
+    if isinstance(target, labserve.RunnerMethod):
+        first = f"{target.runner.name}.{target.name}"
+    return methods, first
 
 
 class Dashboard:
@@ -296,6 +301,7 @@ def _replica_table(view: labserve.SourceView) -> str:
     live = len(view.replicas) - len(view.stale)
     return (
         f"<code>{live} of {len(view.replicas)} replicas reporting "
-        f"<i>(mean batch, req/s and p99: last {view.snapshot.window_s:g} s)</i></code>"
+        f"<i>(mean batch, req/s, p99: last {view.snapshot.window_s:g} s; served, largest: "
+        "since start)</i></code>"
         f"<table style='font-family:monospace;font-size:90%'><tr>{head}</tr>{''.join(rows)}</table>"
     )

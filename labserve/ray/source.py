@@ -7,6 +7,7 @@ through Ray's proxy (the HTTP load generator on the simple route).
 
 from __future__ import annotations
 
+import time
 import urllib.parse
 from typing import Any, Protocol
 
@@ -46,6 +47,8 @@ class RaySource:
     """
 
     resettable = True
+    wait_s = 2.0
+    """How long :meth:`view` waits for a first report."""
 
     def __init__(self, app: _App, method: str, proxy_url: str) -> None:
         self.app = app
@@ -71,12 +74,18 @@ class RaySource:
     def view(self) -> SourceView:
         """The merged snapshot, the config deployed, each replica's own and the stale ones.
 
-        Raises LookupError before any replica reported (right after a deploy or a reset).
+        Right after a deploy or a reset no replica may have reported yet: it waits for the
+        first report (they come every 0.25 s), and raises LookupError after ``wait_s``.
         """
-        configs, by_method, stale = self.app.watch()
-        replicas = by_method.get(self.method, {})
-        if not replicas:
-            raise LookupError(f"no replica of {self.name} has reported yet")
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            configs, by_method, stale = self.app.watch()
+            replicas = by_method.get(self.method, {})
+            if replicas:
+                break
+            if time.monotonic() > deadline:
+                raise LookupError(f"no replica of {self.name} has reported yet")
+            time.sleep(0.05)
         merged = merge_snapshots([replicas[r] for r in sorted(replicas)])
         return SourceView(merged, configs[self.method], dict(sorted(replicas.items())),
                           frozenset(stale) & frozenset(replicas))  # fmt: skip

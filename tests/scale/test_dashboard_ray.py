@@ -136,6 +136,7 @@ def test_reset_starts_every_replica_over(dash, app):
     wait_for(zeroed)
     app.predict(X)
     wait_for(lambda: dash.pump.view is not None and dash.pump.view.snapshot.served == 1)
+    assert dash.pump.last_error is None, repr(dash.pump.last_error)  # none while it reset
 
 
 def test_the_proxy_url_as_a_source_shows_the_replicas_too(app, ray_cluster):
