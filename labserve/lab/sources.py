@@ -39,6 +39,7 @@ __all__ = [
     "MethodSource",
     "RunnerSource",
     "SourceView",
+    "example_from_spec",
     "method_sources",
     "snapshot_from_dict",
 ]
