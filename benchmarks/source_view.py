@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import shutil
 import socket
 import statistics
 import tempfile
@@ -79,8 +80,8 @@ def ray_views(views: int) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             _temp_dir=tempfile.mkdtemp(prefix="lsbench", dir="/tmp"))  # fmt: skip
+    temp_dir = tempfile.mkdtemp(prefix="lsview", dir="/tmp")  # short: Ray's sockets live here
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         app = labserve.ray.deploy(functools.partial(SleepModel, a_ms=1.0, b_ms=0.05),
@@ -100,6 +101,7 @@ def ray_views(views: int) -> None:
     finally:
         serve.shutdown()
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
