@@ -33,6 +33,7 @@ from labserve.base.errors import (
     OverloadError,
     PayloadTooLargeError,
     QueueFullError,
+    RemoteError,
     RequestTimeoutError,
     RunnerStoppedError,
     ServerError,
@@ -46,6 +47,14 @@ from labserve.config.batching import BatchingConfig
 from labserve.config.file import ConfigFile, load_config_file
 from labserve.lab.export import export_config
 from labserve.lab.profiling import CostCurve, profile
+from labserve.lab.sources import (
+    HttpSource,
+    MethodSource,
+    RunnerSource,
+    SourceView,
+    method_sources,
+    snapshot_from_dict,
+)
 from labserve.lab.sweep import sweep
 from labserve.load.arrivals import (
     ARRIVAL_KINDS,
@@ -89,6 +98,7 @@ __all__ = [
     "CostCurve",
     "CostFitView",
     "HostError",
+    "HttpSource",
     "InputError",
     "LabServeError",
     "LinearCost",
@@ -98,6 +108,7 @@ __all__ = [
     "LoadWarning",
     "LoopThreadError",
     "MethodNotAllowedError",
+    "MethodSource",
     "ModelError",
     "ModelStuckError",
     "MonotonicClock",
@@ -110,17 +121,20 @@ __all__ = [
     "PoissonArrivals",
     "QueueFullError",
     "RampArrivals",
+    "RemoteError",
     "RequestTimeoutError",
     "RunResult",
     "Runnable",
     "Runner",
     "RunnerMethod",
+    "RunnerSource",
     "RunnerStoppedError",
     "Server",
     "ServerError",
     "SimClock",
     "Snapshot",
     "SnapshotCollector",
+    "SourceView",
     "StepArrivals",
     "StopTimeoutError",
     "TensorSpec",
@@ -134,10 +148,12 @@ __all__ = [
     "load_config_file",
     "load_test",
     "method",
+    "method_sources",
     "preset_arrivals",
     "profile",
     "serve",
     "simulate",
+    "snapshot_from_dict",
     "start_load",
     "sweep",
 ]

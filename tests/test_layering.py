@@ -109,7 +109,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("labserve.batching",),  # the sans-IO queue and strategies
     ("labserve.runtime", "labserve.sim"),  # the two drivers: asyncio, virtual time
     ("labserve.load", "labserve.server"),  # what drives a runner, what serves one
-    ("labserve.lab", "labserve.ray"),  # the lab's tools; the way out to Ray Serve (an extra)
+    ("labserve.lab",),  # the lab's tools: demo models, profile, sweep, export, sources
+    ("labserve.ray",),  # the way out to Ray Serve (an extra): uses the lab's tools
     ("labserve.testing",),  # the pytest plugin and SLO asserts
     ("labserve.cli", "labserve"),  # the fronts: the command and the API (labserve/__init__)
 )

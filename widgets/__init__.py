@@ -5,6 +5,7 @@ It uses only labserve's public API; the core never imports it.
 >>> from labserve.widgets import Dashboard                   # doctest: +SKIP
 >>> Dashboard(runner, example=x)       # controls + live charts
 >>> plot(labserve.simulate(...))       # the same charts for a finished run
+>>> labserve.sweep(..., progress=ProgressBar())   # a sweep's progress in the notebook
 """
 
 from labserve.widgets.bokehjs import load_bokehjs
@@ -20,12 +21,14 @@ from labserve.widgets.plots import (
     plot_sweep,
     sweep_figure,
 )
+from labserve.widgets.progress import ProgressBar
 from labserve.widgets.pump import Pump
 
 __all__ = [
     "ChartWidget",
     "Charts",
     "Dashboard",
+    "ProgressBar",
     "Pump",
     "compare_figure",
     "compare_series",

@@ -1,7 +1,8 @@
 """The batching controls: method, strategy, caps and overload policy, reset, and the export box.
 
-They act on the chosen runner method at its next batch, and show the config in force: a bad
-value is refused with its reason next to the control, and the control goes back to what holds.
+They act on the chosen method's source (a runner in this process, a server by URL, a Ray
+application's replicas) at its next batch, and show the config asked for: a bad value is
+refused with its reason next to the control, and the control goes back to what holds.
 """
 
 from __future__ import annotations
@@ -34,17 +35,18 @@ def control_layout() -> w.Layout:
 
 
 class BatchingControls:
-    """Controls over the batching of one of ``methods`` (a name -> RunnerMethod dict).
+    """Controls over the batching of one of ``methods`` (a name -> ``labserve.MethodSource``).
 
     ``on_method()`` runs after another method is chosen, ``on_reset()`` after its statistics
-    were reset. Thread-safety: :meth:`show_config` may be called from any thread (the pump
-    calls it when the config in force changed elsewhere); the widgets' own callbacks run on
-    the kernel's thread. Showing a config never configures the runner.
+    were reset (or, for a source whose counts cannot be reset, after the button asked the
+    charts to start over). Thread-safety: :meth:`show_config` and :meth:`follow` may be
+    called from any thread (the pump calls them when the config changed elsewhere); the
+    widgets' own callbacks run on the kernel's thread. Showing a config never configures.
     """
 
     def __init__(
         self,
-        methods: dict[str, labserve.RunnerMethod],
+        methods: dict[str, labserve.MethodSource],
         first: str,
         *,
         on_method: Callable[[], None] = lambda: None,
@@ -82,6 +84,7 @@ class BatchingControls:
                                              description="export", style=_STYLE)  # fmt: skip
         c["export"] = w.Textarea(layout=w.Layout(width="420px", height="150px"))
         self.widgets = c
+        self._reset_label()
         keys = ("max_batch_size", "max_latency_ms", "latency_slo_ms", "config")
         self.errors = {k: w.HTML(layout=w.Layout(min_width="10px")) for k in keys}
 
@@ -107,9 +110,17 @@ class BatchingControls:
         self.show_config(self.method.config)
 
     @property
-    def method(self) -> labserve.RunnerMethod:
-        """The method chosen."""
+    def method(self) -> labserve.MethodSource:
+        """The source of the method chosen."""
         return self.methods[self.widgets["method"].value]
+
+    def _reset_label(self) -> None:
+        button = self.widgets["reset"]
+        if self.method.resettable:
+            button.description, button.tooltip = "reset statistics", ""
+        else:  # a remote server's counts are its own: the charts start over
+            button.description = "clear charts"
+            button.tooltip = "this server's counts cannot be reset from here"
 
     def show_config(self, config: labserve.BatchingConfig) -> None:
         """Set every control to ``config`` without acting on it (thread-safe)."""
@@ -134,14 +145,17 @@ class BatchingControls:
                 self._showing.on = False
             self._show_export()
 
-    def follow(self) -> None:
+    def follow(self, config: labserve.BatchingConfig | None = None) -> None:
         """Show the method's config if it changed elsewhere (thread-safe; cheap when not).
 
-        The method's config, not a snapshot's: a change applies at the next batch (an idle
-        runner has none), but the controls show what was asked at once.
+        ``config``: the one asked for, as the pump's last view saw it (the source is asked
+        again only when it differs from what is shown). The config asked, not a
+        snapshot's: a change applies at the next batch (an idle runner has none), but the
+        controls show what was asked at once.
         """
         with self._lock:
-            config = self.method.config
+            if config is None or config != self.shown:
+                config = self.method.config  # asked again: the view may predate a change
             if config != self.shown:
                 self.show_config(config)
 
@@ -153,7 +167,7 @@ class BatchingControls:
         with self._lock:
             try:
                 config = self.method.configure(**changes)
-            except (labserve.ConfigError, ValueError, TypeError) as exc:
+            except (labserve.LabServeError, ValueError, TypeError) as exc:
                 self.errors[error_key].value = error_html(str(exc))
                 self.show_config(self.method.config)  # the controls show what is in force
                 return
@@ -178,16 +192,27 @@ class BatchingControls:
 
     def _show_export(self) -> None:
         fmt = self.widgets["export_format"].value
+        source = self.method
         try:
-            text = labserve.export_config(self.method, fmt=fmt)
+            config = self.shown if self.shown is not None else source.config
+            text = labserve.export_config(
+                config, fmt=fmt, runner=source.runner, method=source.method
+            )
         except Exception as exc:  # export must never break the controls
             text = f"# could not export: {exc}"
         self.widgets["export"].value = text
 
     def _on_method(self) -> None:
+        self._reset_label()
         self.show_config(self.method.config)
         self._on_method_chosen()
 
     def _on_reset(self) -> None:
-        self.method.reset_stats()
+        if self.method.resettable:
+            try:
+                self.method.reset_stats()
+            except Exception as exc:  # shown next to the button (a remote that failed)
+                self.errors["config"].value = error_html(f"reset failed: {exc}")
+                return
+        self.errors["config"].value = ""
         self._on_reset_done()

@@ -1,6 +1,9 @@
-"""The live dashboard: batching and load controls over a runner, streaming charts, a status line.
+"""The live dashboard: batching and load controls, streaming charts, a status line.
 
-It composes the parts: :class:`~labserve.widgets.controls.BatchingControls`,
+It watches a method wherever it runs, through a ``labserve.MethodSource``: a runner in this
+process, a labserve server by URL, or a Ray application's replicas (merged, with each
+replica's own numbers in a small table). It composes the parts:
+:class:`~labserve.widgets.controls.BatchingControls`,
 :class:`~labserve.widgets.loadpanel.LoadControls`, :class:`~labserve.widgets.charts.Charts`
 shown through :class:`~labserve.widgets.chartwidget.ChartWidget`, and one
 :class:`~labserve.widgets.pump.Pump`, the only writer of the charts.
@@ -34,40 +37,37 @@ _FLOW_SPAN_S = 3.0
 """The status line says the page is behind if it merged updates in this many seconds."""
 
 
-def _methods(target: Any) -> tuple[dict[str, labserve.RunnerMethod], str]:
-    """The batchable methods a dashboard target offers, by ``runner.method``; the first shown."""
-    if isinstance(target, labserve.Server):
-        runners = list(target.runners.values())
-    elif isinstance(target, labserve.Runner):
-        runners = [target]
-    elif isinstance(target, labserve.RunnerMethod):
-        runners = [target.runner]
-    elif isinstance(target, (list, tuple)) and all(isinstance(r, labserve.Runner) for r in target):
-        runners = list(target)
-    else:
-        raise TypeError(
-            f"Dashboard needs a Runner, a Server, a RunnerMethod or a list of Runners, "
-            f"got {type(target).__name__}"
-        )
-    methods = {f"{r.name}.{m.name}": m for r in runners for m in r.methods.values() if m.batchable}
-    if not methods:
-        raise ValueError("Dashboard found no batchable method to show")
-    first = next(iter(methods))
+def _methods(target: Any, token: str | None) -> tuple[dict[str, labserve.MethodSource], str]:
+    """The methods a dashboard target offers, by ``runner.method``; the first shown."""
+    try:
+        # A method: its runner's methods, that one shown first.
+        whole = target.runner if isinstance(target, labserve.RunnerMethod) else target
+        sources = labserve.method_sources(whole, token=token)
+    except ValueError as exc:
+        raise ValueError(f"Dashboard found no batchable method to show: {exc}") from None
+    methods = {s.name: s for s in sources}
+    first = sources[0].name
     if isinstance(target, labserve.RunnerMethod):
         first = f"{target.runner.name}.{target.name}"
     return methods, first
 
 
 class Dashboard:
-    """Controls and live charts for the batchable methods of runners, or of a server's runners.
+    """Controls and live charts for batchable methods: in this process, by URL, or on Ray.
 
-    ``target``: a Runner, a Server, a RunnerMethod, or a list of Runners. ``example``: one
-    request, for the load controls (default: zeros from the method's ``input_spec`` if it
-    declares one). ``hz``: snapshots per second. Display it (last line of a cell); each
-    display is a fresh view of current data. ``close()`` stops its pump and load.
+    ``target``: a Runner, a RunnerMethod, a list of Runners, a Server, the URL of a labserve
+    server (``token=`` for changes: ``PATCH /config``) or of Ray's proxy in front of a
+    labserve application, a ``labserve.ray.RayApp`` (merged over its replicas, with each
+    one's numbers; ``app.method_sources(proxy_url=...)`` if Serve's proxy is not on port
+    8000), or ``labserve.MethodSource`` objects. ``example``: one request, for the load
+    controls (default: zeros from the method's ``input_spec`` if it declares one).
+    ``hz``: views per second. Display it (last line of a cell); each display is a fresh
+    view of current data. ``close()`` stops its pump and load.
 
     >>> from labserve.widgets import Dashboard               # doctest: +SKIP
     >>> Dashboard(runner, example=np.ones((1, 4)))
+    >>> Dashboard("http://127.0.0.1:8000", example=np.ones((1, 4)), token=token)
+    >>> Dashboard(app, example=np.ones((1, 4)))              # a labserve.ray.RayApp
     """
 
     def __init__(
@@ -77,9 +77,9 @@ class Dashboard:
         example: Any = None,
         hz: float = 5.0,
         follow_s: float = 60.0,
+        token: str | None = None,
     ) -> None:
-        self._server = target if isinstance(target, labserve.Server) else None
-        self.methods, first = _methods(target)
+        self.methods, first = _methods(target, token)
         self._views: list[ChartWidget] = []
         self._flow_history: deque[tuple[float, int, int]] = deque()
         self._status_at = -math.inf
@@ -101,6 +101,8 @@ class Dashboard:
             value="<code>starting…</code>",
             layout=w.Layout(height="3.6em", overflow="hidden", margin="4px 0"),
         )
+        self.replicas = w.HTML(value="", layout=w.Layout(display="none", margin="0 0 4px 0"))
+        """Each replica's numbers (shown when the method runs on several)."""
         self.panel = w.VBox([w.HBox([self.batching.box, self.load.box]), self.batching.export])
         self.pump = Pump(
             self.charts,
@@ -114,14 +116,12 @@ class Dashboard:
         self.pump.start()
 
     @property
-    def method(self) -> labserve.RunnerMethod:
-        """The method the controls and charts follow."""
+    def method(self) -> labserve.MethodSource:
+        """The source of the method the controls and charts follow."""
         return self.batching.method
 
     def _alive(self) -> bool:
-        if self._server is not None and not self._server.running:
-            return False
-        return not self.method.runner.stopped
+        return self.method.alive
 
     def _on_method(self) -> None:
         self.load.stop()
@@ -135,7 +135,7 @@ class Dashboard:
         with self.pump.lock:
             charts = ChartWidget(self.charts.layout, lock=self.pump.lock)
         self._views.append(charts)
-        return w.VBox([self.panel, self.status, charts])
+        return w.VBox([self.panel, self.status, self.replicas, charts])
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         # BokehJS with every display (a reloaded page has none); stubbed once a view drew.
@@ -179,13 +179,15 @@ class Dashboard:
         then, updates_then, merged_then = history[0]
         return _flow_note_text(updates - updates_then, merged - merged_then, now - then)
 
-    def _on_tick(self, snap: labserve.Snapshot | None) -> None:
+    def _on_tick(self, view: labserve.SourceView | None) -> None:
         """On the pump thread: the line of numbers, the load's progress, the pump's errors.
 
-        And the controls follow the runner: a config changed elsewhere (a cell, PATCH
-        /config) shows in the dropdowns and sliders.
+        And the controls follow the method: a config changed elsewhere (a cell, PATCH
+        /config, another dashboard) shows in the dropdowns and sliders.
         """
-        self.batching.follow()
+        if view is not None:
+            self.batching.follow(view.config)
+        snap = None if view is None else view.snapshot
         if self._stubs and any(v.acknowledged for v in self._views):
             stubs, self._stubs = self._stubs, []
             for stub in stubs:  # a page drew the charts: the notebook need not keep BokehJS
@@ -213,6 +215,10 @@ class Dashboard:
                 f"{html.escape(str(error))})</span>"
             )
         self.status.value = f"<code>{numbers}<br>{' · '.join(parts)}</code>"
+        table = "" if view is None else _replica_table(view)
+        if table != self.replicas.value:
+            self.replicas.value = table
+            self.replicas.layout.display = None if table else "none"
 
 
 def _flow_note_text(updates: int, merged: int, span_s: float) -> str:
@@ -263,4 +269,39 @@ def _settings(snap: labserve.Snapshot) -> str:
         f"max_batch_size={cfg.max_batch_size}, max_latency_ms={cfg.max_latency_ms:g}, "
         f"on_overload={cfg.on_overload}"
         + (f", latency_slo_ms={cfg.latency_slo_ms:g}" if cfg.latency_slo_ms else "")
+    )
+
+
+def _replica_table(view: labserve.SourceView) -> str:
+    """Each replica's own numbers, one row each ('' for a method in one process)."""
+    if not view.replicas:
+        return ""
+    cell = "padding:0 8px;text-align:right"
+    head = "".join(
+        f"<th style='{cell}'>{h}</th>"
+        for h in ("replica", "", "served", "req/s", "mean batch", "largest", "queue", "p99 ms",
+                  "max_batch_size", "max_latency_ms")
+    )  # fmt: skip
+    rows = []
+    for rid, s in view.replicas.items():
+        stale = rid in view.stale
+        values = (
+            html.escape(rid[-8:]),
+            "<span style='color:#b60'>stale</span>" if stale else "live",
+            f"{s.served:,}",
+            _fmt(s.served_rate, ",.0f"),
+            _fmt(s.mean_batch_size, ".1f"),
+            f"{s.max_batch_size_seen}",
+            f"{s.queue_requests}",
+            _fmt(s.latency_ms_window.p99, ".1f"),
+            f"{s.config.max_batch_size}",
+            f"{s.config.max_latency_ms:g}",
+        )
+        rows.append("<tr>" + "".join(f"<td style='{cell}'>{v}</td>" for v in values) + "</tr>")
+    live = len(view.replicas) - len(view.stale)
+    return (
+        f"<code>{live} of {len(view.replicas)} replicas reporting "
+        f"<i>(mean batch, req/s, p99: last {view.snapshot.window_s:g} s; served, largest: "
+        "since start)</i></code>"
+        f"<table style='font-family:monospace;font-size:90%'><tr>{head}</tr>{''.join(rows)}</table>"
     )

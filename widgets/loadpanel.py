@@ -1,7 +1,8 @@
 """The load column: a preset load shape and rate (or N clients), started and stopped by a button.
 
-The shapes are labserve's load presets (:data:`labserve.LOAD_PRESETS`); the load runs on
-labserve's background loop (:func:`labserve.start_load`), not in the notebook.
+The shapes are labserve's load presets (:data:`labserve.LOAD_PRESETS`); the load runs on a
+background loop, not in the notebook: the source's own (``MethodSource.start_load``: the
+runner's calls in this process, the HTTP load generator for a server by URL or Ray's proxy).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as w
-import numpy as np
 
 import labserve
 
@@ -29,31 +29,25 @@ CHUNK_S = 30.0
 
 def example_from_spec(method: labserve.RunnerMethod) -> Any:
     """One request of zeros shaped by the method's ``input_spec``, or None if it has none."""
-    specs = method.spec.input_spec
-    if not specs or len(specs) != 1 or any(d == -1 for d in specs[0].shape):
-        return None
-    shape = list(specs[0].shape)
-    batch_dim = method.spec.batch_dim
-    shape.insert(batch_dim if isinstance(batch_dim, int) else batch_dim[0], 1)
-    return np.zeros(shape, dtype=specs[0].dtype)
+    return labserve.RunnerSource(method).example()
 
 
 class LoadControls:
-    """A load generator on the method ``target()`` returns, driven by widgets.
+    """A load generator on the method source ``target()`` returns, driven by widgets.
 
     It runs until stopped (chained runs of one preset period each, the elapsed time shown),
-    or for the duration typed. ``example``: the request sent (default: from the method's
-    ``input_spec``). Thread-safety: :meth:`poll` runs on the dashboard's pump thread, the
-    widgets' callbacks on the kernel's; :meth:`stop` may be called from either.
+    or for the duration typed. ``example``: the request sent (default: the source's, from
+    a method's ``input_spec``). Thread-safety: :meth:`poll` runs on the dashboard's pump
+    thread, the widgets' callbacks on the kernel's; :meth:`stop` may be called from either.
     """
 
-    def __init__(self, target: Callable[[], labserve.RunnerMethod], example: Any = None) -> None:
+    def __init__(self, target: Callable[[], labserve.MethodSource], example: Any = None) -> None:
         self._target = target
         self._example = example
         self.run: labserve.LoadRun | None = None
         """The load running (None when stopped)."""
         self._lock = threading.RLock()
-        self._method: labserve.RunnerMethod | None = None
+        self._method: labserve.MethodSource | None = None
         self._kwargs: dict[str, Any] = {}
         self._until_stopped = True
         self._started = self._ends = 0.0
@@ -94,7 +88,7 @@ class LoadControls:
             return
         c = self.widgets
         method = self._target()
-        example = self._example if self._example is not None else example_from_spec(method)
+        example = self._example if self._example is not None else method.example()
         try:
             if example is None:
                 raise ValueError(
@@ -119,7 +113,7 @@ class LoadControls:
                 )
             with self._lock:
                 self._stop_locked()
-                self.run = labserve.start_load(method, **kwargs)
+                self.run = method.start_load(**kwargs)
                 self._method, self._kwargs = method, kwargs
                 self._until_stopped = duration is None
                 self._started = time.monotonic()
@@ -136,12 +130,12 @@ class LoadControls:
         """On a timer thread, at the end of a chunk: the next one, if the load still runs."""
         with self._lock:
             run = self.run
-            if run is None or self._next is None:
+            if run is None or self._next is None or self._method is None:
                 return
             self._next = None
             self._sent_before += run.sent
             try:
-                self.run = labserve.start_load(self._method, seed=self._chunks, **self._kwargs)
+                self.run = self._method.start_load(seed=self._chunks, **self._kwargs)
             except labserve.LabServeError as exc:  # the runner stopped under it
                 self.run = None
                 self.error.value = error_html(str(exc))

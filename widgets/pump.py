@@ -1,8 +1,9 @@
-"""The pump: the one thread that pulls a runner method's snapshots and streams them into charts.
+"""The pump: the one thread that pulls a method's snapshots and streams them into charts.
 
-Nothing here is on the request path: the runner records, and the pump pulls snapshots on its
-own thread and is the only writer of the charts' Bokeh document (two writers corrupt
-BokehJS's message stream).
+Nothing here is on the request path: the runner records, and the pump pulls views from the
+method's source (a runner here, a server by URL, a Ray application's replicas) on its own
+thread and is the only writer of the charts' Bokeh document (two writers corrupt BokehJS's
+message stream).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 from bokeh.document import Document
 
@@ -29,7 +31,10 @@ _OWNERS_LOCK = threading.Lock()
 
 
 class Pump:
-    """One thread that pulls a snapshot ``hz`` times a second and streams it into ``charts``.
+    """One thread that pulls a view ``hz`` times a second and streams it into ``charts``.
+
+    ``source()`` returns the method to watch: a ``labserve.MethodSource``, or a
+    ``RunnerMethod`` (watched through a ``labserve.RunnerSource``).
 
     It is the only writer of the charts' document: a second pump on the same document
     raises ``RuntimeError``. :attr:`lock` is held while it writes; hold it to read the
@@ -37,9 +42,9 @@ class Pump:
     document). A tick that fails is counted and kept in :attr:`last_error` (the pump goes
     on). Stops on :meth:`stop`, when ``alive()`` turns false, or at interpreter exit.
 
-    ``on_tick(snapshot)`` runs on the pump thread after the charts are written (or failed
-    to be), at most 5 times a second, with the last snapshot pulled (None before the
-    first). Thread-safety: :meth:`clear` and :meth:`stop` may be called from any thread;
+    ``on_tick(view)`` runs on the pump thread after the charts are written (or failed to
+    be), at most 5 times a second, with the last ``labserve.SourceView`` pulled (None
+    before the first). Thread-safety: :meth:`clear` and :meth:`stop` may be called from any thread;
     the rest is read-only from outside. ``start=False`` leaves the thread to :meth:`start`,
     for an owner whose ``on_tick`` needs the pump itself.
     """
@@ -48,11 +53,11 @@ class Pump:
         self,
         charts: Charts,
         doc: Document,
-        source: Callable[[], labserve.RunnerMethod],
+        source: Callable[[], labserve.MethodSource | labserve.RunnerMethod],
         *,
         hz: float = 5.0,
         alive: Callable[[], bool] = lambda: True,
-        on_tick: Callable[[labserve.Snapshot | None], None] | None = None,
+        on_tick: Callable[[labserve.SourceView | None], None] | None = None,
         start: bool = True,
     ) -> None:
         if not (isinstance(hz, (int, float)) and math.isfinite(hz) and 0 < hz <= 60):
@@ -76,13 +81,14 @@ class Pump:
         """The last exception a tick raised (None if none did)."""
         self.last_error_at = math.nan
         """When it was raised (``time.monotonic()``), NaN if never."""
-        self.snapshot: labserve.Snapshot | None = None
-        """The last snapshot pulled (None before the first)."""
+        self.view: labserve.SourceView | None = None
+        """The last view pulled (None before the first)."""
         self._source = source
         self._alive = alive
         self._on_tick = on_tick
         self._series = LiveSeries()
-        self._method: labserve.RunnerMethod | None = None
+        self._method: Any = None
+        self._watched: labserve.MethodSource | None = None
         self._clear = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="labserve-dashboard", daemon=True)
@@ -97,6 +103,12 @@ class Pump:
     def recent(self) -> Recent | None:
         """What moved over the last second (rates, mean batch, rejected %, model busy %)."""
         return self._series.recent
+
+    @property
+    def snapshot(self) -> labserve.Snapshot | None:
+        """The last snapshot pulled (None before the first)."""
+        view = self.view
+        return None if view is None else view.snapshot
 
     @property
     def running(self) -> bool:
@@ -128,7 +140,7 @@ class Pump:
             # after a failed tick too, so that it can say so.
             if self._on_tick is not None and self.ticks % max(round(self.hz / 5), 1) == 0:
                 try:
-                    self._on_tick(self.snapshot)
+                    self._on_tick(self.view)
                 except Exception as exc:
                     self._failed(exc)
             self.cpu_s += time.thread_time() - cpu
@@ -143,13 +155,21 @@ class Pump:
 
     def _tick(self) -> None:
         method = self._source()
-        if method is not self._method or self._clear:
+        watched = self._watched
+        if method is not self._method or self._clear or watched is None:
             self._method = method
+            watched = self._watched = (
+                labserve.RunnerSource(method)
+                if isinstance(method, labserve.RunnerMethod)
+                else method
+            )
             self._clear = False
             self._series = LiveSeries()
+            self.view = None
             with self.lock:
                 self.charts.clear()
-        snap = self.snapshot = method.stats()
+        view = self.view = watched.view()
+        snap = view.snapshot
         tick = self._series.update(snap)
         # The cost chart redraws whole: once a second is enough to watch the fit settle.
         refit = self.ticks % max(round(self.hz), 1) == 0

@@ -29,6 +29,7 @@ __all__ = [
     "OverloadError",
     "PayloadTooLargeError",
     "QueueFullError",
+    "RemoteError",
     "RequestTimeoutError",
     "RunnerStoppedError",
     "ServerError",
@@ -411,6 +412,26 @@ class ServerError(LabServeError):
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"internal server error: {detail}")
+        self.detail = detail
+
+
+class RemoteError(LabServeError):
+    """Raised when a labserve server asked for its stats or config answered with an error, or not.
+
+    ``remote_status`` is its HTTP status (None: no answer), ``error`` the name of its error
+    (``"ConfigError"`` for a refused change) and ``detail`` its message.
+    """
+
+    status = 502
+
+    def __init__(self, url: str, remote_status: int | None, error: str, detail: str) -> None:
+        answer = (
+            f"answered {remote_status} {error}" if remote_status else f"did not answer ({error})"
+        )
+        super().__init__(f"{url} {answer}: {detail}")
+        self.url = url
+        self.remote_status = remote_status
+        self.error = error
         self.detail = detail
 
 

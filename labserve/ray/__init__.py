@@ -9,6 +9,7 @@ An optional extra (``pip install 'labserve[ray]'``): nothing else in labserve im
 
 from labserve.ray.app import RayApp, deploy
 from labserve.ray.executor import RayExecutor
+from labserve.ray.source import RaySource
 from labserve.ray.stats import merge_snapshots
 
-__all__ = ["RayApp", "RayExecutor", "deploy", "merge_snapshots"]
+__all__ = ["RayApp", "RayExecutor", "RaySource", "deploy", "merge_snapshots"]

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import secrets
 import uuid
@@ -26,6 +28,7 @@ from labserve.config.batching import BatchingConfig
 from labserve.metrics.snapshot import Snapshot
 from labserve.ray.board import StatsBoard
 from labserve.ray.plan import Plan
+from labserve.ray.source import RaySource
 from labserve.ray.spec import BOARD_NAMESPACE, ReplicaSpec, RunnableSource, board_name, resolve
 
 __all__ = ["RayApp", "deploy"]
@@ -134,6 +137,8 @@ class RayApp:
         self.route_prefix = plan.route_prefix
         self.methods: tuple[str, ...] = plan.spec.methods
         """The served methods: ``app.<method>(*args)`` calls one through the handle."""
+        self.batchable: tuple[str, ...] = tuple(plan.configs)
+        """The batchable methods (each with its batch queue on every replica)."""
         self._board = board
         self._stopped = False
         self.handle: DeploymentHandle[Any] = serve.get_deployment_handle(self.runner, self.name)
@@ -173,6 +178,33 @@ class RayApp:
         raw = ray.get(self._board.configs.remote())[self.runner]
         return {m: BatchingConfig(**c) for m, c in raw.items()}
 
+    def reset_stats(self) -> None:
+        """Start every replica's counts over, live (through ``user_config``, as a config change).
+
+        Blocks until Serve has reached every replica; a replica Ray starts later begins fresh.
+        """
+        ray.get(self._board.reset_stats.remote())
+
+    def watch(self) -> tuple[dict[str, BatchingConfig], dict[str, dict[str, Snapshot]], set[str]]:
+        """One look: the configs asked, each method's snapshot by replica, the stale replicas."""
+        found: tuple[dict[str, BatchingConfig], dict[str, dict[str, Snapshot]], set[str]] = ray.get(
+            self._board.watch.remote()
+        )
+        return found
+
+    def method_sources(self, *, proxy_url: str | None = None) -> list[RaySource]:
+        """Each batchable method as a source for a dashboard (``labserve.method_sources(app)``).
+
+        ``proxy_url``: where Ray's proxy serves this application, for load (default:
+        :meth:`url`, Serve's default port 8000).
+        """
+        return [RaySource(self, m, proxy_url or self.url()) for m in self.batchable]
+
+    @property
+    def stopped(self) -> bool:
+        """True once :meth:`stop` ran."""
+        return self._stopped
+
     def stats(self) -> dict[str, Any]:
         """``/stats``: merged per method (exact counts and histograms) and per replica."""
         payload: dict[str, Any] = ray.get(self._board.payload.remote())
@@ -209,7 +241,12 @@ class RayApp:
 
 
 class _Caller:
-    """``app.predict(x)``: one blocking call of a method through the handle."""
+    """``app.predict(x)``: one blocking call of a method through the handle.
+
+    From a thread that runs an event loop (a notebook cell: ipykernel's main thread runs
+    one), Ray refuses to block; the wait then happens on a helper thread, as a blocking
+    call in a cell does anywhere else.
+    """
 
     def __init__(self, handle: DeploymentHandle[Any], method: str) -> None:
         self._handle = handle
@@ -218,8 +255,19 @@ class _Caller:
     def __call__(self, *args: Any, timeout_s: float | None = None) -> Any:
         response = getattr(self._handle, self._method).remote(*args)
         try:
-            return response.result(timeout_s=timeout_s)
+            if not _in_event_loop():
+                return response.result(timeout_s=timeout_s)
+            with concurrent.futures.ThreadPoolExecutor(1, "labserve-ray-call") as pool:
+                return pool.submit(response.result, timeout_s=timeout_s).result()
         except RayTaskError as exc:
             if isinstance(exc.cause, LabServeError):
                 raise exc.cause from None
             raise
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

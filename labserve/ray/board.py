@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from labserve.config.batching import BatchingConfig
 from labserve.metrics.snapshot import Snapshot
 from labserve.ray.plan import Plan
 from labserve.ray.stats import merge_snapshots, stats_payload
@@ -47,6 +48,13 @@ class StatsBoard:
         plan.run()
         self.plan = plan
         return self.configs()
+
+    def reset_stats(self) -> None:
+        """Start every replica's counts over (through ``user_config``), and forget their reports."""
+        plan = self.plan.with_reset()
+        plan.run()
+        self.plan = plan
+        self._latest.clear()
 
     def configs(self) -> dict[str, Any]:
         """``GET /config``'s shape: ``{runner: {method: settings}}``, as deployed."""
@@ -86,6 +94,15 @@ class StatsBoard:
     def per_replica(self) -> dict[str, list[Snapshot]]:
         """Each replica's own snapshots (a stale one's gauges zeroed)."""
         return self._views()
+
+    def watch(self) -> tuple[dict[str, BatchingConfig], dict[str, dict[str, Snapshot]], set[str]]:
+        """The configs asked, each method's snapshot by replica, and the stale replicas."""
+        by_method: dict[str, dict[str, Snapshot]] = {}
+        for rid, snaps in self._views().items():
+            for s in snaps:
+                by_method.setdefault(s.method, {})[rid] = s
+        stale = {rid for rid, age in self.replicas().items() if age > self.stale_after_s}
+        return dict(self.plan.configs), by_method, stale
 
     def payload(self) -> dict[str, Any]:
         """The JSON of ``/stats``: merged per method, then ``replicas`` with each one's."""

@@ -40,10 +40,15 @@ class Plan:
     ray_actor_options: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     """Any other ``serve.deployment`` option, passed through."""
+    reset_epoch: int = 0
+    """Bumped to reset every replica's counts (a replica seeing a new epoch resets)."""
 
     def user_config(self) -> dict[str, Any]:
         """What every replica's ``reconfigure`` receives: each method's whole config."""
-        return {"methods": {m: c.as_dict() for m, c in self.configs.items()}}
+        return {
+            "methods": {m: c.as_dict() for m, c in self.configs.items()},
+            "reset_epoch": self.reset_epoch,
+        }
 
     def ongoing(self) -> int:
         """The replica's max_ongoing_requests."""
@@ -55,6 +60,10 @@ class Plan:
             raise KeyError(f"{self.spec.runner} has no batchable method {method!r}")
         configs = {**self.configs, method: self.configs[method].replace(**changes)}
         return dataclasses.replace(self, configs=configs)
+
+    def with_reset(self) -> Plan:
+        """This plan with every replica's counts to be reset (the next epoch)."""
+        return dataclasses.replace(self, reset_epoch=self.reset_epoch + 1)
 
     def run(self) -> DeploymentHandle[Any]:
         """Deploy (or update) the application; returns once its replicas are running."""

@@ -63,15 +63,24 @@ class Replica:
         )
         self._stop = threading.Event()
         self._reporting = False
+        self._reset_epoch: int | None = None
         self._pusher = threading.Thread(
             target=self._push_loop, name=f"labserve-ray-push-{spec.runner}", daemon=True
         )
 
     def reconfigure(self, user_config: Mapping[str, Any]) -> None:
-        """Ray Serve's live config: ``{"methods": {method: settings}}``, applied to every method.
+        """Ray Serve's live config: ``{"methods": {method: settings}, "reset_epoch": n}``.
 
-        Each method's new settings take effect at its next batch boundary.
+        Each method's new settings take effect at its next batch boundary. A new
+        ``reset_epoch`` (not the first one seen: a replica Ray starts later begins fresh)
+        starts every method's counts over.
         """
+        epoch = int(user_config.get("reset_epoch", 0))
+        if self._reset_epoch is not None and epoch != self._reset_epoch:
+            for m in self.runner.methods.values():
+                if m.batchable:
+                    m.reset_stats()
+        self._reset_epoch = epoch
         asked = {
             method: self.runner.configure(method, **settings)
             for method, settings in dict(user_config.get("methods", {})).items()

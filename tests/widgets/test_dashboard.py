@@ -141,9 +141,11 @@ def test_the_pump_streams_rows_while_load_runs(dash, runner):
 def test_the_load_runs_until_stopped_by_default(dash, runner, monkeypatch):
     monkeypatch.setattr(loadpanel, "CHUNK_S", 0.3)  # chain short runs to see several
     started: list[labserve.LoadRun] = []
-    start_load = labserve.start_load
+    start_load = labserve.RunnerSource.start_load
     monkeypatch.setattr(
-        labserve, "start_load", lambda *a, **k: started.append(start_load(*a, **k)) or started[-1]
+        labserve.RunnerSource,
+        "start_load",
+        lambda *a, **k: started.append(start_load(*a, **k)) or started[-1],
     )
     assert dash.controls["duration"].value == ""  # "until stopped"
     dash.controls["rate"].value = "300"
@@ -157,6 +159,7 @@ def test_the_load_runs_until_stopped_by_default(dash, runner, monkeypatch):
     assert dash.load.run is None
     assert runner.predict.stats().served > 300 * 0.3 * 3 * 0.5  # the chained runs all sent
     runs = len(started)
+    assert runs >= 4
     time.sleep(0.6)  # two chunks long: a chained run started after the stop would show
     assert len(started) == runs and dash.load.run is None
 
