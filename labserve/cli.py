@@ -364,6 +364,11 @@ def _verdict(result: Any, caught: list[warnings.WarningMessage], bg: Any) -> str
             f"{s['send_lag_p99_ms']:.2f} ms, max {s['send_lag_max_ms']:.2f} ms)"
         )
         lines += [f"  {w.message}" for w in caught]
+        if result.sent_until_s > result.duration_s * 1.01:
+            lines.append(
+                f"  the sends took {result.sent_until_s:.1f} s, not {result.duration_s:.1f} s: "
+                f"served_rps ({s['served_rps']:,.0f}) is over the time they took"
+            )
     loop = type(bg.loop).__module__.split(".")[0]
     lines.append(f"generator: its own event loop ({loop})")
     if result.server is not None:

@@ -444,6 +444,7 @@ def _result(
         label=label,
         config=snap_config,
         send_lag_s=np.asarray(rec.lag, dtype=float) if rec.lag else None,
+        sent_until_s=rec.last_sent,
         server=server,
     )
 

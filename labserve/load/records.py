@@ -40,11 +40,15 @@ class Record:
         """Open loop: senders call :meth:`went_out` when a request is written."""
         self.waited_for_connection = 0
         """Open loop over HTTP: requests that found every connection busy when due."""
+        self.last_sent = 0.0
+        """Open loop: when (seconds from ``t0``) the latest request went out."""
 
     def went_out(self, k: int, now: float) -> None:
         """Request ``k`` was written (or given up unsent) at loop time ``now``."""
         if self.track_lag:
-            self.lag.append(max(now - self.t0 - self.arrival[k], 0.0))
+            sent = now - self.t0
+            self.lag.append(max(sent - self.arrival[k], 0.0))
+            self.last_sent = max(self.last_sent, sent)
 
     def new_slot(self, intended_s: float) -> int:
         """Add a request intended at ``intended_s``; returns its index."""

@@ -52,6 +52,9 @@ class RunResult:
     config: dict[str, Any] = field(default_factory=dict)
     send_lag_s: np.ndarray | None = None
     """Real open-loop runs: how late each request was sent after its intended time."""
+    sent_until_s: float = 0.0
+    """Real open-loop runs: when the last request went out. A generator that fell behind
+    sends past ``duration_s``; served rates are over the longer of the two."""
     server: dict[str, Any] | None = None
     """HTTP runs against a labserve server: the server's own view of the run, from its
     ``/stats`` before and after (counts, batches, mean/max batch, fire reasons, latency and
@@ -82,18 +85,23 @@ class RunResult:
         ``slo_met_pct`` is the share of served requests within it.
         ``outcomes`` (requests by kind) appears when some request ended in a kind the
         shares do not count (connect_error, reset, client_error, cancelled).
+        ``served_rps`` and ``goodput_items_ps`` are over ``duration_s``, or over the time
+        the sends took when an open-loop generator fell behind (``sent_until_s``).
         Over HTTP against a labserve server, the batch figures and queue waits are the
         server's (``server_*`` keys add its served count and latency).
         """
         n = len(self.arrival_s)
         span = self.duration_s if self.duration_s > 0 else math.nan
+        # Served over the time the sends took: a generator that fell behind schedule offered
+        # the load over longer than planned, and what came back came back over that time.
+        served_span = max(span, self.sent_until_s)
         served = int(self.served.sum())
         counts = np.bincount(self.outcome.astype(np.int64), minlength=len(OUTCOMES))
         out: dict[str, Any] = {
             "requests": n,
             "offered_rps": n / span,
-            "served_rps": served / span,
-            "goodput_items_ps": float(self.items[self.served].sum()) / span,
+            "served_rps": served / served_span,
+            "goodput_items_ps": float(self.items[self.served].sum()) / served_span,
             "rejected_pct": 100.0 * float(counts[REJECTED] + counts[REFUSED]) / n if n else 0.0,
             "failed_pct": 100.0 * float(counts[FAILED]) / n if n else 0.0,
             "timeout_pct": 100.0 * float(counts[TIMEOUT]) / n if n else 0.0,

@@ -224,3 +224,10 @@ def test_a_pool_too_small_for_the_rate_says_so_in_the_warning():
     # One connection, 20 ms a request: most requests wait for it, and the lag shows the wait.
     assert kinds(result) == {"served": 40}
     assert result.send_lag_s is not None and result.send_lag_s.max() > 0.1
+    # 40 requests in series at >= 20 ms each: the last went out after >= 0.78 s, not at 0.2 s,
+    # and the served rate is over that time (one connection serves at most 50 req/s).
+    assert result.sent_until_s >= 39 * 0.020
+    summary = result.summary()
+    assert summary["offered_rps"] == pytest.approx(200)
+    assert summary["served_rps"] == pytest.approx(40 / result.sent_until_s)
+    assert summary["served_rps"] <= 50
