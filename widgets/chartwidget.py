@@ -64,7 +64,9 @@ MAX_IN_FLIGHT = 1
 """Patches sent and not yet applied by the page before new changes are held (and merged)."""
 ACK_TIMEOUT_S = 1.0
 """While a cell runs, the kernel's main thread cannot read the page's answers: with none for
-this long, one patch goes out anyway (so the charts move, once a second, during a cell)."""
+this long, one patch goes out anyway (so the charts move, once a second, during a cell). The
+same until a page first answers: the first patches may reach the page before its view exists
+(Notebook 7 met that on every Run All), and a view never answers a patch it did not get."""
 SILENT_TIMEOUT_S = 10.0
 """Otherwise, with no answer for this long (no view open), one patch goes out anyway."""
 
@@ -164,6 +166,12 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
         if "render_bundle" in state and self._writer_lock is not None:
             with self._writer_lock:
                 state["render_bundle"] = serialize_json(self._model_to_traits(self._model))
+        if "render_bundle" in state:
+            # A page that reads the whole state (a reloaded page, a second tab) draws from the
+            # document as it is now: it will not answer patches sent before, so they no
+            # longer hold new ones back.
+            with self._flow:
+                self._acked = self._sent
         return state
 
     def _document_patched(self, event: Any) -> None:
@@ -185,7 +193,8 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
             self._held += events
             self.updates += 1
             now = time.monotonic()
-            timeout = ACK_TIMEOUT_S if _cells.running else SILENT_TIMEOUT_S
+            quick = _cells.running or self._acked == 0
+            timeout = ACK_TIMEOUT_S if quick else SILENT_TIMEOUT_S
             if (
                 self._ack_model is not None
                 and self._sent - self._acked >= MAX_IN_FLIGHT

@@ -84,8 +84,15 @@ def _wait(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any
 
 
 @contextlib.contextmanager
-def run_lab(folder: pathlib.Path, cells: list[str] = NOTEBOOK_CELLS) -> Iterator[dict[str, Any]]:
-    """JupyterLab serving a dashboard notebook (``cells``) from ``folder``."""
+def run_lab(
+    folder: pathlib.Path, cells: list[str] = NOTEBOOK_CELLS, app: str = "lab"
+) -> Iterator[dict[str, Any]]:
+    """JupyterLab (or Notebook 7: ``app="notebook"``) serving ``cells`` from ``folder``.
+
+    The notebook opens at ``{base}{path}dashboard.ipynb``.
+    """
+    if app not in ("lab", "notebook"):
+        raise ValueError(f"app must be 'lab' or 'notebook', got {app!r}")
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
     nb.metadata["kernelspec"] = {
@@ -96,10 +103,11 @@ def run_lab(folder: pathlib.Path, cells: list[str] = NOTEBOOK_CELLS) -> Iterator
     nbformat.write(nb, folder / "dashboard.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTERLAB_WORKSPACES_DIR=str(folder / "workspaces"))
+    module, app_class = ("jupyterlab", "LabApp") if app == "lab" else ("notebook", "JupyterNotebookApp")
     cmd = [
-        sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
+        sys.executable, "-m", module, "--no-browser", f"--port={port}",
         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
-        f"--ServerApp.root_dir={folder}", "--LabApp.expose_app_in_browser=True",
+        f"--ServerApp.root_dir={folder}", f"--{app_class}.expose_app_in_browser=True",
     ]  # fmt: skip
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
@@ -115,8 +123,9 @@ def run_lab(folder: pathlib.Path, cells: list[str] = NOTEBOOK_CELLS) -> Iterator
             return False
 
     try:
-        _wait(up, "JupyterLab to start", timeout=90)
-        yield {"base": base, "token": token, "dir": folder}
+        _wait(up, "Jupyter to start", timeout=90)
+        path = "/lab/tree/" if app == "lab" else "/notebooks/"
+        yield {"base": base, "token": token, "dir": folder, "path": path}
     finally:
         proc.terminate()
         try:
@@ -178,7 +187,7 @@ def open_dashboard(pw: Any, lab: dict[str, Any]) -> tuple[Any, Any, dict[str, st
     page = browser.new_page(viewport={"width": 1500, "height": 1400})
     console: list[str] = []
     page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
-    page.goto(f"{lab['base']}/lab/tree/dashboard.ipynb?token={lab['token']}&reset")
+    page.goto(f"{lab['base']}{lab['path']}dashboard.ipynb?token={lab['token']}&reset")
     page.wait_for_function(KERNEL_READY, timeout=90_000)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
     server_file = lab["dir"] / "server.json"

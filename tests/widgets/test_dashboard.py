@@ -20,7 +20,7 @@ from bokeh.protocol.exceptions import ProtocolError
 from bokeh.protocol.receiver import Receiver
 from jupyter_bokeh import BokehModel
 from labserve.widgets import Charts, ChartWidget, Dashboard, Pump, loadpanel, plot
-from labserve.widgets.chartwidget import MAX_IN_FLIGHT
+from labserve.widgets.chartwidget import ACK_TIMEOUT_S, MAX_IN_FLIGHT, SILENT_TIMEOUT_S
 from labserve.widgets.series import TICK_COLUMNS, LiveSeries, fit_cost, result_rows
 
 import labserve
@@ -436,6 +436,40 @@ def test_held_changes_go_out_after_a_silence_when_no_view_answers():
     assert len(sent) == MAX_IN_FLIGHT * 3
     widget._last_sent -= 60  # no word from any page for a minute: no view is open
     _tick(charts, 10.0)
+    assert len(sent) == (MAX_IN_FLIGHT + 1) * 3
+
+
+def test_until_a_page_first_answers_held_changes_go_out_every_ack_timeout():
+    # The first patches may reach the page before its view exists (Notebook 7's Run All):
+    # no view answers those, so waiting the long silence would freeze the first view.
+    charts, widget, sent = _streaming_widget()
+    _tick(charts, 0.0)
+    _tick(charts, 1.0)
+    assert len(sent) == MAX_IN_FLIGHT * 3
+    widget._last_sent -= ACK_TIMEOUT_S + 0.1
+    _tick(charts, 2.0)
+    assert len(sent) == (MAX_IN_FLIGHT + 1) * 3
+    _ack(widget, widget._sent)  # a view answered: from now on, the long silence applies
+    _tick(charts, 3.0)
+    n = len(sent)
+    _tick(charts, 4.0)
+    widget._last_sent -= ACK_TIMEOUT_S + 0.1
+    _tick(charts, 5.0)
+    assert len(sent) == n  # held, merged
+    widget._last_sent -= SILENT_TIMEOUT_S
+    _tick(charts, 6.0)
+    assert len(sent) == n + 3
+
+
+def test_a_page_that_reads_the_whole_state_releases_the_patches_in_flight():
+    # A reloaded page (or a second tab) draws from the state as it is now: it never answers
+    # the patches sent before, which must not hold the next ones back.
+    charts, widget, sent = _streaming_widget()
+    _tick(charts, 0.0)
+    _tick(charts, 1.0)
+    assert len(sent) == MAX_IN_FLIGHT * 3 and widget.merged == 1
+    assert "render_bundle" in widget.get_state()  # what ipywidgets sends a page that asks
+    _tick(charts, 2.0)
     assert len(sent) == (MAX_IN_FLIGHT + 1) * 3
 
 
