@@ -103,7 +103,9 @@ def run_lab(
     nbformat.write(nb, folder / "dashboard.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTERLAB_WORKSPACES_DIR=str(folder / "workspaces"))
-    module, app_class = ("jupyterlab", "LabApp") if app == "lab" else ("notebook", "JupyterNotebookApp")
+    module, app_class = {"lab": ("jupyterlab", "LabApp")}.get(
+        app, ("notebook", "JupyterNotebookApp")
+    )
     cmd = [
         sys.executable, "-m", module, "--no-browser", f"--port={port}",
         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
@@ -303,6 +305,54 @@ def test_the_dashboard_renders_streams_and_its_slider_configures_the_server(lab)
         except BaseException:
             print("\n".join(console[-60:]))
             page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+
+
+def test_the_dashboard_streams_in_notebook_7_and_after_a_reload(tmp_path):
+    """The same dashboard in Jupyter Notebook 7 (``/notebooks/<path>``): Run All, live charts."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with run_lab(tmp_path, app="notebook") as nb7, sync_playwright() as pw:
+        browser, page, server, console = open_dashboard(pw, nb7)
+
+        def rows(column: str = "queue_requests") -> int:
+            return max((s["rows"] for s in page.evaluate(READ_SOURCE, column)), default=0)
+
+        def last_values(column: str) -> list[float]:
+            sources = page.evaluate(READ_SOURCE, column)
+            return max(sources, key=lambda s: s["rows"])["values"] if sources else []
+
+        try:
+            _wait(lambda: page.locator(".jp-OutputArea-output", has_text="ready").count(), "ready")
+            assert page.locator("canvas").count() >= 6
+            start_load(page, 400)
+            # The first view streams (it once waited for a patch sent before it existed).
+            _wait(lambda: rows() > 10, "the first view to stream", timeout=20)
+            _wait(lambda: max(last_values("batch_max"), default=0) > 0, "batches to show")
+            _patch_config(server, max_batch_size=8)  # another client: the slider follows
+            readout = page.locator(".widget-slider", has_text="max_batch_size").locator(
+                ".widget-readout"
+            )
+            _wait(lambda: readout.inner_text().strip() == "8", "the slider to show 8")
+            _wait(lambda: last_values("max_batch_size")[-1:] == [8], "the cap line to show 8")
+            _wait(lambda: 0 < page.evaluate(BOKEHJS_OUTPUT_CHARS) < 1000, "the stub")
+            page.screenshot(path=str(ARTIFACTS / "notebook7.png"), full_page=True)
+
+            page.reload()
+            page.wait_for_function(KERNEL_READY, timeout=90_000)
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            _wait(lambda: page.locator(".bk-Figure, .bk-figure").count() >= 6, "six figures")
+            n = rows()
+            _wait(lambda: rows() > n + 10, "rows after the reload", timeout=20)
+            assert page.get_by_text("Could not create a view").count() == 0
+            assert not [m for m in console if m.startswith("error")], console
+            page.screenshot(path=str(ARTIFACTS / "notebook7-reloaded.png"), full_page=True)
+        except BaseException:
+            print("\n".join(console[-60:]))
+            page.screenshot(path=str(ARTIFACTS / "notebook7-failure.png"), full_page=True)
             raise
         finally:
             browser.close()
