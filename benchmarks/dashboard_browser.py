@@ -7,13 +7,17 @@ Dashboard), Run All in Chromium (Playwright, /usr/bin/chromium), starts the load
 page, then for each CPU throttle rate (DevTools Emulation.setCPUThrottlingRate 1 and 4)
 samples once a second how old the newest row on the page is (now minus its clock_s), and
 reads the renderer's main-thread busy time (Performance.getMetrics TaskDuration) over the
-period. Prints one Markdown row per throttle rate.
+period. Prints one Markdown row per throttle rate. ``--profile S``: first, a CPU profile of
+the renderer (DevTools Profiler) over S seconds at 1x, printed as the functions with the most
+self time.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
+import os
 import pathlib
 import statistics
 import tempfile
@@ -33,11 +37,35 @@ def task_s(cdp) -> float:
     return float(metrics["TaskDuration"])
 
 
+def profile(cdp, seconds: float, top: int = 25) -> None:
+    """Self time per function (name, script, line) over ``seconds``, most first."""
+    cdp.send("Profiler.enable")
+    cdp.send("Profiler.setSamplingInterval", {"interval": 200})
+    cdp.send("Profiler.start")
+    time.sleep(seconds)
+    prof = cdp.send("Profiler.stop")["profile"]
+    nodes = {n["id"]: n for n in prof["nodes"]}
+    dt = collections.Counter()
+    for node_id, delta in zip(prof["samples"], prof["timeDeltas"], strict=True):
+        dt[node_id] += delta
+    by_fn: collections.Counter[str] = collections.Counter()
+    for node_id, us in dt.items():
+        f = nodes[node_id]["callFrame"]
+        url = f["url"].rsplit("/", 1)[-1][:30]
+        by_fn[f"{f['functionName'] or '(anon)'} {url}:{f['lineNumber']}"] += us
+    total = sum(by_fn.values())
+    print(f"CPU profile, {seconds:g} s: {total / 1e6 / seconds:.0%} of a core sampled")
+    for name, us in by_fn.most_common(top):
+        print(f"{100 * us / total:5.1f}%  {name}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=2500)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--hz", type=float, default=5.0)
+    parser.add_argument("--profile", type=float, default=0.0, metavar="S")
+    parser.add_argument("--throttles", default="1,4", help="CPU throttle rates, comma-separated")
     args = parser.parse_args()
     cells = list(bt.NOTEBOOK_CELLS)
     cells[2] = f"dash = Dashboard(server, example=np.ones((1, 4)), hz={args.hz})\ndash"
@@ -52,13 +80,18 @@ def main() -> None:
                 time.sleep(5)  # rows streaming
                 cdp = page.context.new_cdp_session(page)
                 cdp.send("Performance.enable")
-                print(f"rate {args.rate} req/s, {args.hz:g} Hz, {args.seconds:g} s per row")
+                if args.profile:
+                    profile(cdp, args.profile)
+                print(
+                    f"rate {args.rate} req/s, {args.hz:g} Hz, {args.seconds:g} s per row, "
+                    f"load average {os.getloadavg()[0]:.1f}"
+                )
                 print(
                     "| CPU throttle | staleness median (s) | p90 | last | renderer main "
                     "thread busy (% of a core, unthrottled-equivalent) |"
                 )
                 print("|---:|---:|---:|---:|---:|")
-                for rate in (1, 4):
+                for rate in (int(r) for r in args.throttles.split(",")):
                     cdp.send("Emulation.setCPUThrottlingRate", {"rate": rate})
                     time.sleep(3)  # settle
                     busy0, t0 = task_s(cdp), time.monotonic()

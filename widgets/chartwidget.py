@@ -65,8 +65,9 @@ MAX_IN_FLIGHT = 1
 ACK_TIMEOUT_S = 1.0
 """While a cell runs, the kernel's main thread cannot read the page's answers: with none for
 this long, one patch goes out anyway (so the charts move, once a second, during a cell). The
-same until a page first answers: the first patches may reach the page before its view exists
-(Notebook 7 met that on every Run All), and a view never answers a patch it did not get."""
+same until a page first answers, and after a page (a reloaded one) read the whole state: the
+first patches may reach a page before its view exists (Notebook 7 met that on every Run All),
+and a view never answers a patch it did not get."""
 SILENT_TIMEOUT_S = 10.0
 """Otherwise, with no answer for this long (no view open), one patch goes out anyway."""
 
@@ -144,6 +145,7 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
         self._held: list[Any] = []
         self._sent = 0  # patches sent (their sequence numbers)
         self._acked = 0  # the newest sequence number a page said it applied
+        self._answered = False  # a page answered since the state was last read
         self._last_sent = 0.0
         self.updates = 0
         """Changes handed to the widget (a pump tick each)."""
@@ -172,6 +174,7 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
             # longer hold new ones back.
             with self._flow:
                 self._acked = self._sent
+                self._answered = False
         return state
 
     def _document_patched(self, event: Any) -> None:
@@ -193,7 +196,7 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
             self._held += events
             self.updates += 1
             now = time.monotonic()
-            quick = _cells.running or self._acked == 0
+            quick = _cells.running or not self._answered
             timeout = ACK_TIMEOUT_S if quick else SILENT_TIMEOUT_S
             if (
                 self._ack_model is not None
@@ -241,6 +244,7 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
                 return
             with self._flow:
                 self._acked = max(self._acked, min(seq, self._sent))
+                self._answered = True
 
     def __repr__(self) -> str:
         # The default repr holds random document ids: a saved notebook output would change.

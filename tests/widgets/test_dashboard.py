@@ -273,6 +273,27 @@ def test_a_new_view_or_a_reload_shows_current_data(dash, runner):
     assert second.get_state()["render_bundle"] is not None
 
 
+def test_bokehjs_travels_in_widget_state_not_in_the_notebook(dash, monkeypatch):
+    # A reloaded page restores its widgets from the kernel: BokehJS shown as a widget reaches
+    # it without a cell re-run, and the saved notebook holds only references to widgets.
+    from labserve.widgets import bokehjs
+
+    shown: list[object] = []
+    monkeypatch.setattr("labserve.widgets.dashboard.display", shown.append)
+    bundle = dash._repr_mimebundle_()
+    carrier = bokehjs.bokehjs_widget()
+    assert shown == [carrier]  # before the charts' own output
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert not any("bokeh.min.js" in str(v) for v in bundle.values())
+    script = carrier.outputs[0]["data"][bokehjs.LOAD_MIME]
+    assert script.startswith("if (!(window.Bokeh && window.Bokeh.version ===")  # once a page
+    assert "/* BEGIN bokeh.min.js */" in script and len(script) > 500_000
+    assert carrier.layout.display == "none"
+    assert len(repr(carrier)) < 100  # its text form in a saved notebook
+    dash._repr_mimebundle_()
+    assert shown == [carrier, carrier]  # one per kernel, shown with every display
+
+
 def test_save_html_writes_a_standalone_page_with_current_data(dash, runner, tmp_path):
     runner.predict.run(X)
     wait_for(lambda: any(math.isfinite(x) for x in dash.charts.ticks.data["batch_max"]))
