@@ -57,6 +57,30 @@ def profile(cdp, seconds: float, top: int = 25) -> None:
     print(f"CPU profile, {seconds:g} s: {total / 1e6 / seconds:.0%} of a core sampled")
     for name, us in by_fn.most_common(top):
         print(f"{100 * us / total:5.1f}%  {name}")
+    # Where the hottest native calls come from: their callers, three frames up.
+    parent = {c: n["id"] for n in prof["nodes"] for c in n.get("children", [])}
+
+    def frame(node_id: int) -> str:
+        f = nodes[node_id]["callFrame"]
+        return f"{f['functionName'] or '(anon)'}:{f['lineNumber']}:{f['columnNumber']}"
+
+    for hot, _ in by_fn.most_common(4):
+        if hot.startswith("("):
+            continue
+        paths: collections.Counter[str] = collections.Counter()
+        for node_id, us in dt.items():
+            f = nodes[node_id]["callFrame"]
+            url = f["url"].rsplit("/", 1)[-1][:30]
+            if f"{f['functionName'] or '(anon)'} {url}:{f['lineNumber']}" != hot:
+                continue
+            chain, up = [], parent.get(node_id)
+            while up is not None and len(chain) < 4:
+                chain.append(frame(up))
+                up = parent.get(up)
+            paths[" < ".join(chain)] += us
+        print(f"callers of {hot}:")
+        for path, us in paths.most_common(8):
+            print(f"   {100 * us / total:5.1f}%  {path}")
 
 
 def main() -> None:

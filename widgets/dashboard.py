@@ -83,7 +83,7 @@ class Dashboard:
         self._views: list[ChartWidget] = []
         self._flow_history: deque[tuple[float, int, int]] = deque()
         self._status_at = -math.inf
-        self.charts = Charts(follow_s=follow_s)
+        self.charts = Charts(follow_s=follow_s, hz=hz)
         self.doc = Document()
         self.doc.add_root(self.charts.layout)
         self.batching = BatchingControls(

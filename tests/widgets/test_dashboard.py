@@ -193,12 +193,17 @@ def test_without_an_example_the_load_controls_say_what_is_missing(runner):
         d.close()
 
 
-def test_rollover_bounds_memory_over_a_long_run():
-    charts = Charts()
+def test_live_charts_keep_only_the_rows_their_window_shows():
+    # Each row kept is drawn on every frame: the window (60 s) and two time steps, at 5 Hz.
+    charts = Charts(follow_s=60.0, hz=5.0)
     tick = {c: [0.0] * 100 for c in TICK_COLUMNS}
     for _ in range(100):  # 10,000 ticks, past the rollover
         charts.stream(tick)
-    assert len(charts.ticks.data["t"]) == 1500
+    assert len(charts.ticks.data["t"]) == (60 + 2 * 5) * 5
+    finished = Charts(follow_s=None)  # a finished run's charts keep more
+    for _ in range(100):
+        finished.stream(tick)
+    assert len(finished.ticks.data["t"]) == 1500
 
 
 def test_two_pumps_never_write_one_document(runner):
@@ -358,7 +363,7 @@ def test_ticks_are_on_one_clock_before_and_after_the_first_request(runner):
 
 def _fragments_sent(widget_cls: type, patches: int) -> list[str]:
     """Stream ``patches`` ticks into charts shown by a widget; the comm fragments it sends."""
-    charts = Charts()
+    charts = Charts(follow_s=None)  # no time window: a tick changes only the rows
     widget = widget_cls(charts.layout)
     sent: list[str] = []
     widget.send = lambda content, buffers=None: sent.append(content["payload"])
@@ -407,7 +412,7 @@ def _ack(widget: ChartWidget, seq: int) -> None:
 
 
 def _streaming_widget() -> tuple[Charts, ChartWidget, list[dict]]:
-    charts = Charts()
+    charts = Charts(follow_s=None)  # no time window: a tick changes only the rows
     widget = ChartWidget(charts.layout)
     sent: list[dict] = []
     widget.send = lambda content, buffers=None: sent.append(json.loads(content["payload"]))
