@@ -32,12 +32,16 @@ bt = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bt)
 
 
-def task_s(cdp) -> float:
+_METRICS = ("TaskDuration", "ScriptDuration", "RecalcStyleDuration", "LayoutDuration")
+
+
+def busy_s(cdp) -> dict[str, float]:
+    """The renderer main thread's busy seconds so far: all tasks, and script, style, layout."""
     metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
-    return float(metrics["TaskDuration"])
+    return {name: float(metrics[name]) for name in _METRICS}
 
 
-def profile(cdp, seconds: float, top: int = 25) -> None:
+def profile(cdp, seconds: float, top: int = 25, depth: int = 9) -> None:
     """Self time per function (name, script, line) over ``seconds``, most first."""
     cdp.send("Profiler.enable")
     cdp.send("Profiler.setSamplingInterval", {"interval": 200})
@@ -57,15 +61,18 @@ def profile(cdp, seconds: float, top: int = 25) -> None:
     print(f"CPU profile, {seconds:g} s: {total / 1e6 / seconds:.0%} of a core sampled")
     for name, us in by_fn.most_common(top):
         print(f"{100 * us / total:5.1f}%  {name}")
-    # Where the hottest native calls come from: their callers, three frames up.
+    # Where the hottest native calls come from: their callers, `depth` frames up.
     parent = {c: n["id"] for n in prof["nodes"] for c in n.get("children", [])}
 
     def frame(node_id: int) -> str:
         f = nodes[node_id]["callFrame"]
         return f"{f['functionName'] or '(anon)'}:{f['lineNumber']}:{f['columnNumber']}"
 
-    for hot, _ in by_fn.most_common(4):
-        if hot.startswith("("):
+    wanted = os.environ.get("PROFILE_CALLERS", "").split(",")
+    for hot, _ in by_fn.most_common(top):
+        if hot.startswith("(") or not (
+            hot in dict(by_fn.most_common(4)) or hot.split(" ")[0] in wanted
+        ):
             continue
         paths: collections.Counter[str] = collections.Counter()
         for node_id, us in dt.items():
@@ -74,7 +81,7 @@ def profile(cdp, seconds: float, top: int = 25) -> None:
             if f"{f['functionName'] or '(anon)'} {url}:{f['lineNumber']}" != hot:
                 continue
             chain, up = [], parent.get(node_id)
-            while up is not None and len(chain) < 4:
+            while up is not None and len(chain) < depth:
                 chain.append(frame(up))
                 up = parent.get(up)
             paths[" < ".join(chain)] += us
@@ -118,17 +125,23 @@ def main() -> None:
                 for rate in (int(r) for r in args.throttles.split(",")):
                     cdp.send("Emulation.setCPUThrottlingRate", {"rate": rate})
                     time.sleep(3)  # settle
-                    busy0, t0 = task_s(cdp), time.monotonic()
+                    busy0, t0 = busy_s(cdp), time.monotonic()
                     samples = bt.measure_staleness(page, args.seconds)
-                    busy = (task_s(cdp) - busy0) / (time.monotonic() - t0)
+                    busy1, span = busy_s(cdp), time.monotonic() - t0
+                    share = {k: (busy1[k] - busy0[k]) / span for k in _METRICS}
+                    busy = share["TaskDuration"]
                     if samples:
                         q = statistics.quantiles(samples, n=10) if len(samples) > 2 else samples
                         ages = f"{statistics.median(samples):.2f} | {q[-1]:.2f} | {samples[-1]:.2f}"
                     else:  # a version without clock_s in its rows
                         ages = "n/a | n/a | n/a"
+                    parts = ", ".join(
+                        f"{k.removesuffix('Duration').lower()} {100 * share[k]:.0f}%"
+                        for k in _METRICS[1:]
+                    )
                     print(
                         f"| {rate}x | {ages} | {100 * busy / rate:.0f}% "
-                        f"({100 * busy:.0f}% throttled) |"
+                        f"({100 * busy:.0f}% throttled: {parts}) |"
                     )
             finally:
                 browser.close()

@@ -28,11 +28,46 @@ _loaded = False
 _bundle_cache: dict[str, str] = {}
 
 
+# Two patches to BokehJS's page-side work per frame, measured with a CDP profile of a live
+# dashboard in JupyterLab (benchmarks/RESULTS.md). BokehJS rewrites each renderer's position
+# stylesheet on every paint; each rewrite invalidates the page's style, and BokehJS's next CSS
+# read (it reads CSS variables for every text and fill colour) forces a style pass over
+# JupyterLab's large page. (1) Skip rewrites that change nothing. (2) A glyph renderer's
+# element is an empty box placed over its data, which moves on every streamed row: leave it
+# where it is unless the renderer has a context menu (the one thing that element serves).
+# Each patch is a no-op if a BokehJS release renames what it patches.
+_BOKEHJS_PATCHES = """
+(function () {
+  try {
+    const sheet = window.Bokeh.require("core/dom").InlineStyleSheet.prototype;
+    const update = sheet._update;
+    if (typeof update === "function" && !sheet._labserve_patched) {
+      sheet._update = function (css) {
+        if (this.el.textContent !== css) update.call(this, css);
+      };
+      sheet._labserve_patched = true;
+    }
+    const glyphs = window.Bokeh.require("models/renderers/glyph_renderer");
+    const view = glyphs.GlyphRendererView.prototype;
+    const position = view.update_position;
+    if (typeof position === "function" && !view._labserve_patched) {
+      view.update_position = function () {
+        if (this.model.context_menu != null) position.call(this);
+      };
+      view._labserve_patched = true;
+    }
+  } catch (error) {
+    console.warn("labserve: BokehJS patches not applied", error);
+  }
+})();
+"""
+
+
 def _bundle() -> dict[str, str]:
     if not _bundle_cache:
         # The core library (and its WebGL and widgets parts) is all the charts need.
         resources = Resources(mode="inline", components=["bokeh", "bokeh-gl", "bokeh-widgets"])
-        _bundle_cache[LOAD_MIME] = "\n".join(resources.js_raw)
+        _bundle_cache[LOAD_MIME] = "\n".join([*resources.js_raw, _BOKEHJS_PATCHES])
         _bundle_cache["text/plain"] = f"BokehJS {bokeh.__version__} loaded"
     return _bundle_cache
 
