@@ -4,12 +4,13 @@
 
 Starts JupyterLab on a temporary notebook (the browser test's: a served sleep model, then a
 Dashboard), Run All in Chromium (Playwright, /usr/bin/chromium), starts the load from the
-page, then for each CPU throttle rate (DevTools Emulation.setCPUThrottlingRate 1 and 4)
-samples once a second how old the newest row on the page is (now minus its clock_s), and
-reads the renderer's main-thread busy time (Performance.getMetrics TaskDuration) over the
-period. Prints one Markdown row per throttle rate. ``--profile S``: first, a CPU profile of
-the renderer (DevTools Profiler) over S seconds at 1x, printed as the functions with the most
-self time.
+page, then for each CPU throttle rate (DevTools Emulation.setCPUThrottlingRate; --throttles,
+default 1 and 4) samples once a second how old the newest row on the page is (now minus its
+clock_s), and reads the renderer's main-thread busy time (Performance.getMetrics
+TaskDuration, with its script, style and layout parts) and the main thread's CPU time (/proc)
+over the period. Prints one Markdown row per throttle rate. ``--profile S``: first, a CPU
+profile of the renderer (DevTools Profiler) over S seconds at 1x, printed as the functions
+with the most self time and the callers of the hottest.
 """
 
 from __future__ import annotations
@@ -90,6 +91,25 @@ def profile(cdp, seconds: float, top: int = 25, depth: int = 9) -> None:
             print(f"   {100 * us / total:5.1f}%  {path}")
 
 
+def renderer_cpu_s() -> dict[int, float]:
+    """CPU seconds (user + system) of each Chromium renderer's main thread, by pid (Linux).
+
+    Unlike TaskDuration (wall time of the main thread's tasks), this does not grow when the
+    machine is busy and the renderer waits for a core.
+    """
+    out: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for proc in pathlib.Path("/proc").glob("[0-9]*"):
+        try:
+            if b"--type=renderer" not in (proc / "cmdline").read_bytes():
+                continue
+            fields = (proc / "task" / proc.name / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(proc.name)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=2500)
@@ -119,15 +139,18 @@ def main() -> None:
                 )
                 print(
                     "| CPU throttle | staleness median (s) | p90 | last | renderer main "
-                    "thread busy (% of a core, unthrottled-equivalent) |"
+                    "thread busy (TaskDuration, % of a core, unthrottled-equivalent) | "
+                    "main thread CPU time (/proc) |"
                 )
-                print("|---:|---:|---:|---:|---:|")
+                print("|---:|---:|---:|---:|---:|---:|")
                 for rate in (int(r) for r in args.throttles.split(",")):
                     cdp.send("Emulation.setCPUThrottlingRate", {"rate": rate})
                     time.sleep(3)  # settle
-                    busy0, t0 = busy_s(cdp), time.monotonic()
+                    busy0, cpu0, t0 = busy_s(cdp), renderer_cpu_s(), time.monotonic()
                     samples = bt.measure_staleness(page, args.seconds)
-                    busy1, span = busy_s(cdp), time.monotonic() - t0
+                    busy1, cpu1, span = busy_s(cdp), renderer_cpu_s(), time.monotonic() - t0
+                    # The page's renderer: the one whose main thread worked the most.
+                    cpu = max((cpu1[p] - cpu0.get(p, 0.0) for p in cpu1), default=0.0) / span
                     share = {k: (busy1[k] - busy0[k]) / span for k in _METRICS}
                     busy = share["TaskDuration"]
                     if samples:
@@ -141,7 +164,7 @@ def main() -> None:
                     )
                     print(
                         f"| {rate}x | {ages} | {100 * busy / rate:.0f}% "
-                        f"({100 * busy:.0f}% throttled: {parts}) |"
+                        f"({100 * busy:.0f}% throttled: {parts}) | {100 * cpu:.0f}% |"
                     )
             finally:
                 browser.close()
