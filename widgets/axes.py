@@ -21,7 +21,8 @@ from bokeh.models import Range1d
 
 __all__ = ["SteppedAxes", "YAxis", "nice_ceil", "nice_floor"]
 
-_NICE = (1.0, 2.0, 5.0, 10.0)
+_NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+"""Round numbers an axis ends on (times a power of ten): fine enough not to squash the data."""
 _HEADROOM = 1.1
 """A linear axis ends this far above the data (then rounds up)."""
 _LOG_HEADROOM = 1.5
@@ -33,7 +34,7 @@ Values = Callable[[Mapping[str, Sequence[float]], int], float | None]
 
 
 def nice_ceil(x: float) -> float:
-    """The smallest of 1, 2, 5 x 10^k at or above ``x`` (> 0)."""
+    """The smallest round number (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 x 10^k) at or above ``x``."""
     k = math.floor(math.log10(x))
     for m in _NICE:
         if m * 10.0**k >= x * (1 - 1e-12):
@@ -42,7 +43,7 @@ def nice_ceil(x: float) -> float:
 
 
 def nice_floor(x: float) -> float:
-    """The largest of 1, 2, 5 x 10^k at or below ``x`` (> 0)."""
+    """The largest round number (as :func:`nice_ceil`) at or below ``x`` (> 0)."""
     k = math.floor(math.log10(x))
     for m in reversed(_NICE):
         if m * 10.0**k <= x * (1 + 1e-12):
