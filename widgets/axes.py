@@ -25,7 +25,7 @@ _NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 """Round numbers an axis ends on (times a power of ten): fine enough not to squash the data."""
 _HEADROOM = 1.1
 """A linear axis ends this far above the data (then rounds up)."""
-_LOG_HEADROOM = 1.5
+_LOG_HEADROOM = 1.2
 """A log axis spans this factor beyond the data at each end (then rounds)."""
 _SHRINK = 2.5
 """An axis shrinks only when a round end this many times smaller would hold the window."""
@@ -89,7 +89,9 @@ class YAxis:
         r = self.range
         old = (r.start, r.end)
         if self.log:
-            want = (nice_floor(lo / _LOG_HEADROOM), nice_ceil(hi * _LOG_HEADROOM))
+            # Whole decades: a log axis ending at, say, 80 labels 10, 20, ... 80 in a heap.
+            want = (10.0 ** math.floor(math.log10(lo / _LOG_HEADROOM)),
+                    10.0 ** math.ceil(math.log10(hi * _LOG_HEADROOM)))  # fmt: skip
             start = want[0] if lo < old[0] or (shrink and want[0] > old[0] * _SHRINK) else old[0]
             end = want[1] if hi > old[1] or (shrink and want[1] * _SHRINK < old[1]) else old[1]
         else:

@@ -361,6 +361,26 @@ def test_the_dashboard_streams_in_notebook_7_and_after_a_reload(tmp_path):
             assert page.evaluate(BOKEHJS_OUTPUT_CHARS) == 0
             page.screenshot(path=str(ARTIFACTS / "notebook7.png"), full_page=True)
             assert_reload_keeps_live_charts(page, nb7, console, "notebook7-reloaded")
+
+            # A second tab on the same notebook, the kernel alive: live charts there too.
+            second = browser.new_page(viewport={"width": 1500, "height": 1400})
+            second.goto(f"{nb7['base']}{nb7['path']}dashboard.ipynb?token={nb7['token']}")
+            second.wait_for_function(KERNEL_READY, timeout=90_000)
+            _wait(lambda: second.locator(".bk-Figure, .bk-figure").count() >= 6, "tab 2 charts")
+            n = max((s["rows"] for s in second.evaluate(READ_SOURCE, "queue_requests")), default=0)
+            _wait(
+                lambda: (
+                    max(
+                        (s["rows"] for s in second.evaluate(READ_SOURCE, "queue_requests")),
+                        default=0,
+                    )
+                    > n + 5
+                ),
+                "tab 2 rows streaming",
+                timeout=30,
+            )
+            assert second.get_by_text("Could not create a view").count() == 0
+            second.screenshot(path=str(ARTIFACTS / "notebook7-second-tab.png"), full_page=True)
         except BaseException:
             print("\n".join(console[-60:]))
             page.screenshot(path=str(ARTIFACTS / "notebook7-failure.png"), full_page=True)

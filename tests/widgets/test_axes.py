@@ -76,7 +76,12 @@ def test_log_axes_hold_the_data_and_the_cap_and_stacked_axes_the_sum():
     charts.stream(_row(0.0, batch_min=2.0, batch_max=30.0, batch_mean=10.0, max_batch_size=64.0,
                        full=3.0, idle=4.0, adaptive=0.0, timeout=0.0, drain=0.0))  # fmt: skip
     sizes = charts.figures["batch_size"].y_range
-    assert sizes.start <= 2.0 / 1.5 and sizes.end >= 64 * 1.5  # the cap is not on the edge
+    assert (sizes.start, sizes.end) == (1.0, 100.0)  # whole decades; the cap not on the edge
+    charts.stream(_row(0.2, p50=3.0, p99=70.0))
+    latency = charts.figures["latency"].y_range
+    assert (latency.start, latency.end) == (1.0, 100.0)
+    charts.stream(_row(0.4, p50=3.0, p99=90.0))  # 90 ms x 1.2 passes 100
+    assert (latency.start, latency.end) == (1.0, 1000.0)
     assert charts.figures["reasons"].y_range.end == 8.0  # 3 + 4 (+10%), rounded up
     charts.clear()
     assert (sizes.start, sizes.end) == (1.0, 100.0) and charts.x_range.start == 0.0
