@@ -80,7 +80,9 @@ def test_log_axes_hold_the_data_and_the_cap_and_stacked_axes_the_sum():
     charts.stream(_row(0.2, p50=3.0, p99=70.0))
     latency = charts.figures["latency"].y_range
     assert (latency.start, latency.end) == (1.0, 100.0)
-    charts.stream(_row(0.4, p50=3.0, p99=90.0))  # 90 ms x 1.2 passes 100
+    charts.stream(_row(0.4, p50=3.0, p99=90.0))  # within: no change
+    assert latency.end == 100.0
+    charts.stream(_row(0.6, p50=3.0, p99=120.0))  # past the end: the next decade
     assert (latency.start, latency.end) == (1.0, 1000.0)
     assert charts.figures["reasons"].y_range.end == 8.0  # 3 + 4 (+10%), rounded up
     charts.clear()
