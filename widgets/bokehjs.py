@@ -1,21 +1,22 @@
 """Load BokehJS into the notebook page inline, so charts draw offline (no CDN).
 
-jupyter_bokeh's widget needs BokehJS already in the page, and sends none itself. A dashboard
-brings it with each display (:func:`show_bokehjs`), so a page reloaded, or a second tab, while
-the kernel lives gets working charts when the cells run again; once a page has drawn the
-charts, that 2 MB output becomes a stub, so the notebook file stays small. Other charts load it
-once per kernel (:func:`load_bokehjs`, also for a setup cell).
+jupyter_bokeh's widget needs BokehJS already in the page, and sends none itself (its front-end
+extension bundles none either). A dashboard shows it in a hidden widget first
+(:func:`bokehjs_widget`): the 2 MB script lives in the kernel's widget state, so a page
+reloaded, or a second tab, gets it back with the widgets, without re-running a cell, and the
+notebook file never holds it. Other charts load it once per kernel as a cell output
+(:func:`load_bokehjs`, also for a setup cell), which ``scripts/run_notebooks.py`` saves as a stub.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
+import json
+from typing import Any
 
 import bokeh
 from bokeh.resources import Resources
 
-__all__ = ["STUB", "load_bokehjs", "show_bokehjs"]
+__all__ = ["STUB", "bokehjs_widget", "load_bokehjs"]
 
 LOAD_MIME = "application/vnd.bokehjs_load.v0+json"
 """The mime type jupyter_bokeh's JupyterLab extension runs as a script."""
@@ -27,37 +28,85 @@ _loaded = False
 _bundle_cache: dict[str, str] = {}
 
 
+# Two patches to BokehJS's page-side work per frame, measured with a CDP profile of a live
+# dashboard in JupyterLab (benchmarks/RESULTS.md). BokehJS rewrites each renderer's position
+# stylesheet on every paint; each rewrite invalidates the page's style, and BokehJS's next CSS
+# read (it reads CSS variables for every text and fill colour) forces a style pass over
+# JupyterLab's large page. (1) Skip rewrites that change nothing. (2) A glyph renderer's
+# element is an empty box placed over its data, which moves on every streamed row: leave it
+# where it is unless the renderer has a context menu (the one thing that element serves).
+# Each patch is a no-op if a BokehJS release renames what it patches.
+_BOKEHJS_PATCHES = """
+(function () {
+  try {
+    const sheet = window.Bokeh.require("core/dom").InlineStyleSheet.prototype;
+    const update = sheet._update;
+    if (typeof update === "function" && !sheet._labserve_patched) {
+      sheet._update = function (css) {
+        if (this.el.textContent !== css) update.call(this, css);
+      };
+      sheet._labserve_patched = true;
+    }
+    const glyphs = window.Bokeh.require("models/renderers/glyph_renderer");
+    const view = glyphs.GlyphRendererView.prototype;
+    const position = view.update_position;
+    if (typeof position === "function" && !view._labserve_patched) {
+      view.update_position = function () {
+        if (this.model.context_menu != null) position.call(this);
+      };
+      view._labserve_patched = true;
+    }
+  } catch (error) {
+    console.warn("labserve: BokehJS patches not applied", error);
+  }
+})();
+"""
+
+
 def _bundle() -> dict[str, str]:
     if not _bundle_cache:
         # The core library (and its WebGL and widgets parts) is all the charts need.
         resources = Resources(mode="inline", components=["bokeh", "bokeh-gl", "bokeh-widgets"])
-        _bundle_cache[LOAD_MIME] = "\n".join(resources.js_raw)
+        _bundle_cache[LOAD_MIME] = "\n".join([*resources.js_raw, _BOKEHJS_PATCHES])
         _bundle_cache["text/plain"] = f"BokehJS {bokeh.__version__} loaded"
     return _bundle_cache
 
 
-def show_bokehjs() -> Callable[[], None]:
-    """Display BokehJS now, even if this kernel did before; return what stubs that output.
+_carrier: list[Any] = []
 
-    A page reloaded (or a second tab) while the kernel lives has no BokehJS, and jupyter_bokeh
-    sends it once per kernel: so a dashboard brings its own each time it is displayed. Once a
-    page has drawn its charts, call the returned function (thread-safe, idempotent): it
-    replaces the 2 MB output with a short stub, so the notebook file stays small, and the
-    page keeps the BokehJS it already ran.
+
+def bokehjs_widget() -> Any:
+    """A hidden widget that brings BokehJS to every page that shows it (one per kernel).
+
+    BokehJS travels in the widget's state, not in the notebook's outputs: a page gets it when
+    it draws the widget, including a page reloaded (or a second tab) while the kernel lives,
+    which restores its widgets from the kernel without re-running a cell; the saved notebook
+    holds only a reference to the widget. Show it before the charts (the page runs its script
+    as it draws it, and jupyter_bokeh's views need BokehJS when they are made). The script
+    does nothing on a page that has this version of BokehJS already.
     """
-    global _loaded
-    from IPython.display import display
+    if _carrier and _carrier[0].comm is None:  # closed (Widget.close_all(), say)
+        _carrier.clear()
+    if not _carrier:
+        import ipywidgets as w
 
-    handle = display(_bundle(), raw=True, display_id=True)
-    _loaded = True
-    done = threading.Event()
+        version = json.dumps(bokeh.__version__)
+        script = (
+            f"if (!(window.Bokeh && window.Bokeh.version === {version})) {{\n"
+            f"{_bundle()[LOAD_MIME]}\n}}"
+        )
+        output = {
+            "output_type": "display_data",
+            "data": {LOAD_MIME: script, "text/plain": _bundle()["text/plain"]},
+            "metadata": {},
+        }
 
-    def stub() -> None:
-        if handle is not None and not done.is_set():
-            done.set()
-            handle.update({LOAD_MIME: STUB, "text/plain": _bundle()["text/plain"]}, raw=True)
+        class BokehJS(w.Output):  # type: ignore[misc]
+            def __repr__(self) -> str:  # the default would hold the whole script
+                return _bundle()["text/plain"]
 
-    return stub
+        _carrier.append(BokehJS(outputs=(output,), layout=w.Layout(display="none")))
+    return _carrier[0]
 
 
 def load_bokehjs(force: bool = False) -> None:

@@ -31,13 +31,14 @@ from bokeh.plotting import figure
 
 import labserve
 
+from .axes import SteppedAxes
 from .chartwidget import ACK_NAME, ChartWidget
 from .series import RATE_WINDOW_S, REASONS, TICK_COLUMNS, Rows, fit_cost, result_rows
 
 __all__ = ["Charts", "charts_for_result", "plot"]
 
 _TICK_ROLLOVER = 1500
-"""Ticks kept: 5 minutes at 5 Hz."""
+"""Ticks kept without a time window (a finished run's charts)."""
 _FIT_POINTS = 256
 """Recent batches shown against the fitted cost line."""
 _COLORS = Category10[10]
@@ -58,22 +59,44 @@ class Charts:
     everything (a finished run). Not thread-safe: one writer streams into it.
     """
 
-    def __init__(self, *, follow_s: float | None = 60.0, width: int = 470, height: int = 220):
+    def __init__(
+        self,
+        *,
+        follow_s: float | None = 60.0,
+        hz: float = 5.0,
+        width: int = 470,
+        height: int = 220,
+    ):
         self.ticks = ColumnDataSource({c: [] for c in TICK_COLUMNS})
         self.fit_points = ColumnDataSource({"items": [], "duration_ms": []})
         self.fit_line = ColumnDataSource({"items": [], "duration_ms": []})
-        if follow_s is not None:
-            x_range = DataRange1d(follow="end", follow_interval=follow_s, range_padding=0)
-        else:
-            x_range = DataRange1d(range_padding=0.02)
+        # Live: the kernel moves the axes in steps (see axes.py), and the source keeps only
+        # the rows the window shows (each row kept is drawn on every frame).
+        self.axes = SteppedAxes(follow_s) if follow_s is not None else None
+        self._rollover = (
+            _TICK_ROLLOVER
+            if self.axes is None
+            else math.ceil((self.axes.follow_s + 2 * self.axes.step_s) * hz)
+        )
+        x_range = self.axes.x if self.axes is not None else DataRange1d(range_padding=0.02)
         self.x_range = x_range
         size = {"width": width, "height": height}
         window = f"{RATE_WINDOW_S:g} s"
 
-        def timeline(title: str, y_label: str, *, log: bool = False) -> Any:
+        def timeline(
+            title: str,
+            y_label: str,
+            columns: list[str],
+            *,
+            log: bool = False,
+            stacked: bool = False,
+        ) -> Any:
             # Counts and rates start at 0; a log axis (batch sizes, latencies) keeps a cap far
             # above the data readable without squashing the data.
-            y_range = DataRange1d() if log else DataRange1d(start=0)
+            if self.axes is not None:
+                y_range = self.axes.y(columns, log=log, stacked=stacked)
+            else:
+                y_range = DataRange1d() if log else DataRange1d(start=0)
             fig = figure(title=title, x_range=x_range, y_range=y_range,
                          y_axis_type="log" if log else "linear",
                          tools="pan,wheel_zoom,reset,save", **size)  # fmt: skip
@@ -82,13 +105,16 @@ class Charts:
             fig.toolbar.logo = None
             return fig
 
-        queue = timeline("Queue depth (now)", "waiting (requests, items)")
+        queue = timeline("Queue depth (now)", "waiting (requests, items)",
+                         ["queue_requests", "queue_items"])  # fmt: skip
         queue.step("t", "queue_requests", source=self.ticks, color=_COLORS[0],
                    legend_label="requests", mode="after")  # fmt: skip
         queue.step("t", "queue_items", source=self.ticks, color=_COLORS[1],
                    legend_label="items", mode="after", line_dash="dashed")  # fmt: skip
 
-        sizes = timeline("Batch size (each tick's batches)", "items per batch", log=True)
+        sizes = timeline("Batch size (each tick's batches)", "items per batch",
+                         ["batch_min", "batch_max", "batch_mean", "max_batch_size"],
+                         log=True)  # fmt: skip
         sizes.varea("t", "batch_min", "batch_max", source=self.ticks, color=_COLORS[0],
                     alpha=0.25, legend_label="min-max")  # fmt: skip
         sizes.line("t", "batch_mean", source=self.ticks, color=_COLORS[0], line_width=2,
@@ -96,7 +122,9 @@ class Charts:
         sizes.step("t", "max_batch_size", source=self.ticks, color=_COLORS[3], line_dash="dashed",
                    legend_label="max_batch_size", mode="after", line_width=2)  # fmt: skip
 
-        latency = timeline("Latency of served requests (recorder window)", "ms", log=True)
+        latency = timeline("Latency of served requests (recorder window)", "ms",
+                           ["p50", "p95", "p99", "max_latency_ms", "latency_bound",
+                            "latency_slo_ms"], log=True)  # fmt: skip
         for column, color in (("p50", _COLORS[2]), ("p95", _COLORS[1]), ("p99", _COLORS[3])):
             latency.line("t", column, source=self.ticks, color=color, legend_label=column,
                          line_width=2)  # fmt: skip
@@ -107,7 +135,8 @@ class Charts:
         latency.step("t", "latency_slo_ms", source=self.ticks, color=_COLORS[2], line_width=2,
                      line_dash="dashed", legend_label="target", mode="after")  # fmt: skip
 
-        throughput = timeline(f"Throughput (last {window})", "requests / s")
+        throughput = timeline(f"Throughput (last {window})", "requests / s",
+                              ["served_rps", "rejected_rps", "failed_rps"])  # fmt: skip
         for column, color, name in (
             ("served_rps", _COLORS[2], "served"),
             ("rejected_rps", _COLORS[3], "rejected"),
@@ -116,7 +145,8 @@ class Charts:
             throughput.line("t", column, source=self.ticks, color=color, legend_label=name,
                             line_width=2)  # fmt: skip
 
-        reasons = timeline(f"Why batches fired (last {window})", "batches / s")
+        reasons = timeline(f"Why batches fired (last {window})", "batches / s", list(REASONS),
+                           stacked=True)  # fmt: skip
         reasons.varea_stack(
             list(REASONS),
             x="t",
@@ -167,7 +197,9 @@ class Charts:
     def stream(self, tick: Rows) -> None:
         """Append rows, dropping the oldest past the rollover."""
         if tick["t"]:
-            self.ticks.stream(tick, rollover=_TICK_ROLLOVER)
+            self.ticks.stream(tick, rollover=self._rollover)
+            if self.axes is not None:
+                self.axes.update(self.ticks.data, len(tick["t"]))
 
     def set_latency_window(self, window_s: float) -> None:
         """Say in the latency chart's title which window its percentiles cover."""
@@ -213,6 +245,8 @@ class Charts:
     def clear(self) -> None:
         """Empty every chart (another method was chosen, or the stats were reset)."""
         self.ticks.data = {c: [] for c in TICK_COLUMNS}
+        if self.axes is not None:
+            self.axes.reset()
         self.show_fit([], [], math.nan, math.nan, math.nan)
 
 

@@ -64,7 +64,10 @@ MAX_IN_FLIGHT = 1
 """Patches sent and not yet applied by the page before new changes are held (and merged)."""
 ACK_TIMEOUT_S = 1.0
 """While a cell runs, the kernel's main thread cannot read the page's answers: with none for
-this long, one patch goes out anyway (so the charts move, once a second, during a cell)."""
+this long, one patch goes out anyway (so the charts move, once a second, during a cell). The
+same until a page first answers, and after a page (a reloaded one) read the whole state: the
+first patches may reach a page before its view exists (Notebook 7 met that on every Run All),
+and a view never answers a patch it did not get."""
 SILENT_TIMEOUT_S = 10.0
 """Otherwise, with no answer for this long (no view open), one patch goes out anyway."""
 
@@ -142,6 +145,7 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
         self._held: list[Any] = []
         self._sent = 0  # patches sent (their sequence numbers)
         self._acked = 0  # the newest sequence number a page said it applied
+        self._answered = False  # a page answered since the state was last read
         self._last_sent = 0.0
         self.updates = 0
         """Changes handed to the widget (a pump tick each)."""
@@ -164,6 +168,13 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
         if "render_bundle" in state and self._writer_lock is not None:
             with self._writer_lock:
                 state["render_bundle"] = serialize_json(self._model_to_traits(self._model))
+        if "render_bundle" in state:
+            # A page that reads the whole state (a reloaded page, a second tab) draws from the
+            # document as it is now: it will not answer patches sent before, so they no
+            # longer hold new ones back.
+            with self._flow:
+                self._acked = self._sent
+                self._answered = False
         return state
 
     def _document_patched(self, event: Any) -> None:
@@ -185,7 +196,8 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
             self._held += events
             self.updates += 1
             now = time.monotonic()
-            timeout = ACK_TIMEOUT_S if _cells.running else SILENT_TIMEOUT_S
+            quick = _cells.running or not self._answered
+            timeout = ACK_TIMEOUT_S if quick else SILENT_TIMEOUT_S
             if (
                 self._ack_model is not None
                 and self._sent - self._acked >= MAX_IN_FLIGHT
@@ -232,6 +244,7 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
                 return
             with self._flow:
                 self._acked = max(self._acked, min(seq, self._sent))
+                self._answered = True
 
     def __repr__(self) -> str:
         # The default repr holds random document ids: a saved notebook output would change.

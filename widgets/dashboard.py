@@ -15,15 +15,15 @@ import html
 import math
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as w
 from bokeh.document import Document
+from IPython.display import display
 
 import labserve
 
-from .bokehjs import show_bokehjs
+from .bokehjs import bokehjs_widget
 from .charts import Charts
 from .chartwidget import ChartWidget
 from .controls import BatchingControls
@@ -83,8 +83,7 @@ class Dashboard:
         self._views: list[ChartWidget] = []
         self._flow_history: deque[tuple[float, int, int]] = deque()
         self._status_at = -math.inf
-        self._stubs: list[Callable[[], None]] = []
-        self.charts = Charts(follow_s=follow_s)
+        self.charts = Charts(follow_s=follow_s, hz=hz)
         self.doc = Document()
         self.doc.add_root(self.charts.layout)
         self.batching = BatchingControls(
@@ -138,8 +137,8 @@ class Dashboard:
         return w.VBox([self.panel, self.status, self.replicas, charts])
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        # BokehJS with every display (a reloaded page has none); stubbed once a view drew.
-        self._stubs.append(show_bokehjs())
+        # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel.
+        display(bokehjs_widget())
         bundle = self.view()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # the VBox's own text holds live numbers
             bundle["text/plain"] = repr(self)
@@ -188,10 +187,6 @@ class Dashboard:
         if view is not None:
             self.batching.follow(view.config)
         snap = None if view is None else view.snapshot
-        if self._stubs and any(v.acknowledged for v in self._views):
-            stubs, self._stubs = self._stubs, []
-            for stub in stubs:  # a page drew the charts: the notebook need not keep BokehJS
-                stub()
         load = self.load.poll()
         behind = self._flow_note()
         # The line is read, not watched: twice a second, once while the page is behind

@@ -84,8 +84,15 @@ def _wait(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any
 
 
 @contextlib.contextmanager
-def run_lab(folder: pathlib.Path, cells: list[str] = NOTEBOOK_CELLS) -> Iterator[dict[str, Any]]:
-    """JupyterLab serving a dashboard notebook (``cells``) from ``folder``."""
+def run_lab(
+    folder: pathlib.Path, cells: list[str] = NOTEBOOK_CELLS, app: str = "lab"
+) -> Iterator[dict[str, Any]]:
+    """JupyterLab (or Notebook 7: ``app="notebook"``) serving ``cells`` from ``folder``.
+
+    The notebook opens at ``{base}{path}dashboard.ipynb``.
+    """
+    if app not in ("lab", "notebook"):
+        raise ValueError(f"app must be 'lab' or 'notebook', got {app!r}")
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
     nb.metadata["kernelspec"] = {
@@ -96,10 +103,13 @@ def run_lab(folder: pathlib.Path, cells: list[str] = NOTEBOOK_CELLS) -> Iterator
     nbformat.write(nb, folder / "dashboard.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTERLAB_WORKSPACES_DIR=str(folder / "workspaces"))
+    module, app_class = {"lab": ("jupyterlab", "LabApp")}.get(
+        app, ("notebook", "JupyterNotebookApp")
+    )
     cmd = [
-        sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
+        sys.executable, "-m", module, "--no-browser", f"--port={port}",
         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
-        f"--ServerApp.root_dir={folder}", "--LabApp.expose_app_in_browser=True",
+        f"--ServerApp.root_dir={folder}", f"--{app_class}.expose_app_in_browser=True",
     ]  # fmt: skip
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
@@ -115,8 +125,9 @@ def run_lab(folder: pathlib.Path, cells: list[str] = NOTEBOOK_CELLS) -> Iterator
             return False
 
     try:
-        _wait(up, "JupyterLab to start", timeout=90)
-        yield {"base": base, "token": token, "dir": folder}
+        _wait(up, "Jupyter to start", timeout=90)
+        path = "/lab/tree/" if app == "lab" else "/notebooks/"
+        yield {"base": base, "token": token, "dir": folder, "path": path}
     finally:
         proc.terminate()
         try:
@@ -178,7 +189,7 @@ def open_dashboard(pw: Any, lab: dict[str, Any]) -> tuple[Any, Any, dict[str, st
     page = browser.new_page(viewport={"width": 1500, "height": 1400})
     console: list[str] = []
     page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
-    page.goto(f"{lab['base']}/lab/tree/dashboard.ipynb?token={lab['token']}&reset")
+    page.goto(f"{lab['base']}{lab['path']}dashboard.ipynb?token={lab['token']}&reset")
     page.wait_for_function(KERNEL_READY, timeout=90_000)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
     server_file = lab["dir"] / "server.json"
@@ -232,6 +243,37 @@ def _drag_slider_to(page: Any, label: str, index: int, steps: int) -> None:
     page.mouse.up()
 
 
+def assert_reload_keeps_live_charts(
+    page: Any, lab: dict[str, Any], console: list[str], shot: str
+) -> None:
+    """Save, reload with the kernel alive: live charts, without and then with a re-run."""
+
+    def rows() -> int:
+        sources = page.evaluate(READ_SOURCE, "queue_requests")
+        return max((s["rows"] for s in sources), default=0)
+
+    def live(what: str) -> None:
+        _wait(lambda: page.locator(".bk-Figure, .bk-figure").count() >= 6, f"{what}: charts")
+        n = rows()
+        _wait(lambda: rows() > n + 5, f"{what}: rows streaming", timeout=30)
+        assert page.get_by_text("Could not create a view").count() == 0, what
+        errors = [m for m in console if m.startswith("error")]
+        assert not errors, (what, errors)
+
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    _wait(lambda: not page.evaluate(
+        "() => window.jupyterapp.shell.currentWidget.context.model.dirty"), "the save")  # fmt: skip
+    saved = (lab["dir"] / "dashboard.ipynb").stat().st_size
+    assert saved < 50_000, saved  # no BokehJS in the file
+    page.reload()
+    page.wait_for_function(KERNEL_READY, timeout=90_000)
+    live("reloaded, no cell re-run")  # BokehJS and the charts come back from the kernel
+    page.screenshot(path=str(ARTIFACTS / f"{shot}.png"), full_page=True)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    _wait(lambda: page.locator(".jp-OutputArea-output", has_text="ready").count(), "re-run")
+    live("reloaded and re-run")
+
+
 def test_the_dashboard_renders_streams_and_its_slider_configures_the_server(lab):
     from playwright.sync_api import sync_playwright
 
@@ -277,23 +319,71 @@ def test_the_dashboard_renders_streams_and_its_slider_configures_the_server(lab)
             shot = ARTIFACTS / "dashboard.png"
             page.screenshot(path=str(shot), full_page=True)
             assert shot.stat().st_size > 20_000
-            # Once the page drew the charts, the 2 MB of BokehJS in the cell's output is
-            # replaced by a stub: what the notebook saves stays small.
-            _wait(lambda: 0 < page.evaluate(BOKEHJS_OUTPUT_CHARS) < 1000, "the stub")
-
-            # Reload the page with the kernel alive and run the cells again: working charts.
-            page.reload()
-            page.wait_for_function(KERNEL_READY, timeout=90_000)
-            assert not page.evaluate("() => !!window.Bokeh")  # a fresh page has none
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            _wait(lambda: page.locator(".bk-Figure, .bk-figure").count() >= 6, "six figures")
-            n = rows("queue_requests")
-            _wait(lambda: rows("queue_requests") > n + 5, "rows after the reload")
-            assert page.get_by_text("Could not create a view").count() == 0
-            page.screenshot(path=str(ARTIFACTS / "dashboard-reloaded.png"), full_page=True)
+            # BokehJS travels in a widget's state, not in the outputs the notebook saves.
+            assert page.evaluate(BOKEHJS_OUTPUT_CHARS) == 0
+            assert_reload_keeps_live_charts(page, lab, console, "dashboard-reloaded")
         except BaseException:
             print("\n".join(console[-60:]))
             page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+
+
+def test_the_dashboard_streams_in_notebook_7_and_after_a_reload(tmp_path):
+    """The same dashboard in Jupyter Notebook 7 (``/notebooks/<path>``): Run All, live charts."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with run_lab(tmp_path, app="notebook") as nb7, sync_playwright() as pw:
+        browser, page, server, console = open_dashboard(pw, nb7)
+
+        def rows(column: str = "queue_requests") -> int:
+            return max((s["rows"] for s in page.evaluate(READ_SOURCE, column)), default=0)
+
+        def last_values(column: str) -> list[float]:
+            sources = page.evaluate(READ_SOURCE, column)
+            return max(sources, key=lambda s: s["rows"])["values"] if sources else []
+
+        try:
+            _wait(lambda: page.locator(".jp-OutputArea-output", has_text="ready").count(), "ready")
+            assert page.locator("canvas").count() >= 6
+            start_load(page, 400)
+            # The first view streams (it once waited for a patch sent before it existed).
+            _wait(lambda: rows() > 10, "the first view to stream", timeout=20)
+            _wait(lambda: max(last_values("batch_max"), default=0) > 0, "batches to show")
+            _patch_config(server, max_batch_size=8)  # another client: the slider follows
+            readout = page.locator(".widget-slider", has_text="max_batch_size").locator(
+                ".widget-readout"
+            )
+            _wait(lambda: readout.inner_text().strip() == "8", "the slider to show 8")
+            _wait(lambda: last_values("max_batch_size")[-1:] == [8], "the cap line to show 8")
+            assert page.evaluate(BOKEHJS_OUTPUT_CHARS) == 0
+            page.screenshot(path=str(ARTIFACTS / "notebook7.png"), full_page=True)
+            assert_reload_keeps_live_charts(page, nb7, console, "notebook7-reloaded")
+
+            # A second tab on the same notebook, the kernel alive: live charts there too.
+            second = browser.new_page(viewport={"width": 1500, "height": 1400})
+            second.goto(f"{nb7['base']}{nb7['path']}dashboard.ipynb?token={nb7['token']}")
+            second.wait_for_function(KERNEL_READY, timeout=90_000)
+            _wait(lambda: second.locator(".bk-Figure, .bk-figure").count() >= 6, "tab 2 charts")
+            n = max((s["rows"] for s in second.evaluate(READ_SOURCE, "queue_requests")), default=0)
+            _wait(
+                lambda: (
+                    max(
+                        (s["rows"] for s in second.evaluate(READ_SOURCE, "queue_requests")),
+                        default=0,
+                    )
+                    > n + 5
+                ),
+                "tab 2 rows streaming",
+                timeout=30,
+            )
+            assert second.get_by_text("Could not create a view").count() == 0
+            second.screenshot(path=str(ARTIFACTS / "notebook7-second-tab.png"), full_page=True)
+        except BaseException:
+            print("\n".join(console[-60:]))
+            page.screenshot(path=str(ARTIFACTS / "notebook7-failure.png"), full_page=True)
             raise
         finally:
             browser.close()

@@ -20,7 +20,7 @@ from bokeh.protocol.exceptions import ProtocolError
 from bokeh.protocol.receiver import Receiver
 from jupyter_bokeh import BokehModel
 from labserve.widgets import Charts, ChartWidget, Dashboard, Pump, loadpanel, plot
-from labserve.widgets.chartwidget import MAX_IN_FLIGHT
+from labserve.widgets.chartwidget import ACK_TIMEOUT_S, MAX_IN_FLIGHT, SILENT_TIMEOUT_S
 from labserve.widgets.series import TICK_COLUMNS, LiveSeries, fit_cost, result_rows
 
 import labserve
@@ -193,12 +193,17 @@ def test_without_an_example_the_load_controls_say_what_is_missing(runner):
         d.close()
 
 
-def test_rollover_bounds_memory_over_a_long_run():
-    charts = Charts()
+def test_live_charts_keep_only_the_rows_their_window_shows():
+    # Each row kept is drawn on every frame: the window (60 s) and two time steps, at 5 Hz.
+    charts = Charts(follow_s=60.0, hz=5.0)
     tick = {c: [0.0] * 100 for c in TICK_COLUMNS}
     for _ in range(100):  # 10,000 ticks, past the rollover
         charts.stream(tick)
-    assert len(charts.ticks.data["t"]) == 1500
+    assert len(charts.ticks.data["t"]) == (60 + 2 * 5) * 5
+    finished = Charts(follow_s=None)  # a finished run's charts keep more
+    for _ in range(100):
+        finished.stream(tick)
+    assert len(finished.ticks.data["t"]) == 1500
 
 
 def test_two_pumps_never_write_one_document(runner):
@@ -273,6 +278,27 @@ def test_a_new_view_or_a_reload_shows_current_data(dash, runner):
     assert second.get_state()["render_bundle"] is not None
 
 
+def test_bokehjs_travels_in_widget_state_not_in_the_notebook(dash, monkeypatch):
+    # A reloaded page restores its widgets from the kernel: BokehJS shown as a widget reaches
+    # it without a cell re-run, and the saved notebook holds only references to widgets.
+    from labserve.widgets import bokehjs
+
+    shown: list[object] = []
+    monkeypatch.setattr("labserve.widgets.dashboard.display", shown.append)
+    bundle = dash._repr_mimebundle_()
+    carrier = bokehjs.bokehjs_widget()
+    assert shown == [carrier]  # before the charts' own output
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert not any("bokeh.min.js" in str(v) for v in bundle.values())
+    script = carrier.outputs[0]["data"][bokehjs.LOAD_MIME]
+    assert script.startswith("if (!(window.Bokeh && window.Bokeh.version ===")  # once a page
+    assert "/* BEGIN bokeh.min.js */" in script and len(script) > 500_000
+    assert carrier.layout.display == "none"
+    assert len(repr(carrier)) < 100  # its text form in a saved notebook
+    dash._repr_mimebundle_()
+    assert shown == [carrier, carrier]  # one per kernel, shown with every display
+
+
 def test_save_html_writes_a_standalone_page_with_current_data(dash, runner, tmp_path):
     runner.predict.run(X)
     wait_for(lambda: any(math.isfinite(x) for x in dash.charts.ticks.data["batch_max"]))
@@ -337,7 +363,7 @@ def test_ticks_are_on_one_clock_before_and_after_the_first_request(runner):
 
 def _fragments_sent(widget_cls: type, patches: int) -> list[str]:
     """Stream ``patches`` ticks into charts shown by a widget; the comm fragments it sends."""
-    charts = Charts()
+    charts = Charts(follow_s=None)  # no time window: a tick changes only the rows
     widget = widget_cls(charts.layout)
     sent: list[str] = []
     widget.send = lambda content, buffers=None: sent.append(content["payload"])
@@ -386,7 +412,7 @@ def _ack(widget: ChartWidget, seq: int) -> None:
 
 
 def _streaming_widget() -> tuple[Charts, ChartWidget, list[dict]]:
-    charts = Charts()
+    charts = Charts(follow_s=None)  # no time window: a tick changes only the rows
     widget = ChartWidget(charts.layout)
     sent: list[dict] = []
     widget.send = lambda content, buffers=None: sent.append(json.loads(content["payload"]))
@@ -436,6 +462,40 @@ def test_held_changes_go_out_after_a_silence_when_no_view_answers():
     assert len(sent) == MAX_IN_FLIGHT * 3
     widget._last_sent -= 60  # no word from any page for a minute: no view is open
     _tick(charts, 10.0)
+    assert len(sent) == (MAX_IN_FLIGHT + 1) * 3
+
+
+def test_until_a_page_first_answers_held_changes_go_out_every_ack_timeout():
+    # The first patches may reach the page before its view exists (Notebook 7's Run All):
+    # no view answers those, so waiting the long silence would freeze the first view.
+    charts, widget, sent = _streaming_widget()
+    _tick(charts, 0.0)
+    _tick(charts, 1.0)
+    assert len(sent) == MAX_IN_FLIGHT * 3
+    widget._last_sent -= ACK_TIMEOUT_S + 0.1
+    _tick(charts, 2.0)
+    assert len(sent) == (MAX_IN_FLIGHT + 1) * 3
+    _ack(widget, widget._sent)  # a view answered: from now on, the long silence applies
+    _tick(charts, 3.0)
+    n = len(sent)
+    _tick(charts, 4.0)
+    widget._last_sent -= ACK_TIMEOUT_S + 0.1
+    _tick(charts, 5.0)
+    assert len(sent) == n  # held, merged
+    widget._last_sent -= SILENT_TIMEOUT_S
+    _tick(charts, 6.0)
+    assert len(sent) == n + 3
+
+
+def test_a_page_that_reads_the_whole_state_releases_the_patches_in_flight():
+    # A reloaded page (or a second tab) draws from the state as it is now: it never answers
+    # the patches sent before, which must not hold the next ones back.
+    charts, widget, sent = _streaming_widget()
+    _tick(charts, 0.0)
+    _tick(charts, 1.0)
+    assert len(sent) == MAX_IN_FLIGHT * 3 and widget.merged == 1
+    assert "render_bundle" in widget.get_state()  # what ipywidgets sends a page that asks
+    _tick(charts, 2.0)
     assert len(sent) == (MAX_IN_FLIGHT + 1) * 3
 
 

@@ -1,0 +1,156 @@
+"""Axes the kernel moves in steps, so that the page's charts do not re-layout on every tick.
+
+With Bokeh's ``DataRange1d`` each streamed row moves every axis: the page recomputes the
+ranges from all the data, re-measures every tick label (CSS reads that force a style pass in
+JupyterLab's large page), lays the plots out again and sends each new range back to the
+kernel. Here the ranges are plain ``Range1d`` that the pump sets: the time axis advances in
+steps of a few seconds, and each y axis grows to a round number as soon as data passes its
+end, and shrinks (at a time step) only when the window's data fits in well under half of it.
+Between those moments a tick redraws the glyphs and nothing else. Not thread-safe: one
+writer (the pump) calls :meth:`SteppedAxes.update`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from bokeh.models import Range1d
+
+__all__ = ["SteppedAxes", "YAxis", "nice_ceil", "nice_floor"]
+
+_NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+"""Round numbers an axis ends on (times a power of ten): fine enough not to squash the data."""
+_HEADROOM = 1.1
+"""A linear axis ends this far above the data (then rounds up)."""
+_LOG_HEADROOM = 1.2
+"""A log axis spans this factor beyond the data at each end (then rounds)."""
+_SHRINK = 2.5
+"""An axis shrinks only when a round end this many times smaller would hold the window."""
+
+Values = Callable[[Mapping[str, Sequence[float]], int], float | None]
+
+
+def nice_ceil(x: float) -> float:
+    """The smallest round number (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 x 10^k) at or above ``x``."""
+    k = math.floor(math.log10(x))
+    for m in _NICE:
+        if m * 10.0**k >= x * (1 - 1e-12):
+            return m * 10.0**k
+    return 10.0 ** (k + 1)  # pragma: no cover (10 x 10^k is always above)
+
+
+def nice_floor(x: float) -> float:
+    """The largest round number (as :func:`nice_ceil`) at or below ``x`` (> 0)."""
+    k = math.floor(math.log10(x))
+    for m in reversed(_NICE):
+        if m * 10.0**k <= x * (1 + 1e-12):
+            return m * 10.0**k
+    return 10.0 ** (k - 1)  # pragma: no cover
+
+
+def _finite(values: Sequence[object]) -> list[float]:
+    out = []
+    for v in values:
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            out.append(float(v))
+    return out
+
+
+@dataclass
+class YAxis:
+    """One chart's y range, from its ``columns`` (summed per row if ``stacked``)."""
+
+    range: Range1d
+    columns: tuple[str, ...]
+    log: bool = False
+    stacked: bool = False
+    _seen: bool = field(default=False, repr=False)
+
+    def extent(self, data: Mapping[str, Sequence[object]], first: int) -> tuple[float, float]:
+        """(lowest, highest) finite value of the rows from ``first`` on; (inf, -inf) if none."""
+        if self.stacked:
+            rows = zip(*(data[c][first:] for c in self.columns), strict=True)
+            values = [sum(_finite(row)) for row in rows]
+        else:
+            values = [v for c in self.columns for v in _finite(data[c][first:])]
+        if self.log:
+            values = [v for v in values if v > 0]
+        if not values:
+            return math.inf, -math.inf
+        return min(values), max(values)
+
+    def fit(self, lo: float, hi: float, *, shrink: bool) -> None:
+        """Grow the range to hold [lo, hi]; with ``shrink``, also tighten it around them."""
+        if hi < lo:  # no data
+            return
+        r = self.range
+        old = (r.start, r.end)
+        if self.log:
+            # Whole decades: a log axis ending at, say, 80 labels 10, 20, ... 80 in a heap.
+            want = (10.0 ** math.floor(math.log10(lo / _LOG_HEADROOM)),
+                    10.0 ** math.ceil(math.log10(hi * _LOG_HEADROOM)))  # fmt: skip
+            start = want[0] if lo < old[0] or (shrink and want[0] > old[0] * _SHRINK) else old[0]
+            end = want[1] if hi > old[1] or (shrink and want[1] * _SHRINK < old[1]) else old[1]
+        else:
+            want = (0.0, nice_ceil(hi * _HEADROOM) if hi > 0 else 1.0)
+            start = 0.0
+            end = want[1] if hi > old[1] or (shrink and want[1] * _SHRINK < old[1]) else old[1]
+        new = want if not self._seen else (start, end)
+        self._seen = True
+        if new != old:
+            r.update(start=new[0], end=new[1])
+
+    def reset(self) -> None:
+        """Back to the empty chart's range."""
+        self._seen = False
+        if self.log:
+            self.range.update(start=1.0, end=100.0)
+        else:
+            self.range.update(start=0.0, end=1.0)
+
+
+class SteppedAxes:
+    """A shared time axis showing the last ``follow_s`` seconds, moved every ``step_s``."""
+
+    def __init__(self, follow_s: float, step_s: float | None = None) -> None:
+        self.follow_s = follow_s
+        self.step_s = step_s if step_s is not None else max(1.0, follow_s / 12.0)
+        self.x = Range1d(0.0, self.step_s)
+        self.ys: list[YAxis] = []
+
+    def y(self, columns: Sequence[str], *, log: bool = False, stacked: bool = False) -> Range1d:
+        """A new y range that follows ``columns`` (log: positive values only)."""
+        axis = YAxis(Range1d(1.0, 100.0) if log else Range1d(0.0, 1.0), tuple(columns),
+                     log=log, stacked=stacked)  # fmt: skip
+        self.ys.append(axis)
+        return axis.range
+
+    def update(self, data: Mapping[str, Sequence[object]], new_rows: int) -> None:
+        """After ``new_rows`` rows were appended to ``data``: move the axes if they must."""
+        t = data["t"]
+        if not t or new_rows <= 0:
+            return
+        last = float(t[-1])  # type: ignore[arg-type]
+        moved = last >= self.x.end or last < self.x.start
+        if moved:
+            end = (math.floor(last / self.step_s) + 1) * self.step_s
+            start = max(float(t[0]), end - self.follow_s - self.step_s)  # type: ignore[arg-type]
+            self.x.update(start=start, end=end)
+        # On a time step, the whole window (it may shrink); otherwise the new rows only.
+        first = _first_at_or_after(t, self.x.start) if moved else len(t) - new_rows
+        for axis in self.ys:
+            lo, hi = axis.extent(data, first)
+            axis.fit(lo, hi, shrink=moved)
+
+    def reset(self) -> None:
+        """Back to empty charts."""
+        self.x.update(start=0.0, end=self.step_s)
+        for axis in self.ys:
+            axis.reset()
+
+
+def _first_at_or_after(t: Sequence[object], start: float) -> int:
+    return bisect.bisect_left(t, start)  # type: ignore[call-overload,no-any-return]
