@@ -131,20 +131,23 @@ class RunnerMethod:
             return await self._call_plain_async(*args)
         driver = self._driver_started()
         assert self._queue is not None
-        if self.runner.bg.in_loop_thread():
-            request, future = self.submit_on_loop(args)
-            try:
-                return await future
-            except asyncio.CancelledError:
-                driver.cancel(request)
-                raise
-        cfuture: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        request = self._queue.new_request(args, cfuture)
-        driver.submit_threadsafe(request)
+        # The caller's own loop settles the future: no task, no wrapped concurrent future,
+        # and one hand-off per batch for all of that loop's callers.
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        request = self._queue.new_request(args, future)
+        here = loop is driver.loop
+        if here:
+            driver.submit(request)
+        else:
+            driver.submit_threadsafe(request)
         try:
-            return await asyncio.wrap_future(cfuture)
+            return await future
         except asyncio.CancelledError:
-            driver.cancel_threadsafe(request)
+            if here:
+                driver.cancel(request)
+            else:
+                driver.cancel_threadsafe(request)
             raise
 
     def submit_on_loop(self, args: tuple[Any, ...]) -> tuple[Request, asyncio.Future[Any]]:
@@ -161,6 +164,14 @@ class RunnerMethod:
         request = self._queue.new_request(args, future)
         driver.submit(request)
         return request, future
+
+    def withdraw_on_loop(self, request: Request) -> None:
+        """Withdraw a request from :meth:`submit_on_loop` whose caller gave up. Loop-only.
+
+        Counted ``cancelled`` unless it already has its outcome.
+        """
+        if self._driver is not None:
+            self._driver.cancel(request)
 
     def batch_records(self, last: int) -> list[BatchRecord]:
         """The last ``last`` batches recorded, oldest first; none before the first request.
