@@ -277,6 +277,15 @@ class Codec:
         """Split a batch's output into one part per request, ``counts[i]`` items each."""
         if len(counts) == 1:
             return [output]
+        if (
+            type(output) is np.ndarray
+            and self.out_dim == 0
+            and output.ndim
+            and len(counts) == output.shape[0]
+        ):
+            # One item per part (parts hold at least one): the rows, each kept 2-D.
+            rows = list(output[:, np.newaxis])
+            return [r.copy() for r in rows] if output.nbytes >= _OWN_BYTES else rows
         offsets = np.cumsum(counts[:-1]).tolist()
         return _split(output, offsets, self.out_dim)
 
