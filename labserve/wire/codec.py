@@ -3,6 +3,12 @@
 Decoding refuses with InputError (400) whatever a client can get wrong, before allocating
 for it: an ``.npy`` header is checked against the bytes that follow it. Replies are
 standard JSON: NaN and infinities are written as ``null`` (strict parsers reject ``NaN``).
+
+JSON is read and written with orjson when it is installed (``pip install 'labserve[fast]'``)
+and ``$LABSERVE_JSON`` is not ``stdlib``; whatever orjson refuses (a very large integer,
+``NaN`` in a request, UTF-16, nesting deeper than its limit) goes to the standard library's
+``json``, so that the same bodies are read, the same replies meant, and the same errors
+raised, with either.
 """
 
 from __future__ import annotations
@@ -10,6 +16,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -23,8 +31,35 @@ NPY = "application/x-npy"
 _NUMERIC_KINDS = "biufc"
 
 
+def _fast_json() -> ModuleType | None:
+    """orjson, unless ``$LABSERVE_JSON`` says ``stdlib`` or it is not installed."""
+    kind = os.environ.get("LABSERVE_JSON", "").strip() or "auto"
+    if kind not in ("auto", "orjson", "stdlib"):
+        raise ValueError(f"$LABSERVE_JSON must be auto, orjson or stdlib, got {kind!r}")
+    if kind == "stdlib":
+        return None
+    try:
+        import orjson
+    except ImportError:
+        if kind == "orjson":
+            raise ValueError(
+                "$LABSERVE_JSON asks for orjson, which is not installed: "
+                "pip install 'labserve[fast]'"
+            ) from None
+        return None
+    return orjson
+
+
+_orjson = _fast_json()
+
+
 def load_json(body: bytes, what: str) -> Any:
     """``json.loads``, with InputError (400) naming ``what`` for bad or too deeply nested JSON."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(body)
+        except _orjson.JSONDecodeError:
+            pass  # read by the standard library, which accepts a little more, or says why not
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -109,6 +144,12 @@ def encode(value: Any, kind: str) -> tuple[bytes, str]:
 
 def dumps(data: Any) -> bytes:
     """Standard JSON bytes of ``data`` (already :func:`jsonable`); OutputError if impossible."""
+    if _orjson is not None:
+        try:
+            # NaN and infinities become null, as _finite makes them below.
+            return _orjson.dumps(data)  # type: ignore[no-any-return]
+        except _orjson.JSONEncodeError:
+            pass  # an integer past 64 bits, deep nesting: the standard library decides
     try:
         return json.dumps(data, allow_nan=False).encode()
     except ValueError:
