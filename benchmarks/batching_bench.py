@@ -582,9 +582,10 @@ def worker_main(args: argparse.Namespace) -> None:
     os.environ["LABSERVE_LOOP"] = args.loop
     result: dict[str, Any] = {"system": args.worker, "rates": [], "overhead": None}
     try:
-        result["rates"] = run_phase(
-            args.worker, False, lambda t, m: run_all_rates(t, m, args), args.on_overload
-        )
+        if args.rates:
+            result["rates"] = run_phase(
+                args.worker, False, lambda t, m: run_all_rates(t, m, args), args.on_overload
+            )
         if args.overhead_waves > 0:
             result["overhead"] = run_phase(
                 args.worker,
@@ -611,7 +612,7 @@ def worker_command(system: str, out: Path, args: argparse.Namespace) -> list[str
         "--out",
         str(out),
         "--rates",
-        ",".join(map(str, args.rates)),
+        ",".join(map(str, args.rates)) or "none",
         "--duration",
         str(args.duration),
         "--warmup",
@@ -826,7 +827,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--systems", default=",".join(SYSTEMS), type=lambda s: s.split(","))
     parser.add_argument(
-        "--rates", default=DEFAULT_RATES, type=lambda s: [int(r) for r in s.split(",")]
+        "--rates",
+        default=DEFAULT_RATES,
+        type=lambda s: [] if s == "none" else [int(r) for r in s.split(",")],
+        help="comma-separated req/s; none: the overhead phase only",
     )
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per rate")
     parser.add_argument("--warmup", type=float, default=2.0, help="unreported seconds per rate")

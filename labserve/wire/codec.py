@@ -5,10 +5,10 @@ for it: an ``.npy`` header is checked against the bytes that follow it. Replies 
 standard JSON: NaN and infinities are written as ``null`` (strict parsers reject ``NaN``).
 
 JSON is read and written with orjson when it is installed (``pip install 'labserve[fast]'``)
-and ``$LABSERVE_JSON`` is not ``stdlib``; whatever orjson refuses (a very large integer,
-``NaN`` in a request, UTF-16, nesting deeper than its limit) goes to the standard library's
-``json``, so that the same bodies are read, the same replies meant, and the same errors
-raised, with either.
+and ``$LABSERVE_JSON`` is not ``stdlib``; whatever orjson refuses or reads otherwise
+(``NaN`` or ``1e400`` in a request, an integer past 64 bits, UTF-16, lone surrogates,
+nesting deeper than its limit) goes to the standard library's ``json``, so that the same
+bodies are read, the same replies meant, and the same errors raised, with either.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import io
 import json
 import math
 import os
+import re
 from types import ModuleType
 from typing import Any
 
@@ -51,11 +52,15 @@ def _fast_json() -> ModuleType | None:
 
 
 _orjson = _fast_json()
+# orjson reads an integer past 64 bits as a float; the standard library keeps it an int
+# (which the wire then refuses, or range-checks against the tensor's datatype). Bodies
+# with a run of 19 digits or more are read by the standard library, so nothing changes.
+_LONG_DIGITS = re.compile(rb"\d{19}")
 
 
 def load_json(body: bytes, what: str) -> Any:
     """``json.loads``, with InputError (400) naming ``what`` for bad or too deeply nested JSON."""
-    if _orjson is not None:
+    if _orjson is not None and _LONG_DIGITS.search(body) is None:
         try:
             return _orjson.loads(body)
         except _orjson.JSONDecodeError:
