@@ -229,8 +229,10 @@ def _serve_here(cls: type[Any], args: argparse.Namespace) -> None:
         allow_origin=args.allow_origin,
         allow_hosts=args.allow_host,
     )
+    loop = "uvloop" if server.bg.uvloop else "asyncio"
     print(
-        f"serving {runner.name} at {server.url}  (token {server.token}); Ctrl-C stops", flush=True
+        f"serving {runner.name} at {server.url}  (token {server.token}, {loop} loop); Ctrl-C stops",
+        flush=True,
     )
     stop = threading.Event()
     try:
