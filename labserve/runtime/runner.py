@@ -168,7 +168,8 @@ class RunnerMethod:
     def withdraw_on_loop(self, request: Request) -> None:
         """Withdraw a request from :meth:`submit_on_loop` whose caller gave up. Loop-only.
 
-        Counted ``cancelled`` unless it already has its outcome.
+        Counted ``cancelled`` unless it already has its outcome; nobody settles its
+        future afterwards (the caller cancels it, as the HTTP handlers do).
         """
         if self._driver is not None:
             self._driver.cancel(request)
