@@ -129,8 +129,10 @@ class MethodDriver:
         # Arrivals from other threads wait here; one loop callback takes all that came.
         self._inbox: deque[Request] = deque()
         self._inbox_scheduled = False
-        # Arrivals not yet admitted (loop-only): the next pump admits them all at once.
+        # Arrivals not yet admitted (loop-only): the next pump admits them all at once,
+        # as arrived when the first of them did (never later than any of them came).
         self._arrivals: list[Request] = []
+        self._arrived_s = 0.0
         self._pump_scheduled = False
         self._delivering = 0  # batches released whose results are still being delivered
         self._stall = StallWatch(queue.label)  # async models: warn once if one blocks the loop
@@ -192,6 +194,8 @@ class MethodDriver:
         self._inbox_scheduled = False
         inbox = self._inbox
         arrivals = self._arrivals
+        if inbox and not arrivals:
+            self._arrived_s = self._clock.now()
         while inbox:
             arrivals.append(inbox.popleft())
         if not self._pump_scheduled:
@@ -203,24 +207,31 @@ class MethodDriver:
         Admission and the decision run once per loop iteration, after every arrival of
         that iteration: a burst of callers is admitted together and costs one decision.
         """
-        self._arrivals.append(request)
+        arrivals = self._arrivals
+        if not arrivals:
+            self._arrived_s = self._clock.now()
+        arrivals.append(request)
         if not self._pump_scheduled:
             self._pump_scheduled = True
             self._loop.call_soon(self._pump)
 
-    def _admit_arrivals(self, now: float) -> list[Outcome]:
-        """Admit every pending arrival (lock held); return the refused, with their errors."""
+    def _admit_arrivals(self) -> list[Outcome]:
+        """Admit every pending arrival (lock held); return the refused, with their errors.
+
+        They are admitted as of the first one's arrival: their waits and deadlines count
+        from then (a busy loop iteration delays the admission, not the clock).
+        """
         arrivals = self._arrivals
         if not arrivals:
             return []
         self._arrivals = []
-        return self.queue.admit_all(arrivals, now)
+        return self.queue.admit_all(arrivals, self._arrived_s)
 
     def cancel(self, request: Request) -> None:
         """Withdraw a request whose caller gave up. Loop-only."""
         with self._lock:
             now = self._clock.now()
-            refused = self._admit_arrivals(now)  # it may still be among them
+            refused = self._admit_arrivals()  # it may still be among them
             withdrawn = self.queue.cancel(request, now)
         if refused:
             self._settle_here(refused)
@@ -231,16 +242,11 @@ class MethodDriver:
         """Answer ``outcomes`` from the loop thread, whoever awaits them. Loop-only."""
         _settle_all(_hand_out(outcomes, self._loop))
 
-    def _schedule_pump(self) -> None:
-        if not self._pump_scheduled:
-            self._pump_scheduled = True
-            self._loop.call_soon(self._pump)
-
     def _pump(self) -> None:
         self._pump_scheduled = False
         now = self._clock.now()
         with self._lock:
-            refused = self._admit_arrivals(now)
+            refused = self._admit_arrivals()
             step = self.queue.poll(now)
             idle = self.queue.idle and not self._delivering
         if refused:
@@ -506,7 +512,7 @@ class MethodDriver:
     async def aclose(self) -> None:
         """Refuse new requests, fire what is queued (reason ``drain``), wait until idle."""
         with self._lock:
-            refused = self._admit_arrivals(self._clock.now())  # arrived before the close
+            refused = self._admit_arrivals()  # arrived before the close
             self.queue.close()
         if refused:
             self._settle_here(refused)
