@@ -562,3 +562,29 @@ def test_arrivals_of_one_loop_iteration_are_admitted_together_as_of_the_first(ma
     first, second = labserve.background_loop().run(main())
     assert first.arrival_s == second.arrival_s == 100.0  # waits count from the first arrival
     assert runner.stats("predict").batch_size_counts == {2: 1}  # admitted together: one batch
+
+
+class Clashing(labserve.Runnable):
+    """Methods named like the runner's own attributes, and one that is not."""
+
+    @labserve.method(batchable=True)
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    @labserve.method(batchable=True)
+    def configure(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    @labserve.method(batchable=True)
+    def clock(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+
+def test_methods_are_attributes_of_the_runner_unless_the_runner_has_the_name(make_runner):
+    runner = make_runner(Clashing, name="clashing")
+    assert runner.predict is runner.methods["predict"]
+    assert callable(runner.configure) and runner.configure.__func__ is labserve.Runner.configure
+    assert isinstance(runner.clock, labserve.MonotonicClock)  # the runner's own wins
+    assert isinstance(runner.methods["clock"], labserve.RunnerMethod)
+    with pytest.raises(AttributeError, match="has no method 'score'"):
+        runner.score  # noqa: B018
