@@ -41,6 +41,12 @@ __all__ = ["MethodDriver"]
 
 AnyFuture = asyncio.Future[Any] | concurrent.futures.Future[Any]
 
+# The shortest timer armed. Event loops wait in whole milliseconds: asyncio rounds a shorter
+# wait up to 1 ms, uvloop fires it at once (early), and an early timer would only poll the
+# queue again and again until the time came, spinning the loop (and taking the GIL from the
+# model). Either way the decision is made on the runner's clock when the timer fires.
+_MIN_TIMER_S = 0.001
+
 
 def _settle(handle: AnyFuture, value: Any, error: BaseException | None) -> None:
     """Hand an outcome to the caller's future unless the caller already gave up."""
@@ -273,7 +279,7 @@ class MethodDriver:
         self._timer = self._check = None
         self._timer_at = wake_s
         if wake_s is not None:
-            self._timer = self._loop.call_later(max(wake_s - now, 0.0), self._on_timer)
+            self._timer = self._loop.call_later(max(wake_s - now, _MIN_TIMER_S), self._on_timer)
 
     def _set_check(self, check_s: float | None, now: float) -> None:
         """The timeout check's own timer: it moves rarely, so it is not re-armed per poll."""
@@ -282,7 +288,7 @@ class MethodDriver:
             self._check = None
         self._check_at = check_s
         if check_s is not None:
-            self._check = self._loop.call_later(max(check_s - now, 0.0), self._on_check)
+            self._check = self._loop.call_later(max(check_s - now, _MIN_TIMER_S), self._on_check)
 
     def _on_check(self) -> None:
         self._check = None
