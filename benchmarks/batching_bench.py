@@ -239,7 +239,17 @@ def bentoml_target(model: Model) -> Target:
         dispatcher.shutdown()
         pool.shutdown()
 
-    return Target(call=call, run=asyncio.run, close=close)
+    return Target(call=call, run=run_stock, close=close)
+
+
+def run_stock(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a baseline's coroutine on a fresh loop of the kind asked for (--loop)."""
+    if os.environ.get("LABSERVE_LOOP") == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(coro)
+    return asyncio.run(coro)
 
 
 def bypass_ray_replica_check() -> None:
@@ -266,7 +276,7 @@ def ray_target(model: Model) -> Target:
         async def predict(self, xs: list[np.ndarray]) -> list[np.ndarray]:
             return await handle(xs)
 
-    return Target(call=RayBench().predict, run=asyncio.run, close=pool.shutdown)
+    return Target(call=RayBench().predict, run=run_stock, close=pool.shutdown)
 
 
 def null_target(model: Model) -> Target:
@@ -275,7 +285,7 @@ def null_target(model: Model) -> Target:
     async def call(x: np.ndarray) -> np.ndarray:
         return model.expected(x)
 
-    return Target(call=call, run=asyncio.run, close=lambda: None)
+    return Target(call=call, run=run_stock, close=lambda: None)
 
 
 def build_target(system: str, model: Model, on_overload: str | None = None) -> Target:
@@ -568,11 +578,14 @@ def run_phase(
 
 
 def worker_main(args: argparse.Namespace) -> None:
+    # Every system's loop, labserve's background loop included, is of this kind.
+    os.environ["LABSERVE_LOOP"] = args.loop
     result: dict[str, Any] = {"system": args.worker, "rates": [], "overhead": None}
     try:
-        result["rates"] = run_phase(
-            args.worker, False, lambda t, m: run_all_rates(t, m, args), args.on_overload
-        )
+        if args.rates:
+            result["rates"] = run_phase(
+                args.worker, False, lambda t, m: run_all_rates(t, m, args), args.on_overload
+            )
         if args.overhead_waves > 0:
             result["overhead"] = run_phase(
                 args.worker,
@@ -599,7 +612,7 @@ def worker_command(system: str, out: Path, args: argparse.Namespace) -> list[str
         "--out",
         str(out),
         "--rates",
-        ",".join(map(str, args.rates)),
+        ",".join(map(str, args.rates)) or "none",
         "--duration",
         str(args.duration),
         "--warmup",
@@ -609,6 +622,8 @@ def worker_command(system: str, out: Path, args: argparse.Namespace) -> list[str
         "--overhead-waves",
         str(args.overhead_waves),
         *(["--on-overload", args.on_overload] if args.on_overload else []),
+        "--loop",
+        args.loop,
     ]
 
 
@@ -798,6 +813,7 @@ def params(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "overhead_waves": args.overhead_waves,
         "repeats": args.repeats,
+        "loop": args.loop,
         "on_overload": args.on_overload or "labserve's default",
         "latency_slo_ms (labserve-target systems)": TARGET_MS,
         "max_batch_size": MAX_BATCH_SIZE,
@@ -811,7 +827,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--systems", default=",".join(SYSTEMS), type=lambda s: s.split(","))
     parser.add_argument(
-        "--rates", default=DEFAULT_RATES, type=lambda s: [int(r) for r in s.split(",")]
+        "--rates",
+        default=DEFAULT_RATES,
+        type=lambda s: [] if s == "none" else [int(r) for r in s.split(",")],
+        help="comma-separated req/s; none: the overhead phase only",
     )
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per rate")
     parser.add_argument("--warmup", type=float, default=2.0, help="unreported seconds per rate")
@@ -824,6 +843,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--on-overload",
         choices=("wait", "reject"),
         help="labserve systems' on_overload (default: labserve's own default)",
+    )
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the event loop of every system (labserve's background loop and the baselines')",
     )
     parser.add_argument("--json", default=str(HERE / "batching_results.json"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)

@@ -6,13 +6,13 @@ Bad arguments get a one-line message and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import concurrent.futures
 import contextlib
 import csv
 import functools
 import importlib
 import json
+import os
 import sys
 import threading
 import warnings
@@ -199,8 +199,6 @@ def _profile(args: argparse.Namespace) -> None:
 
 def _serve(args: argparse.Namespace) -> None:
     from labserve.runtime.runnable import Runnable
-    from labserve.runtime.runner import Runner
-    from labserve.server import serve
 
     module_name, _, cls_name = args.target.partition(":")
     if not (module_name and cls_name) or "." in cls_name:
@@ -214,6 +212,14 @@ def _serve(args: argparse.Namespace) -> None:
     if args.ray:
         _serve_on_ray(cls, args)
         return
+    with _loop_choice(args.loop):
+        _serve_here(cls, args)
+
+
+def _serve_here(cls: type[Any], args: argparse.Namespace) -> None:
+    from labserve.runtime.runner import Runner
+    from labserve.server import serve
+
     runner = Runner(cls, name=args.name, config=args.config)
     server = serve(
         runner,
@@ -223,8 +229,10 @@ def _serve(args: argparse.Namespace) -> None:
         allow_origin=args.allow_origin,
         allow_hosts=args.allow_host,
     )
+    loop = "uvloop" if server.bg.uvloop else "asyncio"
     print(
-        f"serving {runner.name} at {server.url}  (token {server.token}); Ctrl-C stops", flush=True
+        f"serving {runner.name} at {server.url}  (token {server.token}, {loop} loop); Ctrl-C stops",
+        flush=True,
     )
     stop = threading.Event()
     try:
@@ -294,7 +302,7 @@ def _load(args: argparse.Namespace) -> None:
         mode = f"{args.arrivals} {args.rate:g} req/s (open loop)"
     sys.stderr.write(f"loading {args.url} for {args.duration:g} s, {mode} ...\n")
     process = PoissonArrivals if args.arrivals == "poisson" else ConstantArrivals
-    with warnings.catch_warnings(record=True) as caught, _loop_policy(args.loop):
+    with warnings.catch_warnings(record=True) as caught, _loop_choice(args.loop):
         warnings.simplefilter("always", LoadWarning)
         run = functools.partial(
             load_test,
@@ -328,29 +336,29 @@ def _load(args: argparse.Namespace) -> None:
 
 
 @contextlib.contextmanager
-def _loop_policy(kind: str) -> Iterator[None]:
-    """Start the load loop on uvloop when asked (or, with "auto", when installed).
+def _loop_choice(kind: str) -> Iterator[None]:
+    """Run labserve's loops (the server's, the load generator's) on the loop asked for.
 
-    uvloop costs the generator about a third less CPU per request
-    (benchmarks/http/client_cost.py), CPU that a server on the same machine gets back.
-    The policy is put back afterwards (``main()`` may run inside another program); the
-    load loop, once started, keeps the loop it was started with.
+    ``auto`` is uvloop when installed. uvloop costs the generator about a third less CPU
+    per request (benchmarks/http/client_cost.py) and the server less per request too
+    (benchmarks/RESULTS.md). Chosen through ``$LABSERVE_LOOP``, put back afterwards
+    (``main()`` may run inside another program); a loop, once started, keeps its kind.
     """
-    policy = asyncio.get_event_loop_policy()
-    if kind != "asyncio":
-        try:
-            import uvloop
-        except ImportError:
-            if kind == "uvloop":
-                raise UsageError(
-                    "--loop uvloop needs uvloop: pip install 'labserve[fast]'"
-                ) from None
-        else:
-            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    from labserve.runtime.loop import loop_kind
+
+    try:
+        loop_kind(kind)
+    except ValueError as exc:
+        raise UsageError(f"--loop {kind}: {exc}") from None
+    before = os.environ.get("LABSERVE_LOOP")
+    os.environ["LABSERVE_LOOP"] = kind
     try:
         yield
     finally:
-        asyncio.set_event_loop_policy(policy)
+        if before is None:
+            os.environ.pop("LABSERVE_LOOP", None)
+        else:
+            os.environ["LABSERVE_LOOP"] = before
 
 
 def _verdict(result: Any, caught: list[warnings.WarningMessage], bg: Any) -> str:
@@ -460,6 +468,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME",
         help="accept this Host name besides loopback and the bound address (repeatable; '*')",
+    )
+    srv.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="the server's event loop (auto: uvloop if installed)",
     )
     srv.add_argument("--ray", action="store_true", help="on Ray Serve replicas (labserve[ray])")
     srv.add_argument("--replicas", type=int, default=1, help="with --ray: replicas (default 1)")

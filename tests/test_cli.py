@@ -93,9 +93,14 @@ def test_serve_runs_in_the_foreground_and_stops_on_ctrl_c(tmp_path):
         [
             *(sys.executable, "-m", "labserve.cli", "serve", "mymodel:Echo", "--port", "0"),
             *("--allow-origin", "https://dash.example", "--allow-host", "lab.example"),
+            *("--loop", "asyncio"),
         ],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        # The test's own PYTHONPATH kept: the labserve under test, wherever it is imported from.
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.getenv("PYTHONPATH")])),
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -103,6 +108,7 @@ def test_serve_runs_in_the_foreground_and_stops_on_ctrl_c(tmp_path):
     try:
         first = proc.stdout.readline()
         assert first.startswith("serving echo at http://127.0.0.1:"), first
+        assert "asyncio loop" in first  # as asked, though uvloop may be installed
         url = first.split()[3]
         req = urllib.request.Request(
             url + "/runners/echo/predict",

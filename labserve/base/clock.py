@@ -21,7 +21,11 @@ class Clock(Protocol):
 
 
 class MonotonicClock:
-    """The real clock: ``time.monotonic``, the clock asyncio's loop uses too."""
+    """The real clock: ``time.monotonic``, the clock asyncio's own loop uses too.
+
+    uvloop's ``loop.time()`` is libuv's (whole milliseconds, read once per loop iteration):
+    compare times from this clock with each other, not with a loop's.
+    """
 
     def now(self) -> float:
         """Return ``time.monotonic()``."""

@@ -198,15 +198,20 @@ class Codec:
 
         Raises InputError, naming what was sent and what was expected.
         """
-        if not args:
-            raise InputError(f"{self.method}: a batchable call needs at least one argument")
-        if self.input_spec is None and len(args) == 1:
+        if len(args) == 1 and self.input_spec is None:
             # The common case, kept lean: it runs once per request on the loop.
             arg = args[0]
-            if type(arg) is np.ndarray and arg.ndim > self.in_dim and arg.shape[self.in_dim] > 0:
+            if type(arg) is np.ndarray:
                 shape = arg.shape
-                key = ("a", arg.dtype, shape[: self.in_dim] + shape[self.in_dim + 1 :])
-                return args, int(shape[self.in_dim]), ("t", key)  # as _signature(args)
+                d = self.in_dim
+                if not d:
+                    if shape and shape[0]:
+                        return args, shape[0], ("t", ("a", arg.dtype, shape[1:]))
+                elif len(shape) > d and shape[d]:
+                    key = ("a", arg.dtype, shape[:d] + shape[d + 1 :])
+                    return args, shape[d], ("t", key)  # as _signature(args)
+        if not args:
+            raise InputError(f"{self.method}: a batchable call needs at least one argument")
         if self.input_spec is not None:
             args = self._check_spec(args)
         items = _agree(
@@ -265,6 +270,8 @@ class Codec:
         """Stack same-signature requests along the input batch axis, argument by argument."""
         if len(requests) == 1:
             return requests[0]
+        if len(requests[0]) == 1:  # one argument: the common case
+            return (_concat([r[0] for r in requests], self.in_dim),)
         return tuple(
             _concat([r[i] for r in requests], self.in_dim) for i in range(len(requests[0]))
         )
@@ -277,6 +284,15 @@ class Codec:
         """Split a batch's output into one part per request, ``counts[i]`` items each."""
         if len(counts) == 1:
             return [output]
+        if (
+            type(output) is np.ndarray
+            and self.out_dim == 0
+            and output.ndim
+            and len(counts) == output.shape[0]
+        ):
+            # One item per part (parts hold at least one): the rows, each kept 2-D.
+            rows = list(output[:, np.newaxis])
+            return [r.copy() for r in rows] if output.nbytes >= _OWN_BYTES else rows
         offsets = np.cumsum(counts[:-1]).tolist()
         return _split(output, offsets, self.out_dim)
 

@@ -202,6 +202,59 @@ class BatchQueue:
         self._new_at = now
         return request
 
+    def admit_all(self, requests: list[Request], now: float) -> list[Outcome]:
+        """Admit ``requests`` (from :meth:`new_request`) at ``now``, in order; return the refused.
+
+        The same as :meth:`admit` once per request with no :meth:`poll` in between (the
+        arrivals of one event-loop iteration), but cheaper: when every one of them is
+        surely admitted (the queue open, room for all, no stuck batch, no prediction to
+        make at admission) the checks are made once. Each refused request comes back with
+        its error (QueueFullError, RunnerStoppedError, ModelStuckError, OverloadError), is
+        never admitted and gets no other outcome.
+        """
+        cfg = self._config
+        n = len(requests)
+        if (
+            self._closed
+            or self._stuck
+            or self._queued_requests + n > cfg.max_queue_size
+            or (cfg.on_overload == "reject" and self._in_flight >= cfg.max_concurrent_batches)
+        ):
+            refused: list[Outcome] = []
+            for request in requests:
+                try:
+                    self.admit(request, now)
+                except LabServeError as exc:
+                    refused.append((request, None, exc))
+            return refused
+        if self._timeout_check_s == math.inf and cfg.request_timeout_s:
+            self._timeout_check_s = now + cfg.request_timeout_s
+        groups = self._groups
+        rid = self._next_request
+        items = 0
+        key: Hashable = None
+        group: _Group | None = None
+        for request in requests:
+            request.id = rid
+            rid += 1
+            request.arrival_s = now
+            if group is None or request.key != key:
+                key = request.key
+                group = groups.get(key)
+                if group is None:
+                    group = groups[key] = _Group(key)
+            group.queue.append(request)
+            group.items += request.items
+            group.requests += 1
+            items += request.items
+        self._next_request = rid
+        self._queued_items += items
+        self._queued_requests += n
+        self._new_requests += n
+        self._new_items += items
+        self._new_at = now
+        return []
+
     def _adaptive_admission(self) -> bool:
         """True when admission predicts overload (reject mode, every slot busy, a fit)."""
         cfg = self._config

@@ -35,7 +35,7 @@ from labserve.base.errors import (
 from labserve.base.vocabulary import FAILED, REASONS, REFUSED, REJECTED, SERVED, TIMEOUT
 from labserve.load.arrivals import Arrivals
 from labserve.load.http import HttpSender
-from labserve.load.records import Control, Record, Sender
+from labserve.load.records import Control, Record, Sender, clock_s
 from labserve.metrics.results import RunResult
 from labserve.runtime.loop import BackgroundLoop
 from labserve.runtime.runner import RunnerMethod
@@ -307,9 +307,8 @@ class _MethodSender(Sender):
         self.example = example
 
     async def send(self, rec: Record, k: int) -> None:
-        loop = asyncio.get_running_loop()
         request, future = self.method.submit_on_loop((self.example,))
-        rec.went_out(k, loop.time())
+        rec.went_out(k, clock_s())
         rec.items[k] = request.items
         try:
             await future
@@ -322,7 +321,7 @@ class _MethodSender(Sender):
             rec.outcome[k] = TIMEOUT
         except LabServeError:
             rec.outcome[k] = FAILED
-        rec.finish[k] = loop.time() - rec.t0
+        rec.finish[k] = clock_s() - rec.t0
         if request.start_s is not None:
             rec.start[k] = request.start_s - rec.t0
 
@@ -334,7 +333,7 @@ async def _send_on_schedule(
     t0, n, i = rec.t0, len(times), 0
     while i < n and control.stopped_at is None:  # stopped while the pool was opening
         # Everything due goes out now; then one sleep until the next is due.
-        now = loop.time()
+        now = clock_s()
         while i < n and t0 + times[i] <= now:
             k = rec.new_slot(times[i])
             control.sent += 1
@@ -346,7 +345,7 @@ async def _send_on_schedule(
             control.track(sent)
             i += 1
         if i < n:
-            await asyncio.sleep(t0 + times[i] - loop.time())
+            await asyncio.sleep(t0 + times[i] - clock_s())
 
 
 async def _open_loop(sender: Sender, times: np.ndarray, control: Control) -> Record:
@@ -354,7 +353,7 @@ async def _open_loop(sender: Sender, times: np.ndarray, control: Control) -> Rec
     await sender.open()
     rec = Record()
     try:
-        rec.t0 = loop.time() + 0.005
+        rec.t0 = clock_s() + 0.005
         rec.track_lag = True
         control.sending = loop.create_task(_send_on_schedule(sender, rec, times.tolist(), control))
         try:
@@ -390,12 +389,12 @@ async def _closed_loop(
     await sender.open()
     rec = Record()
     try:
-        rec.t0 = loop.time()
+        rec.t0 = clock_s()
         end = rec.t0 + duration_s
 
         async def client() -> None:
-            while loop.time() < end and control.stopped_at is None:
-                k = rec.new_slot(loop.time() - rec.t0)
+            while clock_s() < end and control.stopped_at is None:
+                k = rec.new_slot(clock_s() - rec.t0)
                 control.sent += 1
                 sent = sender.send_soon(rec, k)
                 if sent is not None:

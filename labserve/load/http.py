@@ -28,7 +28,7 @@ import numpy as np
 
 from labserve.base.errors import InputError, LoadTargetError
 from labserve.load.http_conn import ConnectionPool, Reply, request_bytes
-from labserve.load.records import Record, Sender
+from labserve.load.records import Record, Sender, clock_s
 from labserve.load.server_view import find_method, server_view
 from labserve.wire.datatypes import datatype, numpy_dtype
 
@@ -204,7 +204,7 @@ class HttpSender(Sender):
         if rec.track_lag:  # open loop: send_soon found no idle connection
             rec.waited_for_connection += 1
         reply = await self.pool.request(self.request, self.timeout_s)
-        now = asyncio.get_running_loop().time()
+        now = clock_s()
         rec.went_out(k, reply.written_at or now)  # after the wait for a connection
         rec.outcome[k] = reply.outcome
         rec.finish[k] = now - rec.t0
@@ -215,7 +215,7 @@ class HttpSender(Sender):
         waiter = self.pool.try_send(self.request, self.timeout_s)
         if waiter is None:
             return None
-        rec.went_out(k, asyncio.get_running_loop().time())
+        rec.went_out(k, clock_s())
         rec.items[k] = self.items
         waiter.add_done_callback(functools.partial(self._record, rec, k))
         return waiter
@@ -223,7 +223,7 @@ class HttpSender(Sender):
     def _record(self, rec: Record, k: int, waiter: asyncio.Future[Reply]) -> None:
         if not waiter.cancelled():
             rec.outcome[k] = waiter.result().outcome
-            rec.finish[k] = asyncio.get_running_loop().time() - rec.t0
+            rec.finish[k] = clock_s() - rec.t0
 
     def server_view(self, duration_s: float) -> dict[str, Any] | None:
         """The labserve server's view of the run (None for other servers, or before close)."""

@@ -17,6 +17,7 @@ import collections
 import functools
 import re
 import ssl
+import time
 from typing import NamedTuple, cast
 
 from labserve.base.vocabulary import (
@@ -297,7 +298,7 @@ class ConnectionPool:
             except OSError as exc:
                 return Reply(CONNECT_ERROR, detail=f"cannot connect: {exc}")
         waiter = conn.send(data)
-        written_at = loop.time()
+        written_at = time.monotonic()  # as the load records' clock, not the loop's
         timer = loop.call_at(deadline, _expire, waiter)
         try:
             reply = (await waiter)._replace(written_at=written_at)

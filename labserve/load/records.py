@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from typing import Any
 
 from labserve.base.vocabulary import CANCELLED
+
+clock_s = time.monotonic
+"""The clock of load records and schedules: ``time.monotonic``, as the runner's
+MonotonicClock (a request's batch start is compared with its send and finish). Not
+``loop.time()``: uvloop's is libuv's, in whole milliseconds, read once per loop iteration."""
 
 __all__ = ["Control", "Record", "Sender"]
 
@@ -92,7 +98,7 @@ class Control:
     def __init__(self) -> None:
         self.sent = 0
         self.stopped_at: float | None = None
-        """Loop time when stop() was called (None while running)."""
+        """When stop() was called, on :data:`clock_s` (None while running)."""
         self.sending: asyncio.Task[None] | None = None
         self.in_flight: set[asyncio.Future[Any]] = set()
         self.error: BaseException | None = None
@@ -101,7 +107,7 @@ class Control:
     def stop(self, abandon: bool = False) -> None:
         """Send no more; with ``abandon``, also give up the requests in flight (cancelled)."""
         if self.stopped_at is None:
-            self.stopped_at = asyncio.get_running_loop().time()
+            self.stopped_at = clock_s()
             if self.sending is not None:
                 self.sending.cancel()
         if abandon:

@@ -7,6 +7,7 @@ Not thread-safe: take snapshots on the owner's thread (the runner does).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -68,6 +69,9 @@ class _RateBuckets:
 
 _QS_FRACTION = np.asarray(_QS) / 100.0
 
+# Served requests held back before their latencies are filed (any read files them first).
+_FILE_EVERY = 1024
+
 
 def _percentiles_ms(samples: np.ndarray) -> Percentiles:
     """np.percentile's linear interpolation, from one partial sort (a dashboard asks often)."""
@@ -109,6 +113,9 @@ class Recorder:
         self.wait_hist = LogHistogram()
         self.latency_sum_s = 0.0
         self.wait_sum_s = 0.0
+        # Batches served but not yet filed into the samples and histograms (see served()).
+        self._unfiled: list[tuple[float, Sequence[float], Sequence[float]]] = []
+        self._unfiled_n = 0
         self._batches: list[BatchRecord | None] = [None] * self._batch_capacity
         # Start times and sizes again, as arrays: the windowed mean batch is one vector op.
         self._batch_start = np.full(self._batch_capacity, -np.inf)
@@ -158,7 +165,7 @@ class Recorder:
             return
         self.counts[_SERVED] += n
         self._rates.add(now, _SERVED, n)
-        if n <= 8:  # small batches: scalar Python beats numpy's per-call overhead
+        if n <= 8 and not self._unfiled:  # small: scalar Python beats numpy's per-call cost
             cap = self._capacity
             for arrival, start in zip(arrivals, starts, strict=True):
                 latency_s, wait_s = now - arrival, start - arrival
@@ -172,20 +179,51 @@ class Recorder:
                 self._wait[i] = wait_s
                 self._pos = (i + 1) % cap
             return
-        arr = np.asarray(arrivals, dtype=float)
-        latency = now - arr
-        wait = np.asarray(starts, dtype=float) - arr
+        # Filed in bulk, later: numpy's cost per call is paid once for many batches, not
+        # once per batch on the path that answers callers. Every read files first.
+        self._unfiled.append((now, arrivals, starts))
+        self._unfiled_n += n
+        if self._unfiled_n >= _FILE_EVERY:
+            self._file()
+
+    def _file(self) -> None:
+        """Add the unfiled batches' latencies and waits to the samples and histograms."""
+        unfiled = self._unfiled
+        if not unfiled:
+            return
+        n = self._unfiled_n
+        self._unfiled = []
+        self._unfiled_n = 0
+        if len(unfiled) == 1:
+            finish: float | np.ndarray = unfiled[0][0]
+            arr = np.asarray(unfiled[0][1], dtype=float)
+            started = np.asarray(unfiled[0][2], dtype=float)
+        else:
+            finish = np.repeat([u[0] for u in unfiled], [len(u[1]) for u in unfiled])
+            arr = np.fromiter(itertools.chain.from_iterable(u[1] for u in unfiled), float, n)
+            started = np.fromiter(itertools.chain.from_iterable(u[2] for u in unfiled), float, n)
+        latency = finish - arr
+        wait = started - arr
         self.latency_hist.add_many(latency)
         self.wait_hist.add_many(wait)
         self.latency_sum_s += float(latency.sum())
         self.wait_sum_s += float(wait.sum())
-        if n >= self._capacity:
-            latency, wait, n = latency[-self._capacity :], wait[-self._capacity :], self._capacity
-        idx = (self._pos + np.arange(n)) % self._capacity
-        self._finish[idx] = now
-        self._latency[idx] = latency
-        self._wait[idx] = wait
-        self._pos = (self._pos + n) % self._capacity
+        cap = self._capacity
+        if n >= cap:
+            latency, wait, n = latency[-cap:], wait[-cap:], cap
+            if isinstance(finish, np.ndarray):
+                finish = finish[-cap:]
+        pos = self._pos
+        if pos + n <= cap:  # one slice, no wrap
+            self._finish[pos : pos + n] = finish
+            self._latency[pos : pos + n] = latency
+            self._wait[pos : pos + n] = wait
+        else:
+            idx = (pos + np.arange(n)) % cap
+            self._finish[idx] = finish
+            self._latency[idx] = latency
+            self._wait[idx] = wait
+        self._pos = (pos + n) % cap
 
     def batch(self, record: BatchRecord) -> None:
         """A batch finished running."""
@@ -221,11 +259,13 @@ class Recorder:
 
     def window_percentiles(self, now: float) -> tuple[Percentiles, Percentiles]:
         """(latency, queue wait) percentiles in ms of requests served in the window."""
+        self._file()
         mask = self._finish >= now - self.window_s
         return _percentiles_ms(self._latency[mask]), _percentiles_ms(self._wait[mask])
 
     def overall_percentiles(self) -> tuple[Percentiles, Percentiles]:
         """(latency, queue wait) percentiles in ms since start, from the histograms."""
+        self._file()
         lat = self.latency_hist.percentiles(_QS)
         wait = self.wait_hist.percentiles(_QS)
         return (
@@ -256,11 +296,13 @@ class Recorder:
 
     def slo_met(self, now: float, target_s: float) -> float:
         """The share of requests served in the window within ``target_s`` (NaN: none)."""
+        self._file()
         latency = self._latency[self._finish >= now - self.window_s]
         return float(np.mean(latency <= target_s)) if len(latency) else math.nan
 
     def buckets(self) -> tuple[tuple[tuple[float, int], ...], tuple[tuple[float, int], ...]]:
         """Cumulative (bound, count) pairs of latency and queue wait at LATENCY_BOUNDS_S."""
+        self._file()
         lat = self.latency_hist.cumulative(LATENCY_BOUNDS_S)
         wait = self.wait_hist.cumulative(LATENCY_BOUNDS_S)
         return (
@@ -287,6 +329,7 @@ class Recorder:
         budget_s: float = 0.0,
     ) -> Snapshot:
         """What was recorded, with the queue's state as given, as one immutable Snapshot."""
+        self._file()
         rates = self.rates(now)
         lat_w, wait_w = self.window_percentiles(now)
         lat_o, wait_o = self.overall_percentiles()

@@ -10,8 +10,13 @@ handled on the loop. A worker thread that finishes a synchronous batch records i
 if another batch is ready, starts it at once in the same thread: the model is not left
 idle waiting for the loop to be scheduled (on a busy loop, with the GIL, that wait is
 milliseconds). The finished batch's results are split out and delivered by another
-worker meanwhile: callers on other threads are answered from there directly, callers
-awaiting on the loop on the loop.
+worker meanwhile, or by the same worker when nothing else is ready to run.
+
+Wake-ups are per batch, not per request: the arrivals of one loop iteration are admitted
+together (one lock, one clock read, one decision), and a batch's callers are answered
+with one hand-off per event loop: callers blocked in other threads directly from the
+worker, callers awaiting on labserve's loop by one ``call_soon_threadsafe``, callers
+awaiting on another loop (the kernel's) by one ``call_soon_threadsafe`` to that loop.
 """
 
 from __future__ import annotations
@@ -36,6 +41,12 @@ __all__ = ["MethodDriver"]
 
 AnyFuture = asyncio.Future[Any] | concurrent.futures.Future[Any]
 
+# The shortest timer armed. Event loops wait in whole milliseconds: asyncio rounds a shorter
+# wait up to 1 ms, uvloop fires it at once (early), and an early timer would only poll the
+# queue again and again until the time came, spinning the loop (and taking the GIL from the
+# model). Either way the decision is made on the runner's clock when the timer fires.
+_MIN_TIMER_S = 0.001
+
 
 def _settle(handle: AnyFuture, value: Any, error: BaseException | None) -> None:
     """Hand an outcome to the caller's future unless the caller already gave up."""
@@ -48,6 +59,48 @@ def _settle(handle: AnyFuture, value: Any, error: BaseException | None) -> None:
             handle.set_exception(error)
     except (asyncio.InvalidStateError, concurrent.futures.InvalidStateError):
         pass  # cancelled by its (other-thread) caller between done() and here
+
+
+def _settle_all(outcomes: list[Outcome]) -> None:
+    """Settle asyncio futures of the running loop (or concurrent ones): no lock, no hop."""
+    for r, value, error in outcomes:
+        handle = r.handle
+        if handle.done():
+            continue
+        if error is None:
+            handle.set_result(value)
+        else:
+            handle.set_exception(error)
+
+
+def _hand_out(outcomes: list[Outcome], home: asyncio.AbstractEventLoop) -> list[Outcome]:
+    """Answer what can be answered from this thread; return the outcomes for ``home``.
+
+    Concurrent futures are set here (any thread). Futures of another event loop get one
+    ``call_soon_threadsafe`` per loop for all of theirs. Those of ``home`` (labserve's
+    loop) are returned, to be set on its thread.
+    """
+    mine: list[Outcome] = []
+    others: dict[asyncio.AbstractEventLoop, list[Outcome]] | None = None
+    for outcome in outcomes:
+        handle = outcome[0].handle
+        if type(handle) is concurrent.futures.Future:
+            _settle(handle, outcome[1], outcome[2])
+            continue
+        loop = handle._loop  # an asyncio Future's loop (get_loop(), one call less)
+        if loop is home:
+            mine.append(outcome)
+        else:
+            if others is None:
+                others = {}
+            others.setdefault(loop, []).append(outcome)
+    if others:
+        for loop, theirs in others.items():
+            try:
+                loop.call_soon_threadsafe(_settle_all, theirs)
+            except RuntimeError:
+                pass  # that loop is closed: nobody is left awaiting there
+    return mine
 
 
 class MethodDriver:
@@ -79,9 +132,13 @@ class MethodDriver:
         self._check_at: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle: asyncio.Event | None = None
-        # Arrivals from other threads wait here; one loop callback admits all that came.
+        # Arrivals from other threads wait here; one loop callback takes all that came.
         self._inbox: deque[Request] = deque()
         self._inbox_scheduled = False
+        # Arrivals not yet admitted (loop-only): the next pump admits them all at once,
+        # as arrived when the first of them did (never later than any of them came).
+        self._arrivals: list[Request] = []
+        self._arrived_s = 0.0
         self._pump_scheduled = False
         self._delivering = 0  # batches released whose results are still being delivered
         self._stall = StallWatch(queue.label)  # async models: warn once if one blocks the loop
@@ -91,8 +148,17 @@ class MethodDriver:
 
     # -- thread-safe doors --------------------------------------------------------------
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this driver runs on (labserve's background loop)."""
+        return self._loop
+
     def submit_threadsafe(self, request: Request) -> None:
-        """Admit ``request`` (its handle a concurrent Future) from any thread.
+        """Admit ``request`` from any thread.
+
+        Its handle is a concurrent Future, or an asyncio Future of the caller's own
+        running loop (answered there, with one hand-off per batch for all of that loop's
+        callers).
 
         Requests arriving together from many threads cost the loop one wake-up, not one
         each. The flag is cleared before the inbox is emptied, so an arrival racing with
@@ -133,44 +199,64 @@ class MethodDriver:
     def _drain_inbox(self) -> None:
         self._inbox_scheduled = False
         inbox = self._inbox
+        arrivals = self._arrivals
+        if inbox and not arrivals:
+            self._arrived_s = self._clock.now()
         while inbox:
-            self._admit(inbox.popleft())
-        self._schedule_pump()
+            arrivals.append(inbox.popleft())
+        if not self._pump_scheduled:
+            self._pump()  # no need to wait another loop iteration
 
     def submit(self, request: Request) -> None:
         """Admit a request; a refusal is set on its handle. Loop-only.
 
-        The decision runs once per loop iteration, after every arrival of that iteration
-        (a burst of callers is seen whole, and costs one decision).
+        Admission and the decision run once per loop iteration, after every arrival of
+        that iteration: a burst of callers is admitted together and costs one decision.
         """
-        self._admit(request)
-        self._schedule_pump()
+        arrivals = self._arrivals
+        if not arrivals:
+            self._arrived_s = self._clock.now()
+        arrivals.append(request)
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            self._loop.call_soon(self._pump)
 
-    def _admit(self, request: Request) -> None:
-        try:
-            with self._lock:
-                self.queue.admit(request, self._clock.now())
-        except LabServeError as exc:
-            _settle(request.handle, None, exc)
+    def _admit_arrivals(self) -> list[Outcome]:
+        """Admit every pending arrival (lock held); return the refused, with their errors.
+
+        They are admitted as of the first one's arrival: their waits and deadlines count
+        from then (a busy loop iteration delays the admission, not the clock).
+        """
+        arrivals = self._arrivals
+        if not arrivals:
+            return []
+        self._arrivals = []
+        return self.queue.admit_all(arrivals, self._arrived_s)
 
     def cancel(self, request: Request) -> None:
         """Withdraw a request whose caller gave up. Loop-only."""
         with self._lock:
-            withdrawn = self.queue.cancel(request, self._clock.now())
-        if withdrawn:
+            now = self._clock.now()
+            refused = self._admit_arrivals()  # it may still be among them
+            withdrawn = self.queue.cancel(request, now)
+        if refused:
+            self._settle_here(refused)
+        if withdrawn or refused:
             self._pump()
 
-    def _schedule_pump(self) -> None:
-        if not self._pump_scheduled:
-            self._pump_scheduled = True
-            self._loop.call_soon(self._pump)
+    def _settle_here(self, outcomes: list[Outcome]) -> None:
+        """Answer ``outcomes`` from the loop thread, whoever awaits them. Loop-only."""
+        _settle_all(_hand_out(outcomes, self._loop))
 
     def _pump(self) -> None:
         self._pump_scheduled = False
         now = self._clock.now()
         with self._lock:
+            refused = self._admit_arrivals()
             step = self.queue.poll(now)
             idle = self.queue.idle and not self._delivering
+        if refused:
+            self._settle_here(refused)
         self._carry_out(step)
         self._set_timer(step.wake_s, now)
         if step.timeout_check_s != self._check_at:
@@ -179,8 +265,8 @@ class MethodDriver:
             self._idle.set()
 
     def _carry_out(self, step: Step) -> None:
-        for r, value, error in (*step.rejected, *step.timed_out):
-            _settle(r.handle, value, error)
+        if step.rejected or step.timed_out:
+            self._settle_here(step.rejected + step.timed_out)
         for batch in step.fire:
             self._launch(batch)
 
@@ -193,7 +279,7 @@ class MethodDriver:
         self._timer = self._check = None
         self._timer_at = wake_s
         if wake_s is not None:
-            self._timer = self._loop.call_later(max(wake_s - now, 0.0), self._on_timer)
+            self._timer = self._loop.call_later(max(wake_s - now, _MIN_TIMER_S), self._on_timer)
 
     def _set_check(self, check_s: float | None, now: float) -> None:
         """The timeout check's own timer: it moves rarely, so it is not re-armed per poll."""
@@ -202,7 +288,7 @@ class MethodDriver:
             self._check = None
         self._check_at = check_s
         if check_s is not None:
-            self._check = self._loop.call_later(max(check_s - now, 0.0), self._on_check)
+            self._check = self._loop.call_later(max(check_s - now, _MIN_TIMER_S), self._on_check)
 
     def _on_check(self) -> None:
         self._check = None
@@ -234,10 +320,7 @@ class MethodDriver:
             now = self._clock.now()
             outcomes = self.queue.fail(batch, RunnerStoppedError(self.queue.runner), now)
             self.queue.release(batch, now, ok=False)
-        for r, value, error in outcomes:
-            if isinstance(r.handle, concurrent.futures.Future):
-                _settle(r.handle, value, error)
-        self._call_loop(self._answer_on_loop, outcomes, False)
+        self._call_loop(self._answer_on_loop, _hand_out(outcomes, self._loop), False)
 
     def _call_loop(self, fn: Callable[..., None], *args: Any) -> bool:
         """Hand ``fn(*args)`` to the loop from any thread; False once the loop is closed."""
@@ -250,8 +333,7 @@ class MethodDriver:
     def _answer_on_loop(
         self, outcomes: list[Outcome], delivered: bool = False, batch: Batch | None = None
     ) -> None:
-        for r, value, error in outcomes:
-            _settle(r.handle, value, error)  # no-op for those a worker already answered
+        _settle_all(outcomes)  # labserve's loop's own futures (a worker answered the rest)
         if delivered or batch is not None:
             with self._lock:
                 if delivered:
@@ -276,6 +358,10 @@ class MethodDriver:
                 step = self.queue.poll(now)
                 self._delivering += 1
             args = (batch, output, error, outcomes, step.rejected + step.timed_out)
+            if not step.fire:
+                # Nothing else to run: deliver from this thread (no hop to another worker).
+                self._deliver(*args)
+                return
             try:
                 self._executor.submit(self._deliver, *args)
             except RuntimeError:  # the pool is shut down: deliver here, run nothing more
@@ -283,7 +369,7 @@ class MethodDriver:
                 for fired in step.fire:
                     self._abandon(fired)
                 return
-            batch = step.fire[0] if step.fire else None
+            batch = step.fire[0]
             for extra in step.fire[1:]:
                 try:
                     self._executor.submit(self._worker, extra)
@@ -299,6 +385,7 @@ class MethodDriver:
         rejected: list[Outcome],
     ) -> None:
         """Worker thread: record a finished batch's outcomes and hand them to the callers."""
+        mine: list[Outcome] | None = None  # the outcomes to set on labserve's loop
         try:
             parts: list[Any] | None = None
             if outcomes is None and error is None:
@@ -314,14 +401,13 @@ class MethodDriver:
                         outcomes = self._complete(batch, parts)
                     else:
                         outcomes = self.queue.fail(batch, error, now)
-            for r, value, err in (*outcomes, *rejected):
-                if isinstance(r.handle, concurrent.futures.Future):
-                    _settle(r.handle, value, err)
+            mine = _hand_out(outcomes + rejected if rejected else outcomes, self._loop)
         finally:
-            # The loop answers the rest and counts the delivery done (so that stop() waits
-            # for it); if the loop is gone, nobody is left to answer on it.
-            answered = [*(outcomes or ()), *rejected]
-            if not self._call_loop(self._answer_on_loop, answered, True, batch):
+            if mine is None:  # failed midway: whatever outcomes there are must still go out
+                mine = _hand_out([*(outcomes or ()), *rejected], self._loop)
+            # The loop answers its own callers and counts the delivery done (so that stop()
+            # waits for it); if the loop is gone, nobody is left to answer on it.
+            if not self._call_loop(self._answer_on_loop, mine, True, batch):
                 with self._lock:
                     self._delivering -= 1
 
@@ -408,7 +494,7 @@ class MethodDriver:
         finally:
             with self._lock:
                 self.queue.release(batch, self._clock.now(), ok=ok)
-            self._answer_on_loop(outcomes, False, batch)
+            self._answer_on_loop(_hand_out(outcomes, self._loop), False, batch)
 
     async def _attempt_async(self, batch: Batch, outcomes: list[Outcome]) -> bool:
         """Run ``batch`` (bisecting on error if asked); True if it ran cleanly whole."""
@@ -432,7 +518,10 @@ class MethodDriver:
     async def aclose(self) -> None:
         """Refuse new requests, fire what is queued (reason ``drain``), wait until idle."""
         with self._lock:
+            refused = self._admit_arrivals()  # arrived before the close
             self.queue.close()
+        if refused:
+            self._settle_here(refused)
         self._idle = asyncio.Event()
         self._pump()
         with self._lock:
@@ -446,8 +535,7 @@ class MethodDriver:
             with self._lock:
                 stopped = RunnerStoppedError(self.queue.runner)
                 outcomes = self.queue.abort(stopped, self._clock.now())
-            for r, value, error in outcomes:
-                _settle(r.handle, value, error)
+            self._settle_here(outcomes)
             raise
         if self._timer is not None:
             self._timer.cancel()

@@ -10,13 +10,18 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from labserve.base.errors import LoopThreadError
 
-__all__ = ["BackgroundLoop", "background_loop"]
+__all__ = ["LOOP_KINDS", "BackgroundLoop", "background_loop", "loop_kind"]
+
+LOOP_KINDS = ("auto", "asyncio", "uvloop")
+"""Which event loop a BackgroundLoop runs: ``auto`` is uvloop when it is installed
+(``pip install 'labserve[fast]'``), else asyncio's own."""
 
 T = TypeVar("T")
 
@@ -40,8 +45,12 @@ class BackgroundLoop:
     >>> bg.stop()
     """
 
-    def __init__(self, name: str = "labserve-loop") -> None:
+    def __init__(self, name: str = "labserve-loop", kind: str | None = None) -> None:
+        if kind is not None:
+            _check_kind(kind, "BackgroundLoop(kind=...)")
         self.name = name
+        self.kind = kind
+        """The loop asked for; None: ``$LABSERVE_LOOP``, read at each start, else ``auto``."""
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -81,19 +90,31 @@ class BackgroundLoop:
             if self.running:
                 return
             self.closing = False
+            factory = _loop_factory(self.kind)
             ready: concurrent.futures.Future[asyncio.AbstractEventLoop] = (
                 concurrent.futures.Future()
             )
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 _WORKERS, thread_name_prefix="labserve-worker"
             )
-            thread = threading.Thread(target=self._main, args=(ready,), name=self.name, daemon=True)
+            thread = threading.Thread(
+                target=self._main, args=(ready, factory), name=self.name, daemon=True
+            )
             thread.start()
             self._loop = ready.result()
             self._thread = thread
 
-    def _main(self, ready: concurrent.futures.Future[asyncio.AbstractEventLoop]) -> None:
-        loop = asyncio.new_event_loop()
+    @property
+    def uvloop(self) -> bool:
+        """True when the running loop is uvloop's."""
+        return self._loop is not None and type(self._loop).__module__.startswith("uvloop")
+
+    def _main(
+        self,
+        ready: concurrent.futures.Future[asyncio.AbstractEventLoop],
+        factory: Callable[[], asyncio.AbstractEventLoop],
+    ) -> None:
+        loop = factory()
         asyncio.set_event_loop(loop)
         ready.set_result(loop)
         try:
@@ -201,6 +222,47 @@ class BackgroundLoop:
                 closer.start()
                 closer.join(timeout)
             self._thread = self._loop = self._executor = None
+
+
+def _check_kind(kind: str, where: str) -> None:
+    if kind not in LOOP_KINDS:
+        raise ValueError(f"{where} must be one of {', '.join(LOOP_KINDS)}, got {kind!r}")
+
+
+def loop_kind(kind: str | None = None) -> str:
+    """The loop a BackgroundLoop asked for ``kind`` runs: "asyncio" or "uvloop".
+
+    ``kind`` None reads ``$LABSERVE_LOOP`` (unset: ``auto``). Raises ValueError for an
+    unknown kind, or for uvloop asked by name when it is not installed.
+    """
+    if kind is None:
+        kind = os.environ.get("LABSERVE_LOOP", "").strip() or "auto"
+        _check_kind(kind, "$LABSERVE_LOOP")
+    else:
+        _check_kind(kind, "the loop")
+    if kind == "asyncio":
+        return kind
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if kind == "uvloop":
+            raise ValueError(
+                "the uvloop event loop was asked for, and uvloop is not installed: "
+                "pip install 'labserve[fast]'"
+            ) from None
+        return "asyncio"
+    return "uvloop"
+
+
+def _loop_factory(kind: str | None) -> Callable[[], asyncio.AbstractEventLoop]:
+    if loop_kind(kind) == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    if kind == "asyncio" or (kind is None and os.environ.get("LABSERVE_LOOP")):
+        # asyncio's own loop for this platform, whatever policy the host program set.
+        return asyncio.DefaultEventLoopPolicy().new_event_loop
+    return asyncio.new_event_loop  # auto without uvloop: the host program's policy decides
 
 
 async def _run_hooks(hooks: list[Callable[[], Awaitable[None]]]) -> None:

@@ -9,6 +9,7 @@ handlers on labserve's background loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import inspect
 import ipaddress
@@ -220,9 +221,15 @@ class BaseHandler(tornado.web.RequestHandler):
     def on_connection_close(self) -> None:
         """The client went away: withdraw its call (the runner counts it ``cancelled``)."""
         self._gone = True
+        self._give_up()
+
+    def _give_up(self) -> None:
+        """Cancel the model call in progress, if any, and withdraw its request."""
         call = getattr(self, "_call", None)
-        if call is not None:
-            call.cancel()
+        if call is not None and call.cancel():
+            withdraw = getattr(self, "_withdraw", None)
+            if withdraw is not None:
+                withdraw()
 
     async def call_model(self, method: RunnerMethod, *args: Any) -> Any:
         """``method.async_run(*args)``, withdrawn if the client disconnects; typed errors.
@@ -234,14 +241,24 @@ class BaseHandler(tornado.web.RequestHandler):
             _check_arity(method, args)
         except InputError as exc:
             self.fail(exc)
-        self._call: asyncio.Future[Any] = asyncio.ensure_future(method.async_run(*args))
+        self._call: asyncio.Future[Any]
+        if method.batchable and method.runner.bg.in_loop_thread():
+            # Straight into the batch queue: the handler awaits the request's own future,
+            # with no task of its own in between (one less per request).
+            try:
+                request, self._call = method.submit_on_loop(args)
+            except LabServeError as exc:
+                self.fail(exc)
+            self._withdraw = functools.partial(method.withdraw_on_loop, request)
+        else:  # a plain method, or a runner on another loop than the server's
+            self._call = asyncio.ensure_future(method.async_run(*args))
         try:
             return await self._call
         except LabServeError as exc:
             self.fail(exc)
         except asyncio.CancelledError:
             if not self._gone:
-                self._call.cancel()
+                self._give_up()
                 raise  # the handler itself is being cancelled (the server stops)
             log.info("%s %s: the client went away", self.request.method, self.logged_uri())
             raise tornado.web.Finish() from None

@@ -3,6 +3,12 @@
 Decoding refuses with InputError (400) whatever a client can get wrong, before allocating
 for it: an ``.npy`` header is checked against the bytes that follow it. Replies are
 standard JSON: NaN and infinities are written as ``null`` (strict parsers reject ``NaN``).
+
+JSON is read and written with orjson when it is installed (``pip install 'labserve[fast]'``)
+and ``$LABSERVE_JSON`` is not ``stdlib``; whatever orjson refuses or reads otherwise
+(``NaN`` or ``1e400`` in a request, an integer past 64 bits, UTF-16, lone surrogates,
+nesting deeper than its limit) goes to the standard library's ``json``, so that the same
+bodies are read, the same replies meant, and the same errors raised, with either.
 """
 
 from __future__ import annotations
@@ -10,6 +16,9 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import re
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -23,8 +32,39 @@ NPY = "application/x-npy"
 _NUMERIC_KINDS = "biufc"
 
 
+def _fast_json() -> ModuleType | None:
+    """orjson, unless ``$LABSERVE_JSON`` says ``stdlib`` or it is not installed."""
+    kind = os.environ.get("LABSERVE_JSON", "").strip() or "auto"
+    if kind not in ("auto", "orjson", "stdlib"):
+        raise ValueError(f"$LABSERVE_JSON must be auto, orjson or stdlib, got {kind!r}")
+    if kind == "stdlib":
+        return None
+    try:
+        import orjson
+    except ImportError:
+        if kind == "orjson":
+            raise ValueError(
+                "$LABSERVE_JSON asks for orjson, which is not installed: "
+                "pip install 'labserve[fast]'"
+            ) from None
+        return None
+    return orjson
+
+
+_orjson = _fast_json()
+# orjson reads an integer past 64 bits as a float; the standard library keeps it an int
+# (which the wire then refuses, or range-checks against the tensor's datatype). Bodies
+# with a run of 19 digits or more are read by the standard library, so nothing changes.
+_LONG_DIGITS = re.compile(rb"\d{19}")
+
+
 def load_json(body: bytes, what: str) -> Any:
     """``json.loads``, with InputError (400) naming ``what`` for bad or too deeply nested JSON."""
+    if _orjson is not None and _LONG_DIGITS.search(body) is None:
+        try:
+            return _orjson.loads(body)
+        except _orjson.JSONDecodeError:
+            pass  # read by the standard library, which accepts a little more, or says why not
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -109,6 +149,12 @@ def encode(value: Any, kind: str) -> tuple[bytes, str]:
 
 def dumps(data: Any) -> bytes:
     """Standard JSON bytes of ``data`` (already :func:`jsonable`); OutputError if impossible."""
+    if _orjson is not None:
+        try:
+            # NaN and infinities become null, as _finite makes them below.
+            return _orjson.dumps(data)  # type: ignore[no-any-return]
+        except _orjson.JSONEncodeError:
+            pass  # an integer past 64 bits, deep nesting: the standard library decides
     try:
         return json.dumps(data, allow_nan=False).encode()
     except ValueError:

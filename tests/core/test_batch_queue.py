@@ -954,3 +954,73 @@ def test_reject_never_serves_a_request_past_its_cap_after_a_late_poll():
     f.admit((rows(1),), now=0.0)
     assert f.poll(0.0).fire == []
     assert [b.reason for b in f.poll(0.0205).fire] == ["timeout"]
+
+
+# -- admission of one loop iteration's arrivals together (admit_all) -----------------
+
+
+def admitted_state(q, now):
+    """What the queue holds and decides: batches (handles, arrivals, ids) and counters."""
+    fired = q.poll(now).fire
+    batches = [
+        ([r.handle for r, _, _ in b.parts], [r.arrival_s for r, _, _ in b.parts], b.items)
+        for b in fired
+    ]
+    ids = [r.id for b in fired for r, _, _ in b.parts]
+    snap = q.snapshot(now)
+    return batches, ids, (snap.admitted, snap.refused, snap.queue_requests, snap.queue_items)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_admit_all_queues_exactly_what_admitting_one_by_one_queues(strategy):
+    clock = SimClock()
+    calls = [(rows(n % 3 + 1, width=3 if n % 4 else 5),) for n in range(40)]
+    one = make_queue(strategy=strategy, max_batch_size=8, max_latency_ms=10)
+    bulk = make_queue(strategy=strategy, max_batch_size=8, max_latency_ms=10)
+    for i, args in enumerate(calls):
+        one.admit(one.new_request(args, i), clock.now())
+    assert bulk.admit_all([bulk.new_request(args, i) for i, args in enumerate(calls)], 0.0) == []
+    clock.advance(0.02)  # past the cap: every strategy fires all it holds, group by group
+    for _ in range(len(calls)):  # "off" fires one request per poll
+        assert admitted_state(one, clock.now()) == admitted_state(bulk, clock.now())
+        for q in (one, bulk):
+            for b in list(q._running.values()):
+                q.complete(b, q.codec.split(b.stack(q.codec)[0], b.counts), clock.now())
+                q.release(b, clock.now(), ok=True)
+        if one.idle:
+            break
+    assert one.idle and bulk.idle
+
+
+def test_admit_all_refuses_past_the_queue_cap_in_order_each_with_its_error():
+    q = make_queue(strategy="greedy", max_batch_size=8, max_queue_size=3)
+    requests = [q.new_request((rows(1),), name) for name in "abcde"]
+    refused = q.admit_all(requests, 0.5)
+    assert [r.handle for r, _, _ in refused] == ["d", "e"]
+    assert all(isinstance(err, QueueFullError) and value is None for _, value, err in refused)
+    assert all(r.done for r, _, _ in refused)  # refused: never admitted, no other outcome
+    (batch,) = q.poll(0.5).fire
+    assert [r.handle for r, _, _ in batch.parts] == ["a", "b", "c"]
+    assert [r.arrival_s for r, _, _ in batch.parts] == [0.5, 0.5, 0.5]
+    snap = q.snapshot(0.5)
+    assert (snap.admitted, snap.refused) == (3, 2)
+
+
+def test_admit_all_on_a_closed_queue_refuses_them_all():
+    q = BatchQueue("predict", Codec("predict"), BatchingConfig(), runner="scorer")
+    q.close()
+    refused = q.admit_all([q.new_request((rows(1),), i) for i in range(3)], 0.0)
+    assert [type(err) for _, _, err in refused] == [RunnerStoppedError] * 3
+    assert q.idle and q.snapshot(0.0).refused == 3
+
+
+def test_admit_all_in_reject_mode_judges_each_arrival_as_admit_does():
+    q = make_queue(strategy="greedy", max_batch_size=4, max_latency_ms=5, on_overload="reject")
+    now = warm(q)
+    q.admit((rows(4),), now=now)
+    assert len(q.poll(now).fire) == 1  # every slot busy: each arrival is predicted
+    refused = q.admit_all([q.new_request((rows(1),), i) for i in range(10)], now)
+    # Eight fit in two full batches behind the running one; the ninth would start too late.
+    assert [r.handle for r, _, _ in refused] == [8, 9]
+    assert all(isinstance(err, OverloadError) for _, _, err in refused)
+    assert q.snapshot(now).queue_requests == 8

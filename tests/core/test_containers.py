@@ -114,6 +114,19 @@ def test_split_after_stack_gives_back_each_request(batch_dim):
         np.testing.assert_array_equal(part, req[0])
 
 
+@pytest.mark.parametrize("width", [3, 4096])  # small: views; large: copies of their own
+def test_one_item_per_request_splits_into_rows_that_keep_the_batch_axis(width):
+    codec = Codec("m")
+    requests = [(rows(1, width, start=100 * i),) for i in range(5)]
+    stacked = codec.stack(requests)[0]
+    parts = codec.split(stacked * 2, [1] * 5)
+    for part, (x,) in zip(parts, requests, strict=True):
+        assert part.shape == (1, width)
+        np.testing.assert_array_equal(part, x * 2)
+    big = stacked.nbytes * 2 >= 1 << 16
+    assert all((p.base is None) == big for p in parts)  # a large batch is not pinned
+
+
 def test_slice_and_join_rebuild_a_request_split_across_batches():
     codec = Codec("m", batch_dim=1)
     x = rows(5).T  # 5 items along axis 1

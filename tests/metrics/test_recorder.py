@@ -163,3 +163,27 @@ def test_reset_forgets_everything():
     assert rec.batches == 0
     assert rec.batch_records() == []
     assert math.isnan(rec.overall_percentiles()[0].p50)
+
+
+def test_batches_filed_later_give_the_same_figures_as_batches_filed_at_once():
+    """Served batches are filed in bulk (at a read or every so many requests): no figure moves."""
+    lat = lognormal(7, 64 * 40)
+    small = lognormal(8, 40 * 3)
+    lazy, eager = Recorder(window_s=2.0, capacity=1000), Recorder(window_s=2.0, capacity=1000)
+    for i in range(40):
+        now = 1.0 + i * 0.1
+        for rec in (lazy, eager):
+            serve(rec, now, lat[i * 64 : (i + 1) * 64])  # large: may wait to be filed
+            serve(rec, now, small[i * 3 : (i + 1) * 3])  # small: filed after the large
+        eager.window_percentiles(now)  # a read files everything at once
+    assert lazy._unfiled, "a batch of 64 waits to be filed"
+    for a, b in zip(
+        lazy.window_percentiles(5.0) + lazy.overall_percentiles(),
+        eager.window_percentiles(5.0) + eager.overall_percentiles(),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    assert lazy.latency_sum_s == pytest.approx(eager.latency_sum_s, rel=1e-12)
+    assert lazy.buckets() == eager.buckets()
+    assert lazy.slo_met(5.0, 0.004) == eager.slo_met(5.0, 0.004)
+    assert not lazy._unfiled

@@ -209,7 +209,8 @@ def test_cancelled_async_run_on_labserves_loop_is_withdrawn(gated, wait_until):
         await asyncio.to_thread(model.started.wait, 10)
         doomed = asyncio.create_task(runner.predict.async_run(row(2)))
         other = asyncio.create_task(runner.predict.async_run(row(3)))
-        await asyncio.sleep(0)  # both are queued now: admission is synchronous on this loop
+        await asyncio.sleep(0)  # both have arrived: they are admitted together, next iteration
+        await asyncio.sleep(0)
         assert runner.predict.stats().queue_requests == 2
 
         doomed.cancel()
@@ -219,6 +220,29 @@ def test_cancelled_async_run_on_labserves_loop_is_withdrawn(gated, wait_until):
         model.gate.set()
         np.testing.assert_array_equal(await first, row(2))
         np.testing.assert_array_equal(await other, row(6))
+
+    labserve.background_loop().run(main())
+
+    assert 2.0 not in model.rows
+    snap = runner.stats("predict")
+    assert (snap.served, snap.cancelled, snap.pending) == (2, 1, 0)
+
+
+def test_request_withdrawn_before_its_admission_is_cancelled_and_never_runs(gated):
+    runner, model = gated
+
+    async def main() -> None:
+        first = asyncio.create_task(runner.predict.async_run(row(1)))
+        await asyncio.to_thread(model.started.wait, 10)
+        request, doomed = runner.predict.submit_on_loop((row(2),))
+        runner.predict.withdraw_on_loop(request)  # same loop step: not admitted yet
+        assert runner.predict.stats().cancelled == 1
+        runner.predict.withdraw_on_loop(request)  # a second withdrawal changes nothing
+        _, other = runner.predict.submit_on_loop((row(3),))
+        model.gate.set()
+        np.testing.assert_array_equal(await first, row(2))
+        np.testing.assert_array_equal(await other, row(6))
+        assert not doomed.done()  # its caller gave up: nobody answers it
 
     labserve.background_loop().run(main())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import labserve
+from labserve.runtime.loop import loop_kind
 
 
 class Doubler(labserve.Runnable):
@@ -187,3 +189,48 @@ def test_stopping_the_loop_drains_its_runners(private_loop):
         runner.predict.run(np.ones((1, 2)))
     runner.stop()
     assert not bg.running, "a call to a drained runner does not restart its loop"
+
+
+async def loop_module() -> str:
+    return type(asyncio.get_running_loop()).__module__
+
+
+@pytest.mark.parametrize("kind", ["asyncio", "uvloop"])
+def test_a_loop_runs_the_kind_asked_for_and_serves_a_runner(kind):
+    if kind == "uvloop":
+        pytest.importorskip("uvloop")
+    bg = labserve.BackgroundLoop(name="test-kind-loop", kind=kind)
+    try:
+        assert bg.run(loop_module()).startswith(kind)
+        assert bg.uvloop == (kind == "uvloop")
+        runner = labserve.Runner(Doubler, name=f"on_{kind}", loop=bg)
+        np.testing.assert_array_equal(runner.predict.run(np.ones((1, 2))), [[2.0, 2.0]])
+        runner.stop()
+    finally:
+        bg.stop()
+
+
+def test_the_loop_kind_comes_from_the_environment_at_each_start(monkeypatch, private_loop):
+    pytest.importorskip("uvloop")
+    monkeypatch.setenv("LABSERVE_LOOP", "asyncio")
+    assert private_loop.run(loop_module()).startswith("asyncio")
+    private_loop.stop()
+    monkeypatch.setenv("LABSERVE_LOOP", "uvloop")
+    assert private_loop.run(loop_module()).startswith("uvloop")
+    monkeypatch.delenv("LABSERVE_LOOP")
+    assert loop_kind() == "uvloop"  # auto: uvloop when installed
+
+
+def test_a_wrong_loop_kind_is_refused_with_the_choices(monkeypatch):
+    with pytest.raises(ValueError, match="auto, asyncio, uvloop, got 'tokio'"):
+        labserve.BackgroundLoop(kind="tokio")
+    monkeypatch.setenv("LABSERVE_LOOP", "trio")
+    with pytest.raises(ValueError, match=r"\$LABSERVE_LOOP must be one of"):
+        loop_kind()
+
+
+def test_without_uvloop_auto_falls_back_and_uvloop_by_name_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if not installed
+    assert loop_kind("auto") == "asyncio"
+    with pytest.raises(ValueError, match=r"labserve\[fast\]"):
+        loop_kind("uvloop")

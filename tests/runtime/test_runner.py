@@ -518,3 +518,73 @@ def test_aclose_on_the_loop_fires_the_queued_requests_with_reason_drain(make_run
     assert snap.recent_batches[-1].reason == "drain"
     assert snap.recent_batches[-1].requests == n - 1
     assert (snap.served, snap.pending) == (n, 0)
+
+
+class CountingLoop(asyncio.SelectorEventLoop):
+    """An event loop that counts the hand-offs other threads make to it."""
+
+    handoffs = 0
+
+    def call_soon_threadsafe(self, *args: Any, **kwargs: Any) -> Any:
+        CountingLoop.handoffs += 1
+        return super().call_soon_threadsafe(*args, **kwargs)
+
+
+def test_callers_on_another_loop_are_answered_with_one_handoff_per_batch(make_runner):
+    runner = make_runner(Affine, name="handoffs", max_batch_size=64, strategy="greedy")
+    CountingLoop.handoffs = 0
+
+    async def main() -> list[np.ndarray]:
+        return await asyncio.gather(*(runner.predict.async_run(row(i)) for i in range(200)))
+
+    with asyncio.Runner(loop_factory=CountingLoop) as loop_runner:
+        results = loop_runner.run(main())
+
+    for i, y in enumerate(results):
+        np.testing.assert_array_equal(y, row(2 * i + 1))
+    snap = runner.stats("predict")
+    assert snap.served == 200 and snap.batches < 200
+    assert CountingLoop.handoffs == snap.batches  # not one per request
+
+
+def test_arrivals_of_one_loop_iteration_are_admitted_together_as_of_the_first(make_runner):
+    runner = make_runner(Affine, name="stamped", strategy="greedy")
+    clock = labserve.SimClock(100.0)
+    runner.clock = clock  # before the driver starts: it reads the runner's clock
+
+    async def main() -> tuple[Any, Any]:
+        first, f1 = runner.predict.submit_on_loop((row(1),))
+        clock.advance(0.004)  # the rest of this loop iteration took 4 ms
+        second, f2 = runner.predict.submit_on_loop((row(2),))
+        await asyncio.gather(f1, f2)
+        return first, second
+
+    first, second = labserve.background_loop().run(main())
+    assert first.arrival_s == second.arrival_s == 100.0  # waits count from the first arrival
+    assert runner.stats("predict").batch_size_counts == {2: 1}  # admitted together: one batch
+
+
+class Clashing(labserve.Runnable):
+    """Methods named like the runner's own attributes, and one that is not."""
+
+    @labserve.method(batchable=True)
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    @labserve.method(batchable=True)
+    def configure(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    @labserve.method(batchable=True)
+    def clock(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+
+def test_methods_are_attributes_of_the_runner_unless_the_runner_has_the_name(make_runner):
+    runner = make_runner(Clashing, name="clashing")
+    assert runner.predict is runner.methods["predict"]
+    assert callable(runner.configure) and runner.configure.__func__ is labserve.Runner.configure
+    assert isinstance(runner.clock, labserve.MonotonicClock)  # the runner's own wins
+    assert isinstance(runner.methods["clock"], labserve.RunnerMethod)
+    with pytest.raises(AttributeError, match="has no method 'score'"):
+        runner.score  # noqa: B018
