@@ -3,7 +3,7 @@
 Run from the repository root (needs the ray extra, and Debian's `wrk` for the proxy part):
 
     .venv/bin/python benchmarks/ray_bench.py            # all three
-    .venv/bin/python benchmarks/ray_bench.py proxy      # or: handle, sweep
+    .venv/bin/python benchmarks/ray_bench.py proxy      # or: strategies, handle, sweep
 
 One local Ray (`ray.init(num_cpus=2)`), Serve's proxy on 127.0.0.1:8123.
 
@@ -11,6 +11,8 @@ One local Ray (`ray.init(num_cpus=2)`), Serve's proxy on 127.0.0.1:8123.
   on one replica (sleep model 2 ms + 0.1 ms x items, cap 64, max_latency_ms 20) and (b) a plain
   Ray Serve deployment with @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.02) doing
   the same sleep; both with max_ongoing_requests 128 and half a CPU per replica.
+  `strategies` adds labserve on `fixed` (waits like @serve.batch) and alternates adaptive,
+  fixed, plain, plain, fixed, adaptive.
 - handle: 64 closed-loop callers on a DeploymentHandle for 10 s; sleep model 20 ms + 1 ms x
   items, cap 8 (one replica's capacity: 8 / 28 ms = 285 req/s); one replica, then two.
 - sweep: a 1,000-point simulated grid of 10 s Poisson traces, serial, then as Ray tasks.
@@ -43,13 +45,15 @@ SECONDS = 10
 HERE = Path(__file__).parent
 
 
-def wrk(path: str) -> tuple[float, str]:
+def wrk(path: str) -> tuple[float, str, str]:
+    """req/s, whether every reply was 2xx, and wrk's latency p50 / p99."""
     out = subprocess.run(
         [
             "wrk",
             "-t1",
             "-c64",
             f"-d{SECONDS}s",
+            "--latency",
             "-s",
             str(HERE / "http" / "post.lua"),
             f"http://127.0.0.1:{PORT}{path}",
@@ -60,7 +64,9 @@ def wrk(path: str) -> tuple[float, str]:
     ).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return rps, (f"{non2xx.group(1)} non-2xx" if non2xx else "all 2xx")
+    p50 = re.search(r"50%\s+(\S+)", out).group(1)  # type: ignore[union-attr]
+    p99 = re.search(r"99%\s+(\S+)", out).group(1)  # type: ignore[union-attr]
+    return rps, (f"{non2xx.group(1)} non-2xx" if non2xx else "all 2xx"), f"{p50} / {p99}"
 
 
 def warm(path: str) -> None:
@@ -93,26 +99,28 @@ class PlainBatch:
         return [await self.predict(body[0])]
 
 
-def labserve_round() -> str:
+def labserve_round(strategy: str = "adaptive") -> str:
     app = labserve.ray.deploy(
         functools.partial(SleepModel, 2.0, 0.1),
         name="m",
         max_batch_size=64,
         max_latency_ms=20,
         max_ongoing_requests=128,
+        strategy=strategy,
     )
     try:
         warm("/runners/m/predict")
         time.sleep(0.6)
         before = app.snapshots()[0]
-        rps, status = wrk("/runners/m/predict")
+        rps, status, latency = wrk("/runners/m/predict")
         time.sleep(0.6)
         after = app.snapshots()[0]
         batches = after.batches - before.batches
         mean = (after.served - before.served) / batches if batches else float("nan")
         reasons = {k: v - before.fire_reasons.get(k, 0) for k, v in after.fire_reasons.items()}
         fired = ", ".join(f"{k} {v}" for k, v in reasons.items() if v)
-        return f"| labserve on Ray Serve | {rps:,.0f} | {status} | {mean:.1f} | {fired} |"
+        label = f"labserve on Ray Serve, {strategy}"
+        return f"| {label} | {rps:,.0f} | {latency} | {status} | {mean:.1f} | {fired} |"
     finally:
         app.stop()
 
@@ -121,18 +129,27 @@ def plain_round() -> str:
     serve.run(PlainBatch.bind(), name="plain", route_prefix="/")
     try:
         warm("/")
-        rps, status = wrk("/")
-        return f"| plain @serve.batch | {rps:,.0f} | {status} | - | - |"
+        rps, status, latency = wrk("/")
+        return f"| plain @serve.batch | {rps:,.0f} | {latency} | {status} | - | - |"
     finally:
         serve.delete("plain")
 
 
-def proxy() -> None:
+def proxy(strategies: bool = False) -> None:
+    """labserve's default against plain; with ``strategies``, labserve's ``fixed`` too.
+
+    ``fixed`` holds a batch until it is full or its oldest request has waited the wait cap,
+    as ``@serve.batch`` does; the default fires as soon as the model is free.
+    """
     print(f"## Through Ray's proxy: wrk -t1 -c64 -d{SECONDS}s, one JSON row per POST\n")
-    print("Rounds alternate: labserve, plain, labserve, plain.\n")
-    print("| deployment (1 replica) | req/s | replies | mean batch | fired by |")
-    print("|---|---:|---|---:|---|")
-    for run in (labserve_round, plain_round, labserve_round, plain_round):
+    fixed = functools.partial(labserve_round, "fixed")
+    rounds = [labserve_round, fixed, plain_round] if strategies else [labserve_round, plain_round]
+    rounds += rounds[::-1] if strategies else rounds
+    print(
+        "| deployment (1 replica) | req/s | latency p50 / p99 | replies | mean batch | fired by |"
+    )
+    print("|---|---:|---:|---|---:|---|")
+    for run in rounds:
         print(run(), flush=True)
     print()
 
@@ -232,11 +249,18 @@ def main() -> None:
     parts = sys.argv[1:] or ["proxy", "handle", "sweep"]
     temp = tempfile.mkdtemp(prefix="lsbench", dir="/tmp")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
-    if {"proxy", "handle"} & set(parts):  # the sweep needs no Serve (its controller costs CPU)
+    if {"proxy", "strategies", "handle"} & set(
+        parts
+    ):  # the sweep needs no Serve (its controller costs CPU)
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     try:
         for part in parts:
-            {"proxy": proxy, "handle": handle, "sweep": sweep_fan_out}[part]()
+            {
+                "proxy": proxy,
+                "strategies": functools.partial(proxy, strategies=True),
+                "handle": handle,
+                "sweep": sweep_fan_out,
+            }[part]()
     finally:
         serve.shutdown()
         ray.shutdown()
