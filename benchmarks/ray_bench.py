@@ -24,8 +24,6 @@ import asyncio
 import concurrent.futures
 import functools
 import json
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +38,9 @@ import labserve
 import labserve.ray
 from labserve.lab.demo import SleepModel
 
+sys.path.insert(0, str(Path(__file__).parent / "http"))
+import wrkrun
+
 PORT = 8123
 SECONDS = 10
 HERE = Path(__file__).parent
@@ -47,42 +48,12 @@ HERE = Path(__file__).parent
 
 def wrk(path: str) -> tuple[float, str, str]:
     """req/s, whether every reply was 2xx, and wrk's latency p50 / p99."""
-    out = subprocess.run(
-        [
-            "wrk",
-            "-t1",
-            "-c64",
-            f"-d{SECONDS}s",
-            "--latency",
-            "-s",
-            str(HERE / "http" / "post.lua"),
-            f"http://127.0.0.1:{PORT}{path}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    p50 = re.search(r"50%\s+(\S+)", out).group(1)  # type: ignore[union-attr]
-    p99 = re.search(r"99%\s+(\S+)", out).group(1)  # type: ignore[union-attr]
-    return rps, (f"{non2xx.group(1)} non-2xx" if non2xx else "all 2xx"), f"{p50} / {p99}"
+    result = wrkrun.run(f"http://127.0.0.1:{PORT}{path}", seconds=SECONDS)
+    return result["rps"], wrkrun.replies(result), f"{result['p50_ms']} / {result['p99_ms']} ms"
 
 
 def warm(path: str) -> None:
-    subprocess.run(
-        [
-            "wrk",
-            "-t1",
-            "-c64",
-            "-d3s",
-            "-s",
-            str(HERE / "http" / "post.lua"),
-            f"http://127.0.0.1:{PORT}{path}",
-        ],
-        capture_output=True,
-        check=True,
-    )
+    wrkrun.run(f"http://127.0.0.1:{PORT}{path}", seconds=3)
 
 
 @serve.deployment(max_ongoing_requests=128, ray_actor_options={"num_cpus": 0.5})

@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import wrkrun  # this folder's wrk runner (the script's folder is on sys.path)
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 PORT = 18779
@@ -33,15 +34,8 @@ URL = f"http://127.0.0.1:{PORT}/runners/m/predict"
 
 
 def wrk(seconds: float, connections: int = 64) -> dict[str, float]:
-    out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s", str(HERE / "post.lua"), URL],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return {"rps": rps, "non2xx": float(non2xx.group(1)) if non2xx else 0.0}
+    result = wrkrun.run(URL, seconds=seconds, connections=connections)
+    return {"rps": result["rps"], "non2xx": float(result["non_2xx"])}
 
 
 def load(args: list[str]) -> dict[str, Any]:

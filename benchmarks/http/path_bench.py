@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import wrkrun  # this folder's wrk runner (the script's folder is on sys.path)
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -52,32 +53,9 @@ def cpu_s(pid: int) -> float:
 
 
 def wrk(path: str, script: str, seconds: int, connections: int = 64) -> dict[str, Any]:
-    out = subprocess.run(
-        [
-            "wrk",
-            "-t1",
-            f"-c{connections}",
-            f"-d{seconds}s",
-            "--latency",
-            "-s",
-            str(HERE / script),
-            f"http://127.0.0.1:{PORT}{path}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
-    scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return {
-        "rps": rps,
-        "requests": total,
-        "p99_ms": float(p99.group(1)) * scale[p99.group(2)] if p99 else None,
-        "non_2xx": int(non2xx.group(1)) if non2xx else 0,
-    }
+    url = f"http://127.0.0.1:{PORT}{path}"
+    result = wrkrun.run(url, seconds=seconds, connections=connections, script=script)
+    return {k: result[k] for k in ("rps", "requests", "p99_ms", "non_2xx")}
 
 
 def mean_batch() -> float | None:

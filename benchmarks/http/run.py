@@ -6,13 +6,13 @@ Debian: `apt-get install wrk`). Each server runs in its own process; wrk runs in
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import wrkrun  # this folder's wrk runner (the script's folder is on sys.path)
 
 HERE = Path(__file__).parent
 PORT = 18777
@@ -21,24 +21,10 @@ CONNECTIONS = 64
 
 
 def wrk() -> tuple[float, str]:
-    out = subprocess.run(
-        [
-            "wrk",
-            "-t1",
-            f"-c{CONNECTIONS}",
-            f"-d{SECONDS}s",
-            "--latency",
-            "-s",
-            str(HERE / "post.lua"),
-            f"http://127.0.0.1:{PORT}/runners/m/predict",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return rps, (f"{non2xx.group(1)} non-2xx" if non2xx else "all 2xx")
+    result = wrkrun.run(
+        f"http://127.0.0.1:{PORT}/runners/m/predict", seconds=SECONDS, connections=CONNECTIONS
+    )
+    return result["rps"], wrkrun.replies(result)
 
 
 def stats_mean_batch() -> float:
@@ -71,19 +57,7 @@ def measure(kind: str, model: str | None = None) -> tuple[float, str, float]:
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        wrk_warm = subprocess.run(
-            [
-                "wrk",
-                "-t1",
-                "-c8",
-                "-d2s",
-                "-s",
-                str(HERE / "post.lua"),
-                f"http://127.0.0.1:{PORT}/runners/m/predict",
-            ],
-            capture_output=True,
-        )
-        assert wrk_warm.returncode == 0
+        wrkrun.run(f"http://127.0.0.1:{PORT}/runners/m/predict", seconds=2, connections=8)
         rps, status = wrk()
         batch = stats_mean_batch() if kind == "labserve" else float("nan")
         return rps, status, batch
