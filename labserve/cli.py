@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from labserve.base.errors import LabServeError
 from labserve.base.vocabulary import STRATEGIES
+from labserve.runtime.loop import LOOP_KINDS, BackgroundLoop, loop_kind
 
 __all__ = ["main"]
 
@@ -344,8 +345,6 @@ def _loop_choice(kind: str) -> Iterator[None]:
     (benchmarks/RESULTS.md). Chosen through ``$LABSERVE_LOOP``, put back afterwards
     (``main()`` may run inside another program); a loop, once started, keeps its kind.
     """
-    from labserve.runtime.loop import loop_kind
-
     try:
         loop_kind(kind)
     except ValueError as exc:
@@ -361,7 +360,7 @@ def _loop_choice(kind: str) -> Iterator[None]:
             os.environ["LABSERVE_LOOP"] = before
 
 
-def _verdict(result: Any, caught: list[warnings.WarningMessage], bg: Any) -> str:
+def _verdict(result: Any, caught: list[warnings.WarningMessage], bg: BackgroundLoop) -> str:
     """One honest line: did the generator keep the schedule, and whose batching is shown."""
     s = result.summary()
     lines = []
@@ -377,8 +376,7 @@ def _verdict(result: Any, caught: list[warnings.WarningMessage], bg: Any) -> str
                 f"  the sends took {result.sent_until_s:.1f} s, not {result.duration_s:.1f} s: "
                 f"served_rps ({s['served_rps']:,.0f}) is over the time they took"
             )
-    loop = type(bg.loop).__module__.split(".")[0]
-    lines.append(f"generator: its own event loop ({loop})")
+    lines.append(f"generator: its own event loop ({'uvloop' if bg.uvloop else 'asyncio'})")
     if result.server is not None:
         lines.append(
             "batching: the server's own /stats over the run "
@@ -471,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--loop",
-        choices=("auto", "asyncio", "uvloop"),
+        choices=LOOP_KINDS,
         default="auto",
         help="the server's event loop (auto: uvloop if installed)",
     )
@@ -502,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--json", help="also write the summary and the server's view to this file")
     load.add_argument(
         "--loop",
-        choices=("auto", "asyncio", "uvloop"),
+        choices=LOOP_KINDS,
         default="auto",
         help="the generator's event loop (auto: uvloop if installed)",
     )

@@ -184,22 +184,7 @@ class BatchQueue:
             self._timeout_check_s = now + cfg.request_timeout_s
         if self._in_flight >= cfg.max_concurrent_batches and cfg.on_overload == "reject":
             self._refuse_if_late(request, now)
-        request.id = self._next_request
-        self._next_request += 1
-        request.arrival_s = now
-        group = self._groups.get(request.key)
-        if group is None:
-            group = self._groups[request.key] = _Group(request.key)
-        group.queue.append(request)
-        group.items += request.items
-        group.requests += 1
-        self._queued_items += request.items
-        self._queued_requests += 1
-        # Arrivals are counted in bulk at the next poll or snapshot: they come in bursts
-        # (one loop iteration's worth), and this runs once per request.
-        self._new_requests += 1
-        self._new_items += request.items
-        self._new_at = now
+        self._enqueue((request,), now)
         return request
 
     def admit_all(self, requests: list[Request], now: float) -> list[Outcome]:
@@ -229,6 +214,11 @@ class BatchQueue:
             return refused
         if self._timeout_check_s == math.inf and cfg.request_timeout_s:
             self._timeout_check_s = now + cfg.request_timeout_s
+        self._enqueue(requests, now)
+        return []
+
+    def _enqueue(self, requests: Sequence[Request], now: float) -> None:
+        """File admitted requests, in order, into their shape groups as arrived at ``now``."""
         groups = self._groups
         rid = self._next_request
         items = 0
@@ -247,13 +237,15 @@ class BatchQueue:
             group.items += request.items
             group.requests += 1
             items += request.items
+        n = len(requests)
         self._next_request = rid
         self._queued_items += items
         self._queued_requests += n
+        # Arrivals are counted in bulk at the next poll or snapshot: they come in bursts
+        # (one loop iteration's worth).
         self._new_requests += n
         self._new_items += items
         self._new_at = now
-        return []
 
     def _adaptive_admission(self) -> bool:
         """True when admission predicts overload (reject mode, every slot busy, a fit)."""

@@ -17,7 +17,6 @@ import collections
 import functools
 import re
 import ssl
-import time
 from typing import NamedTuple, cast
 
 from labserve.base.vocabulary import (
@@ -29,6 +28,7 @@ from labserve.base.vocabulary import (
     SERVED,
     TIMEOUT,
 )
+from labserve.load.records import clock_s
 
 __all__ = ["ConnectionPool", "Reply", "outcome_of_status", "request_bytes"]
 
@@ -298,7 +298,7 @@ class ConnectionPool:
             except OSError as exc:
                 return Reply(CONNECT_ERROR, detail=f"cannot connect: {exc}")
         waiter = conn.send(data)
-        written_at = time.monotonic()  # as the load records' clock, not the loop's
+        written_at = clock_s()  # the load records' clock, not the loop's
         timer = loop.call_at(deadline, _expire, waiter)
         try:
             reply = (await waiter)._replace(written_at=written_at)

@@ -50,7 +50,7 @@ class Record:
         """Open loop: when (seconds from ``t0``) the latest request went out."""
 
     def went_out(self, k: int, now: float) -> None:
-        """Request ``k`` was written (or given up unsent) at loop time ``now``."""
+        """Request ``k`` was written (or given up unsent) at ``now`` (on :data:`clock_s`)."""
         if self.track_lag:
             sent = now - self.t0
             self.lag.append(max(sent - self.arrival[k], 0.0))

@@ -87,7 +87,7 @@ def _hand_out(outcomes: list[Outcome], home: asyncio.AbstractEventLoop) -> list[
         if type(handle) is concurrent.futures.Future:
             _settle(handle, outcome[1], outcome[2])
             continue
-        loop = handle._loop  # an asyncio Future's loop (get_loop(), one call less)
+        loop = handle.get_loop()
         if loop is home:
             mine.append(outcome)
         else:

@@ -201,6 +201,33 @@ def open_dashboard(pw: Any, lab: dict[str, Any]) -> tuple[Any, Any, dict[str, st
     return browser, page, server, console
 
 
+@contextlib.contextmanager
+def dashboard_page(
+    pw: Any, lab: dict[str, Any], failure: str
+) -> Iterator[tuple[Any, Any, dict[str, str], list[str]]]:
+    """:func:`open_dashboard`; on a failure, the page's console and a screenshot ``failure``."""
+    browser, page, server, console = open_dashboard(pw, lab)
+    try:
+        yield browser, page, server, console
+    except BaseException:
+        print("\n".join(console[-60:]))
+        page.screenshot(path=str(ARTIFACTS / f"{failure}.png"), full_page=True)
+        raise
+    finally:
+        browser.close()
+
+
+def rows(page: Any, column: str = "queue_requests") -> int:
+    """Rows in the page's largest data source holding ``column``."""
+    return max((s["rows"] for s in page.evaluate(READ_SOURCE, column)), default=0)
+
+
+def last_values(page: Any, column: str) -> list[float]:
+    """``column``'s values in the page's largest data source holding it."""
+    sources = page.evaluate(READ_SOURCE, column)
+    return max(sources, key=lambda s: s["rows"])["values"] if sources else []  # type: ignore[no-any-return]
+
+
 def start_load(page: Any, rate: int) -> None:
     """Type a rate into the load column and press start (the load runs until stopped)."""
     field = page.locator(".widget-text", has_text="rate (req/s)").locator("input")
@@ -248,14 +275,10 @@ def assert_reload_keeps_live_charts(
 ) -> None:
     """Save, reload with the kernel alive: live charts, without and then with a re-run."""
 
-    def rows() -> int:
-        sources = page.evaluate(READ_SOURCE, "queue_requests")
-        return max((s["rows"] for s in sources), default=0)
-
     def live(what: str) -> None:
         _wait(lambda: page.locator(".bk-Figure, .bk-figure").count() >= 6, f"{what}: charts")
-        n = rows()
-        _wait(lambda: rows() > n + 5, f"{what}: rows streaming", timeout=30)
+        n = rows(page)
+        _wait(lambda: rows(page) > n + 5, f"{what}: rows streaming", timeout=30)
         assert page.get_by_text("Could not create a view").count() == 0, what
         errors = [m for m in console if m.startswith("error")]
         assert not errors, (what, errors)
@@ -279,34 +302,25 @@ def test_the_dashboard_renders_streams_and_its_slider_configures_the_server(lab)
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
-        browser, page, server, console = open_dashboard(pw, lab)
-        try:
+        with dashboard_page(pw, lab, "dashboard-failure") as (_browser, page, server, console):
             # Run All ran the cell after the dashboard: the charts are still there.
             _wait(lambda: page.locator(".jp-OutputArea-output", has_text="ready").count(), "ready")
             assert page.locator(".bk-Figure, .bk-figure").count() >= 6
 
-            def rows(column: str) -> int:
-                sources = page.evaluate(READ_SOURCE, column)
-                return max((s["rows"] for s in sources), default=0)
-
-            def last_values(column: str) -> list[float]:
-                sources = page.evaluate(READ_SOURCE, column)
-                return max(sources, key=lambda s: s["rows"])["values"] if sources else []
-
             # Start a Poisson load from the page; the charts' data grows while it runs.
             start_load(page, 400)
-            before = rows("queue_requests")
-            _wait(lambda: rows("queue_requests") > before + 10, "ticks to keep streaming")
-            _wait(lambda: max(last_values("batch_max"), default=0) > 0, "batches to show")
+            before = rows(page, "queue_requests")
+            _wait(lambda: rows(page, "queue_requests") > before + 10, "ticks to keep streaming")
+            _wait(lambda: max(last_values(page, "batch_max"), default=0) > 0, "batches to show")
 
             # Drag max_batch_size to 4 (option 2 of 1, 2, 4, ..., 1024): the server follows,
             # and the batch-size chart's cap line and new batches follow the server.
             _drag_slider_to(page, "max_batch_size", index=2, steps=11)
             _wait(lambda: _get_config(server)["max_batch_size"] == 4, "/config to say 4")
-            _wait(lambda: last_values("max_batch_size")[-1:] == [4], "the cap line to show 4")
-            n = rows("queue_requests")
-            _wait(lambda: rows("queue_requests") > n + 10, "ticks under the new cap")
-            assert 0 < max(last_values("batch_max")[-5:]) <= 4
+            _wait(lambda: last_values(page, "max_batch_size")[-1:] == [4], "the cap line to show 4")
+            n = rows(page, "queue_requests")
+            _wait(lambda: rows(page, "queue_requests") > n + 10, "ticks under the new cap")
+            assert 0 < max(last_values(page, "batch_max")[-5:]) <= 4
 
             # Another client changes the cap (PATCH /config): the slider follows.
             _patch_config(server, max_batch_size=64)
@@ -314,7 +328,9 @@ def test_the_dashboard_renders_streams_and_its_slider_configures_the_server(lab)
                 ".widget-readout"
             )
             _wait(lambda: readout.inner_text().strip() == "64", "the slider to show 64")
-            _wait(lambda: last_values("max_batch_size")[-1:] == [64], "the cap line to show 64")
+            _wait(
+                lambda: last_values(page, "max_batch_size")[-1:] == [64], "the cap line to show 64"
+            )
             time.sleep(2)  # let the charts show a couple of seconds under the new cap
             shot = ARTIFACTS / "dashboard.png"
             page.screenshot(path=str(shot), full_page=True)
@@ -322,12 +338,6 @@ def test_the_dashboard_renders_streams_and_its_slider_configures_the_server(lab)
             # BokehJS travels in a widget's state, not in the outputs the notebook saves.
             assert page.evaluate(BOKEHJS_OUTPUT_CHARS) == 0
             assert_reload_keeps_live_charts(page, lab, console, "dashboard-reloaded")
-        except BaseException:
-            print("\n".join(console[-60:]))
-            page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"), full_page=True)
-            raise
-        finally:
-            browser.close()
 
 
 def test_the_dashboard_streams_in_notebook_7_and_after_a_reload(tmp_path):
@@ -336,28 +346,19 @@ def test_the_dashboard_streams_in_notebook_7_and_after_a_reload(tmp_path):
 
     ARTIFACTS.mkdir(exist_ok=True)
     with run_lab(tmp_path, app="notebook") as nb7, sync_playwright() as pw:
-        browser, page, server, console = open_dashboard(pw, nb7)
-
-        def rows(column: str = "queue_requests") -> int:
-            return max((s["rows"] for s in page.evaluate(READ_SOURCE, column)), default=0)
-
-        def last_values(column: str) -> list[float]:
-            sources = page.evaluate(READ_SOURCE, column)
-            return max(sources, key=lambda s: s["rows"])["values"] if sources else []
-
-        try:
+        with dashboard_page(pw, nb7, "notebook7-failure") as (browser, page, server, console):
             _wait(lambda: page.locator(".jp-OutputArea-output", has_text="ready").count(), "ready")
             assert page.locator("canvas").count() >= 6
             start_load(page, 400)
             # The first view streams (it once waited for a patch sent before it existed).
-            _wait(lambda: rows() > 10, "the first view to stream", timeout=20)
-            _wait(lambda: max(last_values("batch_max"), default=0) > 0, "batches to show")
+            _wait(lambda: rows(page) > 10, "the first view to stream", timeout=20)
+            _wait(lambda: max(last_values(page, "batch_max"), default=0) > 0, "batches to show")
             _patch_config(server, max_batch_size=8)  # another client: the slider follows
             readout = page.locator(".widget-slider", has_text="max_batch_size").locator(
                 ".widget-readout"
             )
             _wait(lambda: readout.inner_text().strip() == "8", "the slider to show 8")
-            _wait(lambda: last_values("max_batch_size")[-1:] == [8], "the cap line to show 8")
+            _wait(lambda: last_values(page, "max_batch_size")[-1:] == [8], "the cap line to show 8")
             assert page.evaluate(BOKEHJS_OUTPUT_CHARS) == 0
             page.screenshot(path=str(ARTIFACTS / "notebook7.png"), full_page=True)
             assert_reload_keeps_live_charts(page, nb7, console, "notebook7-reloaded")
@@ -367,26 +368,10 @@ def test_the_dashboard_streams_in_notebook_7_and_after_a_reload(tmp_path):
             second.goto(f"{nb7['base']}{nb7['path']}dashboard.ipynb?token={nb7['token']}")
             second.wait_for_function(KERNEL_READY, timeout=90_000)
             _wait(lambda: second.locator(".bk-Figure, .bk-figure").count() >= 6, "tab 2 charts")
-            n = max((s["rows"] for s in second.evaluate(READ_SOURCE, "queue_requests")), default=0)
-            _wait(
-                lambda: (
-                    max(
-                        (s["rows"] for s in second.evaluate(READ_SOURCE, "queue_requests")),
-                        default=0,
-                    )
-                    > n + 5
-                ),
-                "tab 2 rows streaming",
-                timeout=30,
-            )
+            n = rows(second)
+            _wait(lambda: rows(second) > n + 5, "tab 2 rows streaming", timeout=30)
             assert second.get_by_text("Could not create a view").count() == 0
             second.screenshot(path=str(ARTIFACTS / "notebook7-second-tab.png"), full_page=True)
-        except BaseException:
-            print("\n".join(console[-60:]))
-            page.screenshot(path=str(ARTIFACTS / "notebook7-failure.png"), full_page=True)
-            raise
-        finally:
-            browser.close()
 
 
 def measure_staleness(page: Any, seconds: float) -> list[float]:
@@ -407,8 +392,7 @@ def test_a_slow_page_stays_close_to_now(lab):
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
-        browser, page, _server, console = open_dashboard(pw, lab)
-        try:
+        with dashboard_page(pw, lab, "dashboard-failure") as (_browser, page, _server, _console):
             start_load(page, 1000)
             _wait(lambda: page.evaluate(STALENESS) is not None, "rows on screen")
             cdp = page.context.new_cdp_session(page)
@@ -423,12 +407,6 @@ def test_a_slow_page_stays_close_to_now(lab):
             # ...and ends under a generous bound (a functional check, not a benchmark).
             assert max(last) < 5.0, samples
             page.screenshot(path=str(ARTIFACTS / "dashboard-throttled.png"), full_page=True)
-        except BaseException:
-            print("\n".join(console[-60:]))
-            page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"), full_page=True)
-            raise
-        finally:
-            browser.close()
 
 
 def test_lesson_05_run_all_then_its_four_steps(tmp_path):
@@ -453,8 +431,7 @@ def test_lesson_05_run_all_then_its_four_steps(tmp_path):
                 ).first.scroll_into_view_if_needed()
 
                 def last(column: str, n: int = 5) -> list[float]:
-                    sources = page.evaluate(READ_SOURCE, column)
-                    values = max(sources, key=lambda s: s["rows"])["values"] if sources else []
+                    values = last_values(page, column)
                     return [v for v in values[-n:] if v is not None and v == v]
 
                 def shot(name: str) -> None:
