@@ -149,7 +149,7 @@ class BatchingConfig:
         """What a refused caller is told to wait before retrying: the wait cap, at least 1 ms."""
         return max(self.max_latency_s, 0.001)
 
-    @property
+    @cached_property
     def effective_strategy(self) -> Strategy:
         """The strategy in force: ``"off"`` when batching is disabled."""
         return self.strategy if self.enabled else "off"
