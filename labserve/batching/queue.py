@@ -392,8 +392,15 @@ class BatchQueue:
 
     # -- deciding ---------------------------------------------------------------------
 
-    def poll(self, now: float) -> Step:
-        """Decide: the batches to fire now, the requests to reject, and when to wake next."""
+    def poll(self, now: float, due_s: float | None = None) -> Step:
+        """Decide: the batches to fire now, the requests to reject, and when to wake next.
+
+        ``due_s`` is the ``wake_s`` an owner's timer was set for, when that timer is why it
+        polls: a hold ending by then ends now. An event loop's timer wakes in the tick of its
+        due time, not at it (asyncio up to a millisecond after, uvloop up to one before), so a
+        driver arms it a tick early and says for when: the batch then fires in time, and its
+        requests' recorded waits, taken at ``now``, stay within ``max_latency_ms``.
+        """
         if self._new_requests:
             self._count_arrivals()
         if self._pending_config is not None:
@@ -417,13 +424,16 @@ class BatchQueue:
             if late:
                 self._reject(late, now, step)
         if self._in_flight < cfg.max_concurrent_batches:
-            self._fill_slots(now, step)
+            self._fill_slots(now, now if due_s is None or due_s < now else due_s, step)
         if self._in_flight >= cfg.max_concurrent_batches and cfg.on_overload == "reject":
             self._wait_for_slot(now, step)
         return step
 
-    def _fill_slots(self, now: float, step: Step) -> None:
+    def _fill_slots(self, now: float, at: float, step: Step) -> None:
         """Ask the strategy about each group, oldest head first, while a slot is free.
+
+        The strategy decides as of ``at`` (``now``, or the due time of the timer that woke
+        the owner a tick early); batches fire at ``now``.
 
         A group the strategy fires leaves a batch in ``step.fire``; one it holds keeps its
         hold (until a time, and while it has fewer items than the hold allows).
@@ -446,7 +456,7 @@ class BatchQueue:
                     group.items, group.requests, head.arrival_s, group.hold_start, group.hold_until
                 )
                 rates = self.rate.rates(now) if planning else _NO_RATES
-                decision = decide(view, now, cfg, fit, rates, self._budget.budget_s)
+                decision = decide(view, at, cfg, fit, rates, self._budget.budget_s)
             if isinstance(decision, Fire):
                 # Take the batch off the group: it holds a slot until release().
                 parts, total, taken = group.take(cfg.max_batch_size, self._one_request, now)
@@ -613,9 +623,9 @@ class BulkQueue(BatchQueue):
     after it, at time t, makes the next :meth:`poll` decide only ``wake_s = t +
     arrival_wake_s``. The simulator sets that timer itself instead of polling."""
 
-    def poll(self, now: float) -> Step:
+    def poll(self, now: float, due_s: float | None = None) -> Step:
         """:meth:`BatchQueue.poll`; it also sets :attr:`quiet_items` and :attr:`arrival_wake_s`."""
-        step = super().poll(now)
+        step = super().poll(now, due_s)
         cfg = self._config
         self.arrival_wake_s = None
         if self._in_flight < cfg.max_concurrent_batches:
