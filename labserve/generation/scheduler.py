@@ -71,7 +71,7 @@ class Scheduler:
     >>> s = Scheduler(GenerationConfig(max_num_seqs=2))
     >>> s.add(1, prompt_len=3, max_tokens=2, now=0.0)
     >>> plan = s.schedule(0.0)
-    >>> [(x.seq_id, x.count, x.kind) for x in plan.scheduled]
+    >>> [(x.seq_id, x.num_new_tokens, x.kind) for x in plan.scheduled]
     [(1, 3, 'prefill')]
     >>> s.complete(plan, 0.01)
     []
@@ -203,7 +203,7 @@ class Scheduler:
         else:
             stop, budget = self._schedule_waiting(scheduled, budget, now)
         entries = tuple(scheduled.values())
-        prefill = sum(e.count for e in entries if e.kind != "decode")
+        prefill = sum(e.num_new_tokens for e in entries if e.kind != "decode")
         plan = StepPlan(
             index=self._steps,
             start_s=now,
@@ -245,7 +245,7 @@ class Scheduler:
             if entry.seq_id in failed:
                 finished.append(self._finish(seq, "failed", now))
                 continue
-            seq.num_computed += entry.count
+            seq.num_computed += entry.num_new_tokens
             if not entry.samples:
                 continue
             seq.num_output += 1
@@ -276,23 +276,36 @@ class Scheduler:
     def _schedule_running(
         self, scheduled: dict[int, Scheduled], preempted: list[int], budget: int
     ) -> int:
-        """Rule 1: the running sequences, oldest first, preempting for KV room."""
+        """Rule 1: the running sequences, oldest first, preempting for KV room.
+
+        The hot loop of a step (one pass per running sequence): KV bookkeeping is inlined,
+        and :meth:`_make_room` is called only when a block is needed and none is free.
+        """
         config = self.config
         threshold = config.long_prefill_token_threshold
+        limit = config.num_kv_blocks
+        block_size = config.block_size
+        running = self._running
         i = 0
-        while i < len(self._running) and budget > 0:
-            seq = self._running[i]
-            want = seq.num_tokens - seq.num_computed
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            computed = seq.num_computed
+            want = seq.num_tokens - computed
             if 0 < threshold < want:
                 want = threshold
-            count = min(want, budget)
-            before = len(preempted)
-            fits = self._make_room(seq, seq.num_computed + count, preempted)
-            if len(preempted) > before:
-                budget += self._unschedule(scheduled, preempted[before:])
-                if not fits:
-                    break  # it was the newest: it preempted itself
-                i = self._running.index(seq)  # victims planned already may sit before it
+            count = want if want < budget else budget
+            need = -(-(computed + count) // block_size)
+            if need > seq.blocks:
+                if limit and self._kv_used + need - seq.blocks > limit:
+                    before = len(preempted)
+                    fits = self._make_room(seq, computed + count, preempted)
+                    budget += self._unschedule(scheduled, preempted[before:])
+                    if not fits:
+                        break  # it was the newest: it preempted itself
+                    i = running.index(seq)  # victims planned already may sit before it
+                else:
+                    self._kv_used += need - seq.blocks
+                    seq.blocks = need
             scheduled[seq.id] = self._entry(seq, count)
             budget -= count
             i += 1
@@ -329,16 +342,17 @@ class Scheduler:
             scheduled[seq.id] = self._entry(seq, count)
             budget -= count
 
-    def _entry(self, seq: SeqState, count: int) -> Scheduled:
-        samples = seq.num_computed + count == seq.num_tokens
+    @staticmethod
+    def _entry(seq: SeqState, count: int) -> Scheduled:
+        computed, total = seq.num_computed, seq.num_tokens
         kind: Kind
-        if seq.num_computed > 0 and seq.num_tokens - seq.num_computed == 1:
+        if computed and total - computed == 1:
             kind = "decode"
-        elif seq.num_output > 0:
+        elif seq.num_output:
             kind = "resume"
         else:
             kind = "prefill"
-        return Scheduled(seq.id, seq.num_computed, count, samples, kind)
+        return Scheduled(seq.id, computed, count, computed + count == total, kind)
 
     # -- KV blocks ------------------------------------------------------------------------
 
@@ -390,7 +404,7 @@ class Scheduler:
         for seq_id in preempted:
             entry = scheduled.pop(seq_id, None)
             if entry is not None:
-                returned += entry.count
+                returned += entry.num_new_tokens
         return returned
 
     # -- ends -------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ a prefill, or a decode). The last output is never fed back, so a sequence of pro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 __all__ = [
     "FINISH_REASONS",
@@ -103,14 +103,16 @@ class SeqState:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Scheduled:
-    """One sequence's share of a step: compute ``count`` tokens from position ``start``."""
+class Scheduled(NamedTuple):
+    """One sequence's share of a step: compute ``num_new_tokens`` tokens from ``start`` on.
+
+    A named tuple: a step makes one per sequence, and the scheduler's time per step counts.
+    """
 
     seq_id: int
     start: int
     """Tokens already in the KV cache: the first new token's position."""
-    count: int
+    num_new_tokens: int
     """New tokens computed this step (1 for a decode)."""
     samples: bool
     """Whether the step ends with this sequence's next output token (prefill done)."""

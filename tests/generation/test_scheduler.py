@@ -16,7 +16,7 @@ def step(sched, now, **kw):
 
 
 def shares(plan):
-    return [(e.seq_id, e.count, e.kind) for e in plan.scheduled]
+    return [(e.seq_id, e.num_new_tokens, e.kind) for e in plan.scheduled]
 
 
 def test_a_long_prompt_is_chunked_under_the_token_budget_and_samples_once_done():
@@ -25,7 +25,7 @@ def test_a_long_prompt_is_chunked_under_the_token_budget_and_samples_once_done()
     counts = []
     for t in range(4):
         plan, _ = step(s, t)
-        counts.append([(e.count, e.samples) for e in plan.scheduled])
+        counts.append([(e.num_new_tokens, e.samples) for e in plan.scheduled])
     assert counts == [[(32, False)], [(32, False)], [(32, False)], [(4, True)]]
     plan, _ = step(s, 5)
     assert shares(plan) == [(1, 1, "decode")]

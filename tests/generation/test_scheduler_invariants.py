@@ -113,15 +113,15 @@ def run(config: GenerationConfig, workload: list[Arrival], max_steps: int = 5_00
 def _check_plan(config, sched, plan, running_before):
     ids = [e.seq_id for e in plan.scheduled]
     assert len(ids) == len(set(ids)), "a sequence twice in one step"
-    assert plan.num_batched_tokens == sum(e.count for e in plan.scheduled)
+    assert plan.num_batched_tokens == sum(e.num_new_tokens for e in plan.scheduled)
     assert plan.num_batched_tokens <= config.max_num_batched_tokens
     assert len(ids) <= config.max_num_seqs
     assert sched.num_running <= config.max_num_seqs
-    assert all(e.count >= 1 for e in plan.scheduled)
+    assert all(e.num_new_tokens >= 1 for e in plan.scheduled)
     if config.kv_limited:
         assert sched.kv_blocks_used <= config.num_kv_blocks
     if config.long_prefill_token_threshold:
-        assert all(e.count <= config.long_prefill_token_threshold for e in plan.scheduled)
+        assert all(e.num_new_tokens <= config.long_prefill_token_threshold for e in plan.scheduled)
     running_before -= {f.seq_id for f in plan.finished}  # cancelled or timed out first
     new = set(ids) - running_before
     if new:
