@@ -201,7 +201,7 @@ class BatchQueue:
         return (free if free > 0 else 0), judged
 
     def _refusal(self, now: float) -> LabServeError:
-        """Why a request arriving at ``now`` finds no room (:meth:`_room` is 0)."""
+        """Why a request arriving at ``now`` finds no room (:meth:`_admission` says 0)."""
         cfg = self._config
         if self._closed:
             return RunnerStoppedError(self.runner or self.name)
