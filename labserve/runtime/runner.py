@@ -247,6 +247,9 @@ class Runner:
     (``max_batch_size=...`` etc. for every batchable method, ``method_configs`` per
     method) > the config file's runner section > the decorator > the file's global
     section > defaults. ``config`` is a YAML path; without it ``$LABSERVE_CONFIG`` is read.
+    ``clock`` is the runner's time (a monotonic clock by default): it stamps snapshots,
+    batches and requests, and its drivers' timers run on it, so it must be monotonic in
+    seconds like the background loop's.
 
     >>> import labserve, numpy as np
     >>> class Doubler(labserve.Runnable):
@@ -267,6 +270,7 @@ class Runner:
         config: str | os.PathLike[str] | None = None,
         method_configs: Mapping[str, Mapping[str, Any]] | None = None,
         loop: BackgroundLoop | None = None,
+        clock: Clock | None = None,
         **batching: Any,
     ) -> None:
         cls = runnable if isinstance(runnable, type) else type(runnable)
@@ -277,8 +281,9 @@ class Runner:
         self.name = name or cls.__name__.lower()
         self.instance: Runnable = runnable() if isinstance(runnable, type) else runnable
         self._bg = loop
-        self.clock: Clock = MonotonicClock()
-        """The runner's time (seconds, monotonic): snapshots, batch and request times."""
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
+        """The runner's time (seconds, monotonic): snapshots, batch and request times. Its
+        drivers' schedulers read it too, so it must agree with the loop's timers."""
         self._stopped = False
         self._lock = threading.Lock()
         self._hooked = False
