@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import ipaddress
 import secrets
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import MappingProxyType
+from typing import ParamSpec
 
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
@@ -15,11 +17,12 @@ from tornado.netutil import bind_sockets
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runner import Runner
 from labserve.server.app import make_app
-from labserve.server.handlers import ServerState
 from labserve.server.listener import BoundedHTTPServer, Listener
+from labserve.server.state import ServerState
 
 __all__ = ["Server", "serve"]
 
+P = ParamSpec("P")
 _running: dict[int, Server] = {}  # by port: a re-run serve() on the same port replaces it
 _running_lock = threading.Lock()
 
@@ -208,37 +211,24 @@ class Server:
         return f"<labserve.Server {state} runners={list(self._state.runners)}>"
 
 
-def serve(
-    runners: Runner | Iterable[Runner],
-    *,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    token: str | None = None,
-    max_body_bytes: int = 16 * 1024 * 1024,
-    allow_origin: str | Iterable[str] = (),
-    allow_hosts: str | Iterable[str] = (),
-    max_connections: int = 512,
-    idle_timeout_s: float = 60.0,
-    body_timeout_s: float = 60.0,
-) -> Server:
-    """Serve ``runners`` over HTTP from labserve's background loop; returns at once.
+def _starting(cls: Callable[P, Server]) -> Callable[P, Server]:
+    """``cls(...).start()``, with ``cls``'s own parameters (declared once, on Server)."""
 
-    Binds loopback by default; a token is always generated (``server.token``) and guards
-    ``PATCH /config``, or every route on a non-loopback address. Re-running it with the same
-    ``port`` replaces the previous server. The other arguments are :class:`Server`'s.
+    def serve(*args: P.args, **kwargs: P.kwargs) -> Server:
+        """Serve ``runners`` over HTTP from labserve's background loop; returns at once.
 
-    >>> server = labserve.serve(runner, port=0)      # doctest: +SKIP
-    >>> server.url, server.stop()                      # doctest: +SKIP
-    """
-    return Server(
-        runners,
-        host=host,
-        port=port,
-        token=token,
-        max_body_bytes=max_body_bytes,
-        allow_origin=allow_origin,
-        allow_hosts=allow_hosts,
-        max_connections=max_connections,
-        idle_timeout_s=idle_timeout_s,
-        body_timeout_s=body_timeout_s,
-    ).start()
+        Binds loopback by default; a token is always generated (``server.token``) and
+        guards ``PATCH /config``, or every route on a non-loopback address. Re-running it
+        with the same ``port`` replaces the previous server. Takes :class:`Server`'s
+        arguments.
+
+        >>> server = labserve.serve(runner, port=0)      # doctest: +SKIP
+        >>> server.url, server.stop()                      # doctest: +SKIP
+        """
+        return cls(*args, **kwargs).start()
+
+    setattr(serve, "__signature__", inspect.signature(cls))  # noqa: B010 (help() shows them)
+    return serve
+
+
+serve = _starting(Server)
