@@ -7,6 +7,7 @@ client disconnects. Loop-only: tornado builds and runs handlers on labserve's lo
 
 from __future__ import annotations
 
+import asyncio
 from types import TracebackType
 from typing import Any
 from urllib.parse import unquote
@@ -32,6 +33,7 @@ class _Handler(tornado.web.RequestHandler):
         """Called by tornado with the route's arguments."""
         self.core = core
         self.exchange: Exchange | None = None
+        self._streaming: asyncio.Task[Any] | None = None
 
     async def prepare(self) -> None:
         """Begin the exchange; answer at once a body too big to read and drop."""
@@ -66,17 +68,21 @@ class _Handler(tornado.web.RequestHandler):
     async def _stream(self, reply: Reply) -> None:
         """Send the reply's chunks as they come; stop (and close the stream) if the client goes."""
         assert reply.stream is not None and self.exchange is not None
+        # A client that leaves cancels this task, wherever the stream is waiting (for its
+        # next token, say), so the stream's ``finally`` frees what it holds at once.
+        self._streaming = asyncio.current_task()
         try:
             if reply.body:
                 self.write(reply.body)
             async for chunk in reply.stream:
-                if self.exchange.gone:
-                    break
                 self.write(chunk)
                 await self.flush()
-        except StreamClosedError:
+        except (StreamClosedError, asyncio.CancelledError):
+            if not self.exchange.gone and not self.request.connection.stream.closed():  # type: ignore[union-attr]
+                raise  # the server stops
             self.exchange.cancel()
         finally:
+            self._streaming = None
             aclose = getattr(reply.stream, "aclose", None)
             if aclose is not None:
                 await aclose()
@@ -87,6 +93,8 @@ class _Handler(tornado.web.RequestHandler):
         """The client went away: withdraw its call (the runner counts it ``cancelled``)."""
         if self.exchange is not None:
             self.exchange.cancel()
+        if self._streaming is not None:
+            self._streaming.cancel()
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """The JSON body of an error tornado raised itself (a method it does not know)."""
@@ -119,11 +127,14 @@ class _Handler(tornado.web.RequestHandler):
             )
 
 
-def make_app(state: ServerState) -> tornado.web.Application:
-    """The tornado application over ``state`` (runners, token, limits). Build on the loop."""
+def make_app(state: ServerState, core: HttpCore | None = None) -> tornado.web.Application:
+    """The tornado application over ``state`` (runners, token, limits). Build on the loop.
+
+    ``core``: the HTTP core to serve (by default one over ``state`` with every route).
+    """
     return tornado.web.Application(
         log_function=_quiet,
-        handlers=[(r".*", _Handler, {"core": HttpCore(state)})],
+        handlers=[(r".*", _Handler, {"core": core if core is not None else HttpCore(state)})],
     )
 
 

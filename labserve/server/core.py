@@ -14,6 +14,8 @@ has a stream). What differs between them (where stats and live config go) is a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from labserve.server import routes, v2
 from labserve.server.describe import index, openapi
 from labserve.server.exchange import Backend, Exchange, Head
@@ -36,13 +38,19 @@ _DESCRIBED.extend(TABLE)
 class HttpCore:
     """Begins one :class:`Exchange` per request over ``state`` and ``backend``. Loop-only.
 
-    Immutable once built (the table and state are), so one core serves every request.
+    ``table`` is the routes served (:data:`TABLE` by default). Immutable once built (the
+    table and state are), so one core serves every request.
     """
 
-    def __init__(self, state: ServerState, backend: Backend | None = None) -> None:
+    def __init__(
+        self,
+        state: ServerState,
+        backend: Backend | None = None,
+        table: Sequence[Route] = TABLE,
+    ) -> None:
         self.state = state
         self.backend = backend if backend is not None else Backend(state)
-        self.router = Router(TABLE)
+        self.router = Router(table)
 
     def begin(self, head: Head) -> Exchange:
         """The exchange of the request ``head`` describes, its refusal decided."""
