@@ -18,7 +18,8 @@ import functools
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -36,17 +37,20 @@ from labserve.base.errors import (
     UnsupportedMediaTypeError,
 )
 from labserve.runtime.runner import RunnerMethod
-from labserve.server.routing import Route, Verb
 from labserve.server.state import ServerState
 from labserve.wire.codec import JSON
 
 __all__ = [
     "DISCARD_BYTES",
+    "PARAM",
     "Backend",
     "ClientGoneError",
     "Exchange",
+    "Handler",
     "Head",
     "Reply",
+    "Route",
+    "Verb",
     "error_reply",
     "json_reply",
     "log",
@@ -154,6 +158,41 @@ def configs(state: ServerState) -> dict[str, Any]:
         name: {m.name: m.config.as_dict() for m in runner.methods.values() if m.batchable}
         for name, runner in state.runners.items()
     }
+
+
+Handler = Callable[["Exchange"], Awaitable[Reply]]
+"""A route's code: reads the exchange (its parameters, body, server), returns the reply."""
+
+PARAM = re.compile(r"\{(\w+)\}")
+"""A parameter in a route's path template: ``{name}`` matches one path segment."""
+
+
+@dataclass(frozen=True)
+class Verb:
+    """What one HTTP method of a route does. Immutable."""
+
+    handler: Handler
+    summary: str
+    """One line for the OpenAPI document and ``GET /``."""
+    body: tuple[str | None, ...] | None = None
+    """The media types its body may have (None in the tuple: no Content-Type); None: no body."""
+    token: bool = False
+    """Needs the server's token even on loopback."""
+    openapi: Mapping[str, Any] = field(default_factory=dict)
+    """More of its OpenAPI operation (request body schema, responses)."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """A path template (``/runners/{runner}/{method}``) and what each HTTP method does there."""
+
+    template: str
+    verbs: Mapping[str, Verb]
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The template's parameter names, in order."""
+        return tuple(PARAM.findall(self.template))
 
 
 class ClientGoneError(Exception):
