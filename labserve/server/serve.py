@@ -227,7 +227,9 @@ def _starting(cls: Callable[P, Server]) -> Callable[P, Server]:
         """
         return cls(*args, **kwargs).start()
 
-    setattr(serve, "__signature__", inspect.signature(cls))  # noqa: B010 (help() shows them)
+    # help() and IDEs show Server's parameters, and that it returns the Server.
+    signature = inspect.signature(cls).replace(return_annotation=Server.__name__)
+    setattr(serve, "__signature__", signature)  # noqa: B010 (mypy: functions have no such field)
     return serve
 
 
