@@ -18,7 +18,7 @@ from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runner import Runner
 from labserve.server.app import make_app
 from labserve.server.listener import BoundedHTTPServer, Listener
-from labserve.server.state import ServerState
+from labserve.server.state import ServerState, host_names, origin_names
 
 __all__ = ["Server", "serve"]
 
@@ -44,13 +44,6 @@ def _check_count(name: str, value: object) -> None:
 def _check_seconds(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-
-
-def _names(what: str, value: str | Iterable[str], *, lower: bool = False) -> frozenset[str]:
-    names = [value] if isinstance(value, str) else list(value)
-    if not all(isinstance(n, str) and n for n in names):
-        raise ValueError(f"{what} must be a string or strings, got {value!r}")
-    return frozenset(n.lower() if lower else n.rstrip("/") for n in names)
 
 
 class Server:
@@ -125,8 +118,8 @@ class Server:
             token_everywhere=not _loopback(host),
             max_body_bytes=max_body_bytes,
             bound_host=host,
-            allow_origins=_names("allow_origin", allow_origin),
-            allow_hosts=_names("allow_hosts", allow_hosts, lower=True),
+            allow_origins=origin_names(allow_origin),
+            allow_hosts=host_names(allow_hosts),
         )
 
     @property

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from labserve.runtime.runner import Runner
 
-__all__ = ["ServerState"]
+__all__ = ["ServerState", "host_names", "origin_names"]
 
 # Loopback names, and the commonest loopback addresses (checked first: no parsing).
 _LOCAL_NAMES = frozenset(
@@ -60,3 +60,23 @@ def _host_name(host: str) -> str:
     if host.startswith("["):
         return host[1 : host.find("]")] if "]" in host else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def origin_names(value: str | Iterable[str]) -> frozenset[str]:
+    """``allow_origin`` as a server keeps it: each origin without a trailing slash.
+
+    ValueError for anything but a non-empty string or strings (both servers check it so).
+    """
+    return frozenset(n.rstrip("/") for n in _strings("allow_origin", value))
+
+
+def host_names(value: str | Iterable[str]) -> frozenset[str]:
+    """``allow_hosts`` as a server keeps it: each name lower-case (Host is case-blind)."""
+    return frozenset(n.lower() for n in _strings("allow_hosts", value))
+
+
+def _strings(what: str, value: str | Iterable[str]) -> list[str]:
+    names = [value] if isinstance(value, str) else list(value)
+    if not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"{what} must be a string or strings, got {value!r}")
+    return names

@@ -103,11 +103,11 @@ READ_HEADERS = ("content-type", "retry-after", "access-control-allow-origin", "v
 @pytest.fixture(scope="module")
 def both(ray_cluster):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the replicas import no tests
-    app = labserve.ray.deploy(
-        Parity, name="par", max_body_bytes=LIMIT, token=TOKEN, allow_origin=ALLOWED
-    )
+    # Written with a trailing slash: both servers keep origins alike (without it).
+    options = {"max_body_bytes": LIMIT, "token": TOKEN, "allow_origin": ALLOWED + "/"}
+    app = labserve.ray.deploy(Parity, name="par", **options)
     runner = labserve.Runner(Parity, name="par")
-    server = serve(runner, max_body_bytes=LIMIT, token=TOKEN, allow_origin=ALLOWED)
+    server = serve(runner, **options)
     yield {"tornado": server.port, "ray": ray_cluster.port}
     server.stop()
     runner.stop()
@@ -143,3 +143,16 @@ def test_v2_metadata_lists_the_declared_tensors_through_ray(both, raw_http):
     _, _, meta = answer(raw_http, both["ray"], "GET", "/v2/models/par.predict", b"", {})
     assert meta["inputs"] == [{"name": "input__0", "datatype": "FP64", "shape": [-1, 3]}]
     assert meta["outputs"] == [{"name": "output__0", "datatype": "FP64", "shape": [-1, 1]}]
+
+
+def test_both_servers_refuse_a_bad_allow_origin_alike(ray_cluster):
+    runner = labserve.Runner(Parity, name="par")
+    try:
+        for start in (
+            lambda: serve(runner, allow_origin=[None]),
+            lambda: labserve.ray.deploy(Parity, name="bad", allow_origin=[None]),
+        ):
+            with pytest.raises(ValueError, match="allow_origin must be a string or strings"):
+                start()
+    finally:
+        runner.stop()
