@@ -9,6 +9,7 @@ from typing import Any, ClassVar, TypeVar, overload
 
 from labserve.batching.containers import TensorSpec
 from labserve.config.batching import BatchingLayer
+from labserve.generation.config import GenerationConfig
 
 __all__ = ["MethodSpec", "Runnable", "method"]
 
@@ -29,6 +30,13 @@ class MethodSpec:
     """Batching settings given to the decorator (the decorator's layer of the config)."""
     input_spec: tuple[TensorSpec, ...] | None = None
     output_spec: tuple[TensorSpec, ...] | None = None
+    generation: GenerationConfig | None = None
+    """A generative method's scheduling settings as declared (None: not generative)."""
+
+    @property
+    def generative(self) -> bool:
+        """Whether the method advances sequences one step per call (continuous batching)."""
+        return self.generation is not None
 
 
 @overload
@@ -42,6 +50,7 @@ def method(
     batch_dim: int | tuple[int, int] = 0,
     input_spec: TensorSpec | Sequence[TensorSpec] | None = None,
     output_spec: TensorSpec | Sequence[TensorSpec] | None = None,
+    generative: bool = False,
     **batching: Any,
 ) -> Callable[[F], F]: ...
 def method(
@@ -52,6 +61,7 @@ def method(
     batch_dim: int | tuple[int, int] = 0,
     input_spec: TensorSpec | Sequence[TensorSpec] | None = None,
     output_spec: TensorSpec | Sequence[TensorSpec] | None = None,
+    generative: bool = False,
     **batching: Any,
 ) -> F | Callable[[F], F]:
     """Mark a Runnable method to be served, batchable or not.
@@ -63,13 +73,23 @@ def method(
     declares each positional argument per item (dtype and shape without the batch axis):
     a request that does not match fails alone at admission.
 
+    ``generative=True`` marks a method that advances a batch of sequences by one step
+    (continuous batching; see :mod:`labserve.runtime.generative`): it takes a
+    :class:`~labserve.generation.batch.SeqBatch` and returns next-token logits; ``batching``
+    then takes GenerationConfig settings (``max_num_seqs``, ``max_num_batched_tokens``, ...).
+
     >>> import labserve, numpy as np
     >>> class Doubler(labserve.Runnable):
     ...     @labserve.method(batchable=True, batch_dim=0, max_batch_size=32, max_latency_ms=10)
     ...     def predict(self, x: np.ndarray) -> np.ndarray:
     ...         return x * 2
     """
-    layer = BatchingLayer.from_mapping(batching, path="@labserve.method ")
+    generation = GenerationConfig().replace(**batching) if generative else None
+    layer = (
+        BatchingLayer()
+        if generative
+        else BatchingLayer.from_mapping(batching, path="@labserve.method ")
+    )
 
     def mark(f: F) -> F:
         spec = MethodSpec(
@@ -80,6 +100,7 @@ def method(
             batching=layer,
             input_spec=_specs(input_spec),
             output_spec=_specs(output_spec),
+            generation=generation,
         )
         setattr(f, _ATTR, spec)
         return f
