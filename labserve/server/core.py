@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from labserve.server import routes, v2
+from labserve.server import openai, routes, v2
 from labserve.server.describe import index, openapi
 from labserve.server.exchange import Backend, Exchange, Head
 from labserve.server.routing import Route, Router
@@ -28,6 +28,7 @@ _DESCRIBED: list[Route] = []  # what GET / and /openapi.json describe: the whole
 TABLE: tuple[Route, ...] = (
     *routes.ROUTES,
     *v2.ROUTES,
+    *openai.ROUTES,
     Route("/", {"GET": index(_DESCRIBED)}),
     Route("/openapi.json", {"GET": openapi(_DESCRIBED)}),
 )

@@ -21,7 +21,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs
 
 from labserve.base.errors import (
@@ -37,6 +37,7 @@ from labserve.base.errors import (
     UnsupportedMediaTypeError,
 )
 from labserve.runtime.runner import RunnerMethod
+from labserve.server.generators import Generator
 from labserve.server.state import ServerState
 from labserve.wire.codec import JSON
 
@@ -45,6 +46,7 @@ __all__ = [
     "PARAM",
     "Backend",
     "ClientGoneError",
+    "ErrorStyle",
     "Exchange",
     "Handler",
     "Head",
@@ -52,6 +54,7 @@ __all__ = [
     "Route",
     "Verb",
     "error_reply",
+    "error_style",
     "json_reply",
     "log",
     "typed_call",
@@ -110,17 +113,49 @@ def json_reply(data: Any, status: int = 200) -> Reply:
     return Reply(status, json.dumps(data).encode(), {"Content-Type": JSON})
 
 
-def error_reply(error: LabServeError, *, v2: bool = False) -> Reply:
-    """The reply for ``error``: its status, ``{"error": kind, "detail": message}``.
+ErrorStyle = Literal["labserve", "v2", "openai"]
+"""How a route family writes its errors (the clients that read them differ)."""
 
-    v2 clients (tritonclient) show only ``"error"``: on v2 routes the message is there too.
-    An error with ``retry_after_s`` gets a ``Retry-After`` header (whole seconds, >= 1).
+
+def error_reply(error: LabServeError, *, style: ErrorStyle = "labserve") -> Reply:
+    """The reply for ``error``: its status, and its kind and message in the route's style.
+
+    labserve's routes: ``{"error": kind, "detail": message}``. v2 clients (tritonclient)
+    show only ``"error"``: on v2 routes the message is there too. The OpenAI-compatible
+    routes use OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``), which
+    the ``openai`` client reads. An error with ``retry_after_s`` gets a ``Retry-After``
+    header (whole seconds, >= 1).
     """
-    body = {"error": f"{error.kind}: {error}" if v2 else error.kind, "detail": str(error)}
+    body: dict[str, Any]
+    if style == "openai":
+        body = {"error": _openai_error(error)}
+    else:
+        kind = f"{error.kind}: {error}" if style == "v2" else error.kind
+        body = {"error": kind, "detail": str(error)}
     headers = {"Content-Type": JSON}
     if error.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
     return Reply(error.status, json.dumps(body).encode(), headers)
+
+
+def _openai_error(error: LabServeError) -> dict[str, Any]:
+    kinds = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
+    default = "server_error" if error.status >= 500 else "invalid_request_error"
+    return {
+        "message": str(error),
+        "type": kinds.get(error.status, default),
+        "param": None,  # the message names it
+        "code": error.kind,
+    }
+
+
+def error_style(path: str) -> ErrorStyle:
+    """The error style of the routes under ``path``."""
+    if path == "/v2" or path.startswith("/v2/"):
+        return "v2"
+    if path == "/v1" or path.startswith("/v1/"):
+        return "openai"
+    return "labserve"
 
 
 class Backend:
@@ -131,8 +166,17 @@ class Backend:
     Loop-only.
     """
 
-    def __init__(self, state: ServerState) -> None:
+    def __init__(
+        self, state: ServerState, generators: Mapping[str, Generator] | None = None
+    ) -> None:
         self.state = state
+        self._generators: Mapping[str, Generator] = dict(generators or {})
+
+    def generators(self) -> Mapping[str, Generator]:
+        """The generative models the OpenAI-compatible routes serve, by model name."""
+        # Given explicitly for now: the runner's generative methods join here once the
+        # runtime serves them (the continuous-batching engine).
+        return self._generators
 
     async def stats(self) -> dict[str, Any]:
         """``/stats``: every batchable method's snapshot as a dict, by runner and method."""
@@ -220,7 +264,7 @@ class Exchange:
         self.backend = backend
         self.route: Route | None = found[0] if found else None
         self.params: dict[str, str] = found[1] if found else {}
-        self.v2 = head.path == "/v2" or head.path.startswith("/v2/")
+        self.style = error_style(head.path)
         self.gone = False
         self._chunks: list[bytes] = []
         self._size = 0
@@ -328,7 +372,7 @@ class Exchange:
         """Log ``error`` in one line and return its reply."""
         level = logging.WARNING if isinstance(error, ServerError) else logging.INFO
         log.log(level, "%s %s -> %d %s", self.head.method, self.logged_uri(), error.status, error)
-        return error_reply(error, v2=self.v2)
+        return error_reply(error, style=self.style)
 
     def _with_cors(self, reply: Reply) -> Reply:
         origin = self.head.headers.get("Origin")

@@ -50,7 +50,7 @@ async def _infer(ex: Exchange) -> Reply:
     try:
         result = await ex.call(method, *args)
     except (ModelError, BatchSizeMismatchError) as exc:
-        refused = _one_dimensional(method, args, exc)
+        refused = _one_dimensional(method, args, exc) or _misnamed(method, args, exc)
         if refused is None:
             raise
         raise refused from exc
@@ -103,6 +103,24 @@ def _one_dimensional(
         f"(the model said: {exc})",
         sent=shape,
         expected="rows: [[...], ...]",
+    )
+
+
+def _misnamed(method: RunnerMethod, args: tuple[Any, ...], exc: Exception) -> InputError | None:
+    """A model that failed on an object whose names are not its parameters: the client's error.
+
+    Such an object is the method's one argument (a model may take a dict of arrays); one
+    that fails on it most likely wanted an array, or the object named by its parameters.
+    """
+    if len(args) != 1 or not isinstance(args[0], dict) or not method.parameters:
+        return None
+    return InputError(
+        f"{method.runner.name}.{method.name} failed on an object named "
+        f"{', '.join(map(repr, args[0]))}, which are not its parameters "
+        f"({', '.join(method.parameters)}): send an array of rows, or an object named by "
+        f"its parameters (the model said: {exc})",
+        sent=sorted(args[0]),
+        expected=list(method.parameters),
     )
 
 

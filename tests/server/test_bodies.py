@@ -144,3 +144,10 @@ def test_too_many_inputs_in_process_fail_alone_at_admission():
         assert runner.scale.run(np.ones((1, 1))).tolist() == [[2.0]]
     finally:
         runner.stop()
+
+
+def test_an_object_of_other_names_a_method_fails_on_is_a_400_naming_its_parameters(served):
+    # Found by schemathesis: such an object is the one argument, and x * 2 fails on a dict.
+    status, reply = call(served, "/runners/m/scale", {"y": [[1]]}, "POST")
+    assert (status, reply["error"]) == (400, "InputError"), reply
+    assert "object named 'y', which are not its parameters (x)" in reply["detail"]
