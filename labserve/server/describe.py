@@ -115,6 +115,7 @@ def index(table: Sequence[Route]) -> Verb:
                 "version": __version__,
                 "runners": _methods(ex, base),
                 "routes": _routes(table),
+                "openai_models": sorted(ex.backend.generators()),
                 "openapi": "/openapi.json",
                 "token": (
                     "every route needs it"
