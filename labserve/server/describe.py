@@ -155,6 +155,7 @@ def document(table: Sequence[Route], state: ServerState) -> dict[str, Any]:
                 op["requestBody"] = _request_body(route, v)
             if v.token or state.token_everywhere:
                 op["security"] = [{"token": []}]
+            op.update(v.openapi)  # what the route says of itself
             item[verb.lower()] = op
         paths[route.template] = item
     return {

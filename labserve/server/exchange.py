@@ -273,8 +273,10 @@ class Exchange:
         verb = self.route.verbs.get(head.method) if self.route else None
         self.verb: Verb | None = verb
         self.reads_body = verb is not None and verb.body is not None
-        self.answer_now = False
         self.refusal: LabServeError | None = self._guard() or self._body_refusal()
+        length = _content_length(head.headers.get("Content-Length"))
+        # Whatever refused it: a body too big to read and drop is answered before it comes.
+        self.answer_now = length is not None and length > self.read_limit
 
     # -- before the body ----------------------------------------------------------------
 
@@ -318,7 +320,6 @@ class Exchange:
         length = _content_length(self.head.headers.get("Content-Length"))
         limit = self.state.max_body_bytes
         if length is not None and length > limit:
-            self.answer_now = length > limit + DISCARD_BYTES
             return PayloadTooLargeError(limit, length)
         return None
 

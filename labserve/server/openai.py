@@ -283,15 +283,55 @@ class _Replies:
         return {**self._head(kind), "choices": [], "usage": finish.usage}
 
 
+def _body(own: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI request body of a generation route: ``model`` and ``own`` required."""
+    properties = {
+        "model": {"type": "string"},
+        own: schema,
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "seed": {"type": "integer"},
+        "stop": {"type": "array", "maxItems": _STOP_MAX, "items": {"type": "string"}},
+        "ignore_eos": {"type": "boolean"},
+        "stream": {"type": "boolean"},
+    }
+    body = {"type": "object", "required": ["model", own], "properties": properties}
+    return {"requestBody": {"required": True, "content": {JSON: {"schema": body}}}}
+
+
+_MESSAGES = {
+    "type": "array",
+    "minItems": 1,
+    "items": {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {"role": {"type": "string"}, "content": {"type": "string"}},
+    },
+}
+
 ROUTES = (
     Route("/v1/models", {"GET": Verb(_models, "The served generative models (OpenAI's shape)")}),
     Route(
         "/v1/completions",
-        {"POST": Verb(_completions, "OpenAI-compatible completion; stream: SSE", body=(JSON,))},
+        {
+            "POST": Verb(
+                _completions,
+                "OpenAI-compatible completion; stream: server-sent events",
+                body=(JSON,),
+                openapi=_body("prompt", {"type": "string"}),
+            )
+        },
     ),
     Route(
         "/v1/chat/completions",
-        {"POST": Verb(_chat, "OpenAI-compatible chat completion; stream: SSE", body=(JSON,))},
+        {
+            "POST": Verb(
+                _chat,
+                "OpenAI-compatible chat completion; stream: server-sent events",
+                body=(JSON,),
+                openapi=_body("messages", _MESSAGES),
+            )
+        },
     ),
 )
 """The OpenAI-compatible routes, in matching order."""

@@ -257,7 +257,7 @@ ROUTES = (
                 "Change settings live (GET /config's shape, any subset); needs the token",
                 body=(JSON, None),
                 token=True,
-                openapi={"requestBody": _CONFIG_BODY},
+                openapi={"requestBody": {"content": {JSON: {"schema": _CONFIG_BODY}}}},
             ),
         },
     ),
