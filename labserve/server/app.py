@@ -90,7 +90,12 @@ class _Handler(tornado.web.RequestHandler):
             self.finish()
 
     def on_connection_close(self) -> None:
-        """The client went away: withdraw its call (the runner counts it ``cancelled``)."""
+        """The client went away: withdraw its call (the runner counts it ``cancelled``).
+
+        tornado's own hook ends a body still arriving (its handler task waits on it): without
+        it, a client that vanished mid-body kept its task until ``body_timeout_s``.
+        """
+        super().on_connection_close()
         if self.exchange is not None:
             self.exchange.cancel()
         if self._streaming is not None:
