@@ -24,10 +24,11 @@ from labserve.runtime.loop import BackgroundLoop
 __all__ = ["MIN_TIMER_S", "Cancellable", "LoopScheduler", "Scheduler", "Timer"]
 
 MIN_TIMER_S = 0.001
-"""The shortest timer armed, one timer tick. Event loops wait in whole milliseconds:
-asyncio rounds a shorter wait up to 1 ms, uvloop fires it at once (early), and an early
-timer would only poll the queue again and again until the time came, spinning the loop
-(and taking the GIL from the model)."""
+"""One timer tick. Event loops wait in whole milliseconds: asyncio rounds a wait up to the next
+one, uvloop fires a shorter timer at once (early). A hold's timer is armed a tick before its
+time; a timer re-armed after an early wake waits at least a tick, so that an early timer does
+not poll the queue again and again until its time comes, spinning the loop (and taking the GIL
+from the model)."""
 
 
 class Cancellable(Protocol):
@@ -113,8 +114,8 @@ class Timer:
     and counts as come once within ``lead_s`` of its due time; one without fires at its time
     or after. Woken earlier than that, it re-arms itself for the rest; set again for the
     time it last fired for (the early wake did not settle what it was for), it waits that
-    time out. No timer is armed shorter than :data:`MIN_TIMER_S` unless its lead says it is
-    already due.
+    time out. A re-armed timer waits at least :data:`MIN_TIMER_S`: a loop that fires short
+    timers at once (uvloop) then wakes it early at most once more, instead of spinning.
 
     >>> wake = Timer(scheduler, on_wake, lead_s=MIN_TIMER_S)  # doctest: +SKIP
     >>> wake.set(now + 0.020, now)  # doctest: +SKIP
@@ -143,7 +144,7 @@ class Timer:
         self.due_s = due_s
         if due_s is None:
             return
-        if due_s == self._fired_s or not self._lead_s:
+        if due_s == self._fired_s:  # an early wake did not settle it: wait the time out
             self._arm(max(due_s - now, MIN_TIMER_S))
         else:
             self._arm(max(due_s - now - self._lead_s, 0.0))
