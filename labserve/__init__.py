@@ -31,6 +31,7 @@ from labserve.base.errors import (
     OriginError,
     OutputError,
     OverloadError,
+    PaddedOutputError,
     PayloadTooLargeError,
     QueueFullError,
     RemoteError,
@@ -38,11 +39,12 @@ from labserve.base.errors import (
     RunnerStoppedError,
     ServerError,
     StopTimeoutError,
+    TokenBudgetError,
     UnauthorizedError,
     UnsupportedMediaTypeError,
 )
 from labserve.base.vocabulary import OUTCOMES, REASONS, STRATEGIES
-from labserve.batching.containers import TensorSpec
+from labserve.batching.containers import Padding, TensorSpec
 from labserve.config.batching import BatchingConfig
 from labserve.config.file import ConfigFile, load_config_file
 from labserve.lab.export import export_config
@@ -116,6 +118,8 @@ __all__ = [
     "OriginError",
     "OutputError",
     "OverloadError",
+    "PaddedOutputError",
+    "Padding",
     "PayloadTooLargeError",
     "Percentiles",
     "PoissonArrivals",
@@ -138,6 +142,7 @@ __all__ = [
     "StepArrivals",
     "StopTimeoutError",
     "TensorSpec",
+    "TokenBudgetError",
     "TraceArrivals",
     "UnauthorizedError",
     "UnsupportedMediaTypeError",

@@ -156,7 +156,10 @@ class BatchQueue:
     def new_request(self, args: tuple[Any, ...], handle: Any = None) -> Request:
         """Check a call's arguments and wrap them; raises InputError. Pure: any thread."""
         args, items, key = self.codec.admit(args)
-        return Request(-1, args, items, key, handle)
+        request = Request(-1, args, items, key, handle)
+        if self.codec.padding is not None:
+            request.lengths = self.codec.lengths(args)
+        return request
 
     def admit(self, request: Request | tuple[Any, ...], now: float) -> Request:
         """Queue a request (or raw call arguments); raises if it is refused.
@@ -568,6 +571,8 @@ class BatchQueue:
         self._in_flight += 1
         self._next_batch += 1
         batch = self._running[self._next_batch] = Batch(self._next_batch, reason, now, parts, total)
+        if self.codec.padding is not None:
+            _pad_batch(self.codec, batch)
         if self._config.on_overload == "reject":  # admission predicts with it
             batch.due_s = now + self.cost_model.fit.predict_s(total)
         return batch
@@ -790,6 +795,11 @@ class BulkQueue(BatchQueue):
         self.rate.observe_each(times, items)
         self.recorder.arrived(times[-1], k)
         return k
+
+
+def _pad_batch(codec: Codec, batch: Batch) -> None:
+    """Set a padded batch's width and true tokens from its parts' rows."""
+    batch.width, batch.true_tokens = codec.measure([(r.lengths, a, b) for r, a, b in batch.parts])
 
 
 def _earliest(a: float | None, b: float) -> float:

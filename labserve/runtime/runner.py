@@ -42,7 +42,7 @@ class RunnerMethod:
         self._queue: BatchQueue | None = None
         self._plain_config = config  # a plain method's (unused) layers; a queue holds the rest
         if spec.batchable:
-            codec = Codec(spec.name, spec.batch_dim, spec.input_spec)
+            codec = Codec(spec.name, spec.batch_dim, spec.input_spec, spec.padding)
             self._queue = BatchQueue(spec.name, codec, config, runner=runner.name)
             self._new_request = self._queue.new_request  # per call: one lookup less
 
