@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from labserve.base.errors import InputError, PaddedOutputError
+from labserve.batching import frameworks as _fw
 from labserve.batching import padding as _pad
 from labserve.batching.padding import Padding, Ragged
 
@@ -80,9 +81,12 @@ def _count(value: Any, axis: int, where: str) -> int:
         return _agree([_count(v, axis, f"{where}[{i}]") for i, v in enumerate(value)], where)
     if isinstance(value, Mapping):
         return _agree([_count(v, axis, f"{where}[{k!r}]") for k, v in value.items()], where)
+    which = _fw.kind(value)
+    if which is not None:
+        return _fw.count(value, which, axis, where)
     raise InputError(
-        f"{where}: cannot batch a {type(value).__name__}; expected a numpy array, a list, "
-        "or a dict or tuple of those",
+        f"{where}: cannot batch a {type(value).__name__}; expected a numpy array, a torch "
+        "tensor, a pandas DataFrame or Series, a list, or a dict or tuple of those",
         sent=type(value).__name__,
     )
 
@@ -107,7 +111,11 @@ def _signature(value: Any, axis: int) -> Hashable:
         return value.signature(axis)
     if isinstance(value, tuple):
         return ("t", *(_signature(v, axis) for v in value))
-    return ("d", *((k, _signature(v, axis)) for k, v in value.items()))
+    if isinstance(value, Mapping):
+        return ("d", *((k, _signature(v, axis)) for k, v in value.items()))
+    which = _fw.kind(value)
+    assert which is not None  # _count let nothing else through
+    return _fw.signature(value, which, axis)
 
 
 def _concat(parts: Sequence[Any], axis: int) -> Any:
@@ -123,7 +131,16 @@ def _concat(parts: Sequence[Any], axis: int) -> Any:
         return out
     if isinstance(first, tuple):
         return tuple(_concat([p[i] for p in parts], axis) for i in range(len(first)))
-    return {k: _concat([p[k] for p in parts], axis) for k in first}
+    if isinstance(first, Mapping):
+        return {k: _concat([p[k] for p in parts], axis) for k in first}
+    return _fw.concat(parts, _framework(first), axis)
+
+
+def _framework(value: Any) -> str:
+    which = _fw.kind(value)
+    if which is None:
+        raise InputError(f"cannot batch a {type(value).__name__}", sent=type(value).__name__)
+    return which
 
 
 def _slice(value: Any, start: int, stop: int, axis: int) -> Any:
@@ -137,7 +154,9 @@ def _slice(value: Any, start: int, stop: int, axis: int) -> Any:
         return value.replace(_slice(value.data, start, stop, axis), value.lengths[start:stop])
     if isinstance(value, tuple):
         return tuple(_slice(v, start, stop, axis) for v in value)
-    return {k: _slice(v, start, stop, axis) for k, v in value.items()}
+    if isinstance(value, Mapping):
+        return {k: _slice(v, start, stop, axis) for k, v in value.items()}
+    return _fw.slice_items(value, _framework(value), start, stop, axis)
 
 
 # A batch output at least this large is copied out part by part: a caller keeping its small
@@ -161,6 +180,8 @@ def _split(value: Any, offsets: list[int], axis: int) -> list[Any]:
     if isinstance(value, tuple):
         columns = [_split(v, offsets, axis) for v in value]
         return [tuple(row) for row in zip(*columns, strict=True)]
+    if not isinstance(value, Mapping):
+        return _fw.split(value, _framework(value), offsets, axis)
     keys = list(value)
     columns = [_split(value[k], offsets, axis) for k in keys]
     return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
