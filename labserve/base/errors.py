@@ -217,9 +217,19 @@ class TokenBudgetError(InputError):
 
 
 class CancelledRequestError(LabServeError):
-    """Raised to a caller whose request was withdrawn before it ran (it gave up)."""
+    """Raised on a request's future when it was withdrawn before it had an outcome.
+
+    Its caller gave up (an interrupted ``run()``, a cancelled ``async_run()`` task, an HTTP
+    client that went away): the driver settles the request's future with this error, so
+    that whoever still listens on it hears how it ended, and counts it ``cancelled``. The
+    caller that gave up sees its own interruption (KeyboardInterrupt, CancelledError).
+    """
 
     status = 499
+
+    def __init__(self, method: str) -> None:
+        super().__init__(f"{method}: the request was withdrawn by its caller before its outcome")
+        self.method = method
 
 
 class RunnerStoppedError(LabServeError):

@@ -328,8 +328,15 @@ class BatchQueue:
         """True when nothing is queued or running."""
         return self._queued_requests == 0 and self._in_flight == 0
 
-    def poll(self, now: float) -> Step:
-        """Decide: the batches to fire now, the requests to reject, and when to wake next."""
+    def poll(self, now: float, due_s: float | None = None) -> Step:
+        """Decide: the batches to fire now, the requests to reject, and when to wake next.
+
+        ``due_s`` is the ``wake_s`` an owner's timer was set for, when that timer is why it
+        polls: a hold ending by then ends now. An event loop's timer wakes in the tick of its
+        due time, not at it (asyncio up to a millisecond after, uvloop up to one before), so a
+        driver arms it a tick early and says for when: the batch then fires in time, and its
+        requests' recorded waits, taken at ``now``, stay within ``max_latency_ms``.
+        """
         if self._new_requests:
             self._count_arrivals()
         if self._pending_config is not None:
@@ -372,7 +379,8 @@ class BatchQueue:
                         group.hold_until,
                     )
                     rates = self.rate.rates(now) if planning else _NO_RATES
-                    decision = decide(view, now, cfg, fit, rates, self._budget_s)
+                    at = now if due_s is None or due_s < now else due_s
+                    decision = decide(view, at, cfg, fit, rates, self._budget_s)
                 if isinstance(decision, Fire):
                     step.fire.append(self._form(group, decision.reason, now))
                     continue

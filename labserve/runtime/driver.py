@@ -1,8 +1,11 @@
 """The asyncio driver: runs one BatchQueue on the background loop and its worker threads.
 
-It feeds the queue events (arrivals, cancellations, batch completions, its one timer)
-and carries out the queue's decisions (run a batch, reject a request, set the timer).
-There is no polling tick.
+It feeds the queue events (arrivals, cancellations, batch completions, its two timers:
+the queue's next wake and its next timeout check) and carries out the queue's decisions
+(run a batch, reject a request, set the timers). There is no polling tick. Its time, its
+timers, its loop callbacks and its worker threads all come from one injected
+:class:`~labserve.runtime.scheduling.Scheduler`: labserve's background loop in a notebook,
+a virtual one in tests, which steps this very code deterministically.
 
 Ownership: the queue is sans-IO and not thread-safe, so the driver guards it with one
 lock, held only for queue calls (microseconds). Arrivals, cancellations and timers are
@@ -22,93 +25,34 @@ awaiting on another loop (the kernel's) by one ``call_soon_threadsafe`` to that 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from labserve.base.clock import Clock
-from labserve.base.errors import BatchSizeMismatchError, LabServeError, RunnerStoppedError
+from labserve.base.errors import (
+    BatchSizeMismatchError,
+    CancelledRequestError,
+    LabServeError,
+    RunnerStoppedError,
+)
 from labserve.batching.queue import BatchQueue
 from labserve.batching.requests import Batch, Outcome, Request, Step
 from labserve.config.batching import BatchingConfig
 from labserve.metrics.snapshot import BatchRecord, Snapshot
-from labserve.runtime.loop import BackgroundLoop
+from labserve.runtime.delivery import hand_out, settle, settle_all
+from labserve.runtime.scheduling import MIN_TIMER_S, Scheduler, Timer
 from labserve.runtime.stall import StallWatch
 
 __all__ = ["MethodDriver"]
-
-AnyFuture = asyncio.Future[Any] | concurrent.futures.Future[Any]
-
-# The shortest timer armed. Event loops wait in whole milliseconds: asyncio rounds a shorter
-# wait up to 1 ms, uvloop fires it at once (early), and an early timer would only poll the
-# queue again and again until the time came, spinning the loop (and taking the GIL from the
-# model). Either way the decision is made on the runner's clock when the timer fires.
-_MIN_TIMER_S = 0.001
-
-
-def _settle(handle: AnyFuture, value: Any, error: BaseException | None) -> None:
-    """Hand an outcome to the caller's future unless the caller already gave up."""
-    if handle.done():
-        return
-    try:
-        if error is None:
-            handle.set_result(value)
-        else:
-            handle.set_exception(error)
-    except (asyncio.InvalidStateError, concurrent.futures.InvalidStateError):
-        pass  # cancelled by its (other-thread) caller between done() and here
-
-
-def _settle_all(outcomes: list[Outcome]) -> None:
-    """Settle asyncio futures of the running loop (or concurrent ones): no lock, no hop."""
-    for r, value, error in outcomes:
-        handle = r.handle
-        if handle.done():
-            continue
-        if error is None:
-            handle.set_result(value)
-        else:
-            handle.set_exception(error)
-
-
-def _hand_out(outcomes: list[Outcome], home: asyncio.AbstractEventLoop) -> list[Outcome]:
-    """Answer what can be answered from this thread; return the outcomes for ``home``.
-
-    Concurrent futures are set here (any thread). Futures of another event loop get one
-    ``call_soon_threadsafe`` per loop for all of theirs. Those of ``home`` (labserve's
-    loop) are returned, to be set on its thread.
-    """
-    mine: list[Outcome] = []
-    others: dict[asyncio.AbstractEventLoop, list[Outcome]] | None = None
-    for outcome in outcomes:
-        handle = outcome[0].handle
-        if type(handle) is concurrent.futures.Future:
-            _settle(handle, outcome[1], outcome[2])
-            continue
-        loop = handle.get_loop()
-        if loop is home:
-            mine.append(outcome)
-        else:
-            if others is None:
-                others = {}
-            others.setdefault(loop, []).append(outcome)
-    if others:
-        for loop, theirs in others.items():
-            try:
-                loop.call_soon_threadsafe(_settle_all, theirs)
-            except RuntimeError:
-                pass  # that loop is closed: nobody is left awaiting there
-    return mine
 
 
 class MethodDriver:
     """Drives one method's BatchQueue with a model function.
 
     Thread-safe: :meth:`submit_threadsafe`, :meth:`cancel_threadsafe`, :meth:`configure`,
-    :meth:`snapshot`, :meth:`reset_stats`. Loop-only: :meth:`submit`, :meth:`cancel`,
-    :meth:`aclose`.
+    :meth:`snapshot`, :meth:`reset_stats`, :attr:`idle`. Loop-only: :meth:`submit`,
+    :meth:`cancel`, :meth:`begin_close`, :meth:`abort`, :meth:`aclose`.
     """
 
     def __init__(
@@ -117,21 +61,23 @@ class MethodDriver:
         fn: Callable[..., Any],
         *,
         is_async: bool,
-        bg: BackgroundLoop,
-        clock: Clock,
+        scheduler: Scheduler,
     ) -> None:
+        if is_async and scheduler.loop is None:
+            raise TypeError("an async model needs a scheduler with an asyncio loop")
         self.queue = queue
         self._fn = queue.codec.bind(fn)  # a padded method may take its rows' lengths
         self._is_async = is_async
-        self._bg = bg
-        self._clock = clock  # monotonic, and the loop's timers must agree with it
+        self._scheduler = scheduler
+        self._now = scheduler.now  # monotonic, and the scheduler's timers agree with it
         self._lock = threading.Lock()  # guards every call into self.queue
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
-        self._check: asyncio.TimerHandle | None = None
-        self._check_at: float | None = None
+        # Holds end at the queue's wake: armed a tick early, so the batch fires within the
+        # tick of its deadline, not a tick after it (see BatchQueue.poll's due_s).
+        self._wake = Timer(scheduler, self._on_wake, lead_s=MIN_TIMER_S)
+        self._check = Timer(scheduler, self._on_check)  # the next request timeout
         self._tasks: set[asyncio.Task[None]] = set()
-        self._idle: asyncio.Event | None = None
+        self._on_idle: Callable[[], None] | None = None  # set by a close that waits
+        self._closed = False  # closed and idle: nothing more is admitted or run
         # Arrivals from other threads wait here; one loop callback takes all that came.
         self._inbox: deque[Request] = deque()
         self._inbox_scheduled = False
@@ -142,15 +88,13 @@ class MethodDriver:
         self._pump_scheduled = False
         self._delivering = 0  # batches released whose results are still being delivered
         self._stall = StallWatch(queue.label)  # async models: warn once if one blocks the loop
-        # Captured once: a late worker must not restart a loop that was stopped.
-        self._loop = bg.loop
-        self._executor = bg.executor
+        self._loop = scheduler.loop  # whose futures the loop thread settles itself
 
     # -- thread-safe doors --------------------------------------------------------------
 
     @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop this driver runs on (labserve's background loop)."""
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop this driver runs on (None on a virtual scheduler)."""
         return self._loop
 
     def submit_threadsafe(self, request: Request) -> None:
@@ -162,21 +106,36 @@ class MethodDriver:
 
         Requests arriving together from many threads cost the loop one wake-up, not one
         each. The flag is cleared before the inbox is emptied, so an arrival racing with
-        the drain either is drained or schedules a new one: none is left behind.
+        the drain either is drained or schedules a new one: none is left behind. Once the
+        loop is closed, requests are refused here with RunnerStoppedError.
         """
+        if self._closed:
+            self._refuse(request)
+            return
         self._inbox.append(request)
         if not self._inbox_scheduled:
             self._inbox_scheduled = True
-            self._bg.call_soon(self._drain_inbox)
+            try:
+                self._scheduler.call_soon_threadsafe(self._drain_inbox)
+            except RuntimeError:  # the loop is closed: nobody will ever admit them
+                self._inbox_scheduled = False
+                while self._inbox:
+                    self._refuse(self._inbox.popleft())
+
+    def _refuse(self, request: Request) -> None:
+        settle(request.handle, None, RunnerStoppedError(self.queue.runner))
 
     def cancel_threadsafe(self, request: Request) -> None:
         """Withdraw ``request`` from any thread."""
-        self._bg.call_soon(self.cancel, request)
+        try:
+            self._scheduler.call_soon_threadsafe(self.cancel, request)
+        except RuntimeError:
+            pass  # the loop is closed: stopping answered everyone
 
     def snapshot(self) -> Snapshot:
         """A consistent snapshot of the queue. Thread-safe."""
         with self._lock:
-            return self.queue.snapshot(self._clock.now())
+            return self.queue.snapshot(self._now())
 
     def batch_records(self, last: int) -> list[BatchRecord]:
         """The last ``last`` recorded batches, oldest first. Thread-safe."""
@@ -192,7 +151,16 @@ class MethodDriver:
         """Apply ``config`` at the next batch boundary. Thread-safe."""
         with self._lock:
             self.queue.configure(config)
-        self._bg.call_soon(self._pump)
+        try:
+            self._scheduler.call_soon_threadsafe(self._pump)
+        except RuntimeError:
+            pass  # the loop is closed: nothing runs any more; the queue keeps the config
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is queued, running or being delivered. Thread-safe."""
+        with self._lock:
+            return self.queue.idle and not self._delivering
 
     # -- the loop side -------------------------------------------------------------------
 
@@ -201,7 +169,7 @@ class MethodDriver:
         inbox = self._inbox
         arrivals = self._arrivals
         if inbox and not arrivals:
-            self._arrived_s = self._clock.now()
+            self._arrived_s = self._now()
         while inbox:
             arrivals.append(inbox.popleft())
         if not self._pump_scheduled:
@@ -215,11 +183,11 @@ class MethodDriver:
         """
         arrivals = self._arrivals
         if not arrivals:
-            self._arrived_s = self._clock.now()
+            self._arrived_s = self._now()
         arrivals.append(request)
         if not self._pump_scheduled:
             self._pump_scheduled = True
-            self._loop.call_soon(self._pump)
+            self._scheduler.call_soon(self._pump)
 
     def _admit_arrivals(self) -> list[Outcome]:
         """Admit every pending arrival (lock held); return the refused, with their errors.
@@ -234,11 +202,17 @@ class MethodDriver:
         return self.queue.admit_all(arrivals, self._arrived_s)
 
     def cancel(self, request: Request) -> None:
-        """Withdraw a request whose caller gave up. Loop-only."""
+        """Withdraw a request whose caller gave up. Loop-only.
+
+        Unless it already had its outcome, it is counted ``cancelled`` and its future, if
+        its caller has not cancelled it already, gets CancelledRequestError.
+        """
         with self._lock:
-            now = self._clock.now()
+            now = self._now()
             refused = self._admit_arrivals()  # it may still be among them
             withdrawn = self.queue.cancel(request, now)
+        if withdrawn:
+            refused.append((request, None, CancelledRequestError(self.queue.label)))
         if refused:
             self._settle_here(refused)
         if withdrawn or refused:
@@ -246,23 +220,26 @@ class MethodDriver:
 
     def _settle_here(self, outcomes: list[Outcome]) -> None:
         """Answer ``outcomes`` from the loop thread, whoever awaits them. Loop-only."""
-        _settle_all(_hand_out(outcomes, self._loop))
+        settle_all(hand_out(outcomes, self._loop))
 
-    def _pump(self) -> None:
+    def _pump(self, due_s: float | None = None) -> None:
+        """Admit, decide, carry the decision out and set both timers. Loop-only.
+
+        ``due_s``: the wake this pump was set for, when the wake timer is why it runs.
+        """
         self._pump_scheduled = False
-        now = self._clock.now()
+        now = self._now()
         with self._lock:
             refused = self._admit_arrivals()
-            step = self.queue.poll(now)
+            step = self.queue.poll(now, due_s)
             idle = self.queue.idle and not self._delivering
         if refused:
             self._settle_here(refused)
         self._carry_out(step)
-        self._set_timer(step.wake_s, now)
-        if step.timeout_check_s != self._check_at:
-            self._set_check(step.timeout_check_s, now)
-        if idle and self._idle is not None:
-            self._idle.set()
+        self._wake.set(step.wake_s, now)
+        self._check.set(step.timeout_check_s, now)
+        if idle and self._on_idle is not None:
+            self._on_idle()
 
     def _carry_out(self, step: Step) -> None:
         if step.rejected or step.timed_out:
@@ -270,38 +247,14 @@ class MethodDriver:
         for batch in step.fire:
             self._launch(batch)
 
-    def _set_timer(self, wake_s: float | None, now: float) -> None:
-        if wake_s == self._timer_at:
-            return
-        for timer in (self._timer, self._check):
-            if timer is not None:
-                timer.cancel()
-        self._timer = self._check = None
-        self._timer_at = wake_s
-        if wake_s is not None:
-            self._timer = self._loop.call_later(max(wake_s - now, _MIN_TIMER_S), self._on_timer)
+    def _on_wake(self, due_s: float) -> None:
+        self._pump(due_s)
 
-    def _set_check(self, check_s: float | None, now: float) -> None:
-        """The timeout check's own timer: it moves rarely, so it is not re-armed per poll."""
-        if self._check is not None:
-            self._check.cancel()
-            self._check = None
-        self._check_at = check_s
-        if check_s is not None:
-            self._check = self._loop.call_later(max(check_s - now, _MIN_TIMER_S), self._on_check)
-
-    def _on_check(self) -> None:
-        self._check = None
-        self._check_at = None
-        self._pump()
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_at = None
+    def _on_check(self, due_s: float) -> None:
         self._pump()
 
     def _launch(self, batch: Batch) -> None:
-        if self._bg.closing:  # a task started now would be destroyed with the loop
+        if self._scheduler.closing:  # a task started now would be destroyed with the loop
             self._abandon(batch)
             return
         if self._is_async:
@@ -310,22 +263,22 @@ class MethodDriver:
             task.add_done_callback(self._tasks.discard)
             return
         try:
-            self._executor.submit(self._worker, batch)
+            self._scheduler.submit(self._worker, batch)
         except RuntimeError:  # the pool is shut down: the loop is stopping
             self._abandon(batch)
 
     def _abandon(self, batch: Batch) -> None:
         """Fail a fired batch that will never run (labserve is stopping). Any thread."""
         with self._lock:
-            now = self._clock.now()
+            now = self._now()
             outcomes = self.queue.fail(batch, RunnerStoppedError(self.queue.runner), now)
             self.queue.release(batch, now, ok=False)
-        self._call_loop(self._answer_on_loop, _hand_out(outcomes, self._loop), False)
+        self._call_loop(self._answer_on_loop, hand_out(outcomes, self._loop), False)
 
     def _call_loop(self, fn: Callable[..., None], *args: Any) -> bool:
         """Hand ``fn(*args)`` to the loop from any thread; False once the loop is closed."""
         try:
-            self._loop.call_soon_threadsafe(fn, *args)
+            self._scheduler.call_soon_threadsafe(fn, *args)
         except RuntimeError:
             return False
         return True
@@ -333,14 +286,14 @@ class MethodDriver:
     def _answer_on_loop(
         self, outcomes: list[Outcome], delivered: bool = False, batch: Batch | None = None
     ) -> None:
-        _settle_all(outcomes)  # labserve's loop's own futures (a worker answered the rest)
+        settle_all(outcomes)  # labserve's loop's own futures (a worker answered the rest)
         if delivered or batch is not None:
             with self._lock:
                 if delivered:
                     self._delivering -= 1
                 if batch is not None:  # its callers have their answers: the latency is known
-                    self.queue.answered(batch, self._clock.now())
-        self._pump()  # fresh decision and timer from the current state
+                    self.queue.answered(batch, self._now())
+        self._pump()  # fresh decision and timers from the current state
 
     # -- worker threads (synchronous models) ---------------------------------------------
 
@@ -353,7 +306,7 @@ class MethodDriver:
         while batch is not None:
             output, error, outcomes = self._run_sync(batch)
             with self._lock:
-                now = self._clock.now()
+                now = self._now()
                 self.queue.release(batch, now, ok=error is None and outcomes is None)
                 step = self.queue.poll(now)
                 self._delivering += 1
@@ -363,7 +316,7 @@ class MethodDriver:
                 self._deliver(*args)
                 return
             try:
-                self._executor.submit(self._deliver, *args)
+                self._scheduler.submit(self._deliver, *args)
             except RuntimeError:  # the pool is shut down: deliver here, run nothing more
                 self._deliver(*args)
                 for fired in step.fire:
@@ -372,7 +325,7 @@ class MethodDriver:
             batch = step.fire[0]
             for extra in step.fire[1:]:
                 try:
-                    self._executor.submit(self._worker, extra)
+                    self._scheduler.submit(self._worker, extra)
                 except RuntimeError:
                     self._abandon(extra)
 
@@ -394,17 +347,17 @@ class MethodDriver:
                 except Exception as exc:  # an output that will not split: callers must hear
                     error = exc
             with self._lock:
-                now = self._clock.now()
+                now = self._now()
                 if outcomes is None:
                     if error is None:
                         assert parts is not None
                         outcomes = self._complete(batch, parts)
                     else:
                         outcomes = self.queue.fail(batch, error, now)
-            mine = _hand_out(outcomes + rejected if rejected else outcomes, self._loop)
+            mine = hand_out(outcomes + rejected if rejected else outcomes, self._loop)
         finally:
             if mine is None:  # failed midway: whatever outcomes there are must still go out
-                mine = _hand_out([*(outcomes or ()), *rejected], self._loop)
+                mine = hand_out([*(outcomes or ()), *rejected], self._loop)
             # The loop answers its own callers and counts the delivery done (so that stop()
             # waits for it); if the loop is gone, nobody is left to answer on it.
             if not self._call_loop(self._answer_on_loop, mine, True, batch):
@@ -442,7 +395,7 @@ class MethodDriver:
                 outcomes += self._isolate_sync(batch)
             else:
                 with self._lock:
-                    outcomes += self.queue.fail(batch, exc, self._clock.now())
+                    outcomes += self.queue.fail(batch, exc, self._now())
         else:
             with self._lock:
                 outcomes += self._complete(batch, parts)
@@ -467,9 +420,9 @@ class MethodDriver:
     def _complete(self, batch: Batch, parts: list[Any]) -> list[Outcome]:
         """queue.complete, lock held; a failure to rejoin fails the callers instead."""
         try:
-            return self.queue.complete(batch, parts, self._clock.now())
+            return self.queue.complete(batch, parts, self._now())
         except Exception as bug:  # e.g. parts that will not rejoin: callers must still hear
-            return self.queue.fail(batch, bug, self._clock.now())
+            return self.queue.fail(batch, bug, self._now())
 
     def _should_isolate(self, batch: Batch, exc: BaseException) -> bool:
         return (
@@ -489,12 +442,12 @@ class MethodDriver:
         except asyncio.CancelledError:  # the loop is stopping under the model
             with self._lock:
                 stopped = RunnerStoppedError(self.queue.runner)
-                outcomes += self.queue.fail(batch, stopped, self._clock.now())
+                outcomes += self.queue.fail(batch, stopped, self._now())
             raise
         finally:
             with self._lock:
-                self.queue.release(batch, self._clock.now(), ok=ok)
-            self._answer_on_loop(_hand_out(outcomes, self._loop), False, batch)
+                self.queue.release(batch, self._now(), ok=ok)
+            self._answer_on_loop(hand_out(outcomes, self._loop), False, batch)
 
     async def _attempt_async(self, batch: Batch, outcomes: list[Outcome]) -> bool:
         """Run ``batch`` (bisecting on error if asked); True if it ran cleanly whole."""
@@ -509,34 +462,60 @@ class MethodDriver:
                     await self._attempt_async(half, outcomes)
             else:
                 with self._lock:
-                    outcomes += self.queue.fail(batch, exc, self._clock.now())
+                    outcomes += self.queue.fail(batch, exc, self._now())
             return False
         with self._lock:
             outcomes += self._complete(batch, parts)
         return True
 
-    async def aclose(self) -> None:
-        """Refuse new requests, fire what is queued (reason ``drain``), wait until idle."""
+    # -- closing ------------------------------------------------------------------------
+
+    def begin_close(self) -> None:
+        """Refuse new requests and fire what is queued (reason ``drain``). Loop-only."""
         with self._lock:
             refused = self._admit_arrivals()  # arrived before the close
             self.queue.close()
         if refused:
             self._settle_here(refused)
-        self._idle = asyncio.Event()
         self._pump()
+
+    def abort(self) -> None:
+        """Answer everyone still waiting with RunnerStoppedError. Loop-only.
+
+        For a close that cannot wait any longer (a model still running): nobody queued or
+        in a running batch is left without an answer; a running batch's late results are
+        dropped.
+        """
         with self._lock:
-            idle = self.queue.idle and not self._delivering
+            stopped = RunnerStoppedError(self.queue.runner)
+            outcomes = self.queue.abort(stopped, self._now())
+        self._settle_here(outcomes)
+
+    def end(self) -> None:
+        """Disarm the timers and refuse what still arrives. Loop-only; once idle or aborted."""
+        self._closed = True
+        self._on_idle = None
+        self._wake.cancel()
+        self._check.cancel()
+
+    async def aclose(self) -> None:
+        """Refuse new requests, fire what is queued (reason ``drain``), wait until idle.
+
+        Cancelled (stop() gave up waiting), it answers everyone still waiting first.
+        """
+        idle = asyncio.get_running_loop().create_future()
+
+        def on_idle() -> None:
+            if not idle.done():
+                idle.set_result(None)
+
+        self._on_idle = on_idle
+        self.begin_close()
         try:
-            if not idle:
-                await self._idle.wait()
+            if not self.idle:
+                await idle
         except asyncio.CancelledError:
-            # stop() gave up waiting (a model still running): nobody queued may be left
-            # without an answer.
-            with self._lock:
-                stopped = RunnerStoppedError(self.queue.runner)
-                outcomes = self.queue.abort(stopped, self._clock.now())
-            self._settle_here(outcomes)
+            self.abort()
             raise
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        finally:
+            self.end()

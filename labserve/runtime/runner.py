@@ -21,6 +21,7 @@ from labserve.metrics.snapshot import BatchRecord, Snapshot
 from labserve.runtime.driver import MethodDriver
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import MethodSpec, Runnable
+from labserve.runtime.scheduling import LoopScheduler
 
 __all__ = ["Runner", "RunnerMethod"]
 
@@ -86,8 +87,7 @@ class RunnerMethod:
                         self._queue,
                         self._fn,
                         is_async=self.spec.is_async,
-                        bg=self.runner.bg,
-                        clock=self.runner.clock,
+                        scheduler=LoopScheduler(self.runner.bg, self.runner.clock),
                     )
                     self.runner._started()
                 driver = self._driver
@@ -170,8 +170,8 @@ class RunnerMethod:
     def withdraw_on_loop(self, request: Request) -> None:
         """Withdraw a request from :meth:`submit_on_loop` whose caller gave up. Loop-only.
 
-        Counted ``cancelled`` unless it already has its outcome; nobody settles its
-        future afterwards (the caller cancels it, as the HTTP handlers do).
+        Counted ``cancelled`` unless it already has its outcome; its future, unless the
+        caller cancelled it first (as the HTTP handlers do), gets CancelledRequestError.
         """
         if self._driver is not None:
             self._driver.cancel(request)

@@ -242,7 +242,8 @@ def test_request_withdrawn_before_its_admission_is_cancelled_and_never_runs(gate
         model.gate.set()
         np.testing.assert_array_equal(await first, row(2))
         np.testing.assert_array_equal(await other, row(6))
-        assert not doomed.done()  # its caller gave up: nobody answers it
+        # Its caller gave up without cancelling the future: whoever still listens hears why.
+        assert isinstance(doomed.exception(), labserve.CancelledRequestError)
 
     labserve.background_loop().run(main())
 
