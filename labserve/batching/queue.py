@@ -496,8 +496,17 @@ class BatchQueue:
             self.cost_model.observe(batch.items, duration)
         if self.recorder.discards:
             return
+        tokens = batch.tokens
         self.recorder.batch(
-            BatchRecord(batch.start_s, duration, batch.items, len(batch.parts), batch.reason)
+            BatchRecord(
+                batch.start_s,
+                duration,
+                batch.items,
+                len(batch.parts),
+                batch.reason,
+                tokens,
+                tokens - batch.true_tokens if tokens else 0,
+            )
         )
 
     # -- internals --------------------------------------------------------------------

@@ -362,6 +362,8 @@ def _field(name: str, value: Any) -> Any:
                 int(b["items"]),
                 int(b["requests"]),
                 str(b["reason"]),
+                int(b.get("tokens", 0)),
+                int(b.get("padding_tokens", 0)),
             )
             for b in value
         )

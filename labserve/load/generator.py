@@ -445,6 +445,8 @@ def _result(
         send_lag_s=np.asarray(rec.lag, dtype=float) if rec.lag else None,
         sent_until_s=rec.last_sent,
         server=server,
+        batch_tokens=np.asarray([b.tokens for b in held], dtype=np.int64),
+        batch_padding_tokens=np.asarray([b.padding_tokens for b in held], dtype=np.int64),
     )
 
 

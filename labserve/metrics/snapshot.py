@@ -34,6 +34,10 @@ class BatchRecord(NamedTuple):
     """Requests (or parts of split requests) in it."""
     reason: str
     """Why it fired: full, timeout, adaptive, idle or drain."""
+    tokens: int = 0
+    """Padded tokens computed: items x the batch's width on the ragged axis (0: none)."""
+    padding_tokens: int = 0
+    """Of those, padding: ``tokens`` less the rows' true lengths."""
 
 
 class CostFitView(NamedTuple):
@@ -124,6 +128,15 @@ class Snapshot:
     latency_budget_ms: float = math.nan
     """What the adaptive strategy plans a request's latency to: the target less the margin
     it learnt from answered batches (NaN: no target, or another strategy)."""
+    tokens_per_batch: float = math.nan
+    """Mean padded tokens per batch (window); NaN without a ragged axis or batches."""
+    padding_fraction: float = math.nan
+    """Padding tokens / padded tokens of the window's batches: the compute padding wastes
+    (NaN without a ragged axis or batches)."""
+    tokens_total: int = 0
+    """Padded tokens computed since start (0 without a ragged axis)."""
+    padding_tokens_total: int = 0
+    """Of those, padding, since start."""
 
     @property
     def pending(self) -> int:
