@@ -493,7 +493,7 @@ class BatchQueue:
             self._expired += expired.rejected
         duration = now - batch.start_s
         if ok:
-            self.cost_model.observe(batch.items, duration)
+            self.cost_model.observe(batch.items, duration, batch.tokens)
         if self.recorder.discards:
             return
         tokens = batch.tokens
@@ -736,7 +736,15 @@ class BatchQueue:
             in_flight_batches=self._in_flight,
             stuck_batches=len(self._stuck),
             budget_s=self._budget_s,
-            cost_fit=CostFitView(fit.a_s * 1000.0, fit.b_s * 1000.0, fit.samples, low, high),
+            cost_fit=CostFitView(
+                fit.a_s * 1000.0,
+                fit.b_s * 1000.0,
+                fit.samples,
+                low,
+                high,
+                fit.c_s * 1000.0,
+                fit.width,
+            ),
         )
 
 

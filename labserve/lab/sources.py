@@ -353,6 +353,8 @@ def _field(name: str, value: Any) -> Any:
             int(value["samples"]),
             int(value.get("min_items", 0)),
             int(value.get("max_items", 0)),
+            _nan(value.get("c_ms", 0.0)),
+            _nan(value.get("width", 0.0)),
         )
     if name == "recent_batches":
         return tuple(

@@ -135,14 +135,18 @@ def _token_families(snaps: list[Snapshot]) -> Iterator[GaugeMetricFamily | Count
     per_batch = GaugeMetricFamily(
         "labserve_tokens_per_batch", "Mean padded tokens per batch (window).", labels=_LABELS
     )
+    fit_c = GaugeMetricFamily(
+        "labserve_cost_model_per_token_seconds", "Fitted cost per padded token.", labels=_LABELS
+    )
     for s in padded:
         labels = [s.runner, s.method]
+        fit_c.add_metric(labels, s.cost_fit.c_ms / 1000.0)
         tokens.add_metric(labels, s.tokens_total)
         padding.add_metric(labels, s.padding_tokens_total)
         if s.padding_fraction == s.padding_fraction:  # NaN: no batch in the window
             fraction.add_metric(labels, s.padding_fraction)
             per_batch.add_metric(labels, s.tokens_per_batch)
-    yield from (tokens, padding, fraction, per_batch)
+    yield from (tokens, padding, fraction, per_batch, fit_c)
 
 
 def _le(bound: float) -> str:

@@ -41,7 +41,7 @@ class BatchRecord(NamedTuple):
 
 
 class CostFitView(NamedTuple):
-    """The adaptive strategy's cost model as fitted: batch_ms = a_ms + b_ms * items."""
+    """The adaptive strategy's cost model as fitted: a_ms + b_ms * items + c_ms * tokens."""
 
     a_ms: float
     b_ms: float
@@ -50,6 +50,10 @@ class CostFitView(NamedTuple):
     """The smallest batch the fit saw (0 before any): the fit holds from here..."""
     max_items: int = 0
     """...to the largest. Equal: one batch size only, so the slope is unknown (taken as 0)."""
+    c_ms: float = 0.0
+    """Fitted cost per padded token (a method with a ragged axis; else 0)."""
+    width: float = 0.0
+    """Mean padded width of the batches fitted (tokens per item; 0: no ragged axis)."""
 
 
 @dataclass(frozen=True)

@@ -76,3 +76,23 @@ def scrape(snapshots):
         for s in family.samples:
             samples.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
     return samples
+
+
+def test_the_queue_fits_batch_time_against_items_and_padded_tokens():
+    codec = Codec("embed", padding=Padding(axis=1, lengths_arg=None))
+    q = BatchQueue("embed", codec, BatchingConfig(strategy="greedy"), runner="lm")
+    rng = np.random.default_rng(0)
+    t = 0.0
+    for _ in range(40):
+        for n in rng.integers(1, 64, size=int(rng.integers(1, 8))):
+            q.admit((np.ones((1, int(n))),), now=t)
+        (batch,) = q.poll(now=t).fire
+        took = 0.001 + 0.00002 * batch.items + 0.00001 * batch.tokens  # 10 µs per token
+        q.complete(batch, batch.split(codec, np.zeros((batch.items, 1))), now=t + took)
+        q.release(batch, now=t + took, ok=True)
+        t += 0.1
+    fit = q.snapshot(now=t).cost_fit
+    assert math.isclose(fit.a_ms, 1.0, rel_tol=1e-6)
+    assert math.isclose(fit.b_ms, 0.02, rel_tol=1e-4)
+    assert math.isclose(fit.c_ms, 0.01, rel_tol=1e-6)
+    assert fit.width > 1
