@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from labserve.base.errors import InputError, PaddedOutputError
+from labserve.base.ragged import RaggedRows
 from labserve.batching import frameworks as _fw
 from labserve.batching import padding as _pad
 from labserve.batching.padding import Padding, Ragged
@@ -74,6 +75,12 @@ def _count(value: Any, axis: int, where: str) -> int:
             )
         return int(value.shape[axis])
     if isinstance(value, list):
+        if isinstance(value, RaggedRows):
+            raise InputError(
+                f"{where}: rows of different lengths {[len(r) for r in value]}, and the method "
+                "declares no ragged axis (pad=); send rows of one length",
+                sent=[len(r) for r in value],
+            )
         return len(value)
     if isinstance(value, Ragged):
         return len(value.lengths)

@@ -36,7 +36,7 @@ class Tokens(labserve.Runnable):
 def test_callers_of_many_lengths_share_one_batch_and_get_their_own_rows(make_runner):
     runner = make_runner(Tokens, name="tok")
     runner.encode.start()
-    model = runner.encode.model_fn.__self__
+    model = runner.encode.model_fn.func.__self__
     calls = [np.arange(1, n + 1)[None] for n in (5, 1, 9, 3)] + [[[1, 2], [3, 4, 5, 6]]]
 
     async def send() -> list[object]:
@@ -60,7 +60,7 @@ def test_callers_of_many_lengths_share_one_batch_and_get_their_own_rows(make_run
 def test_a_bad_ragged_request_fails_alone(make_runner):
     runner = make_runner(Tokens, name="tok")
     runner.encode.start()
-    model = runner.encode.model_fn.__self__
+    model = runner.encode.model_fn.func.__self__
     model.gate.set()
     with pytest.raises(labserve.InputError, match="does not match row 0"):
         runner.encode.run([np.ones((2, 2)), np.ones((3, 1))])
