@@ -55,7 +55,6 @@ from labserve.lab.sources import (
     RunnerSource,
     SourceView,
     method_sources,
-    snapshot_from_dict,
 )
 from labserve.lab.sweep import sweep
 from labserve.load.arrivals import (
@@ -73,7 +72,13 @@ from labserve.load.generator import LoadRun, load_test, start_load
 from labserve.load.presets import LOAD_PRESETS, preset_arrivals
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.metrics.results import RunResult
-from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
+from labserve.metrics.snapshot import (
+    BatchRecord,
+    CostFitView,
+    Percentiles,
+    Snapshot,
+    snapshot_from_dict,
+)
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import Runnable, method
 from labserve.runtime.runner import Runner, RunnerMethod

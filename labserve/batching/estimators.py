@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,11 +40,14 @@ class CostFit:
     """Cost of each padded token, in seconds (0: no ragged axis, or no token cost seen)."""
     width: float = 0.0
     """Mean padded width of the window's batches (tokens per item; 0: no ragged axis)."""
+    ready: bool = field(init=False, compare=False)
+    """True once enough batches were seen for the fit to steer decisions (4). A field, not
+    a property: reject mode asks at every arrival while every slot is busy, and as a
+    property it cost a simulation there 11% more Python calls per request (greedy, 5,000
+    req/s, on_overload="reject"; benchmarks/sim_calls.py's count, 2026-12-02)."""
 
-    @property
-    def ready(self) -> bool:
-        """True once enough batches were seen for the fit to steer decisions."""
-        return self.samples >= 4
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ready", self.samples >= 4)
 
     def predict_s(self, items: int, tokens: float | None = None) -> float:
         """Predicted duration of a batch of ``items`` (and ``tokens``, if known), seconds."""

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 
 from labserve.batching.padding import Padding
-from labserve.batching.requests import DONE, Request
+from labserve.batching.requests import Request, RequestState
 
 __all__ = ["bucket_of", "budget_binds", "length_key", "take"]
 
@@ -61,7 +61,7 @@ def take(
     round_width = padding.round_width
     while q:
         r = q[0]
-        if r.state == DONE:
+        if r.state is RequestState.DONE:
             q.popleft()
             continue
         start = r.offset
@@ -122,7 +122,7 @@ def budget_binds(q: deque[Request], cap: int, budget: int, padding: Padding) -> 
     total = longest = 0
     round_width = padding.round_width
     for r in q:
-        if r.state == DONE:
+        if r.state is RequestState.DONE:
             continue
         n = r.items - r.offset
         longest = max(longest, int(r.lengths[r.offset :].max()))

@@ -9,15 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 from labserve.base.vocabulary import Reason
 from labserve.batching.containers import Codec
 
-__all__ = ["DONE", "QUEUED", "Batch", "Outcome", "Request", "Step"]
+__all__ = ["Batch", "Outcome", "Request", "RequestState", "Step"]
 
-QUEUED, DONE = 0, 1
-"""A request's state: still waiting (wholly or in part), or given its outcome."""
+
+class RequestState(IntEnum):
+    """Where a request is: still waiting (wholly or in part), or given its outcome."""
+
+    QUEUED = 0
+    """Admitted and waiting, or part of it still waits or runs."""
+    DONE = 1
+    """Given its outcome (result, error, cancelled), or refused at admission."""
 
 
 class Request:
@@ -57,13 +64,13 @@ class Request:
         self.offset = 0  # items already taken into batches
         self.parts_pending = 0  # taken parts whose batch has not finished
         self.pieces: list[tuple[int, Any]] | None = None  # outputs of a split request
-        self.state = QUEUED
+        self.state = RequestState.QUEUED
         self.lengths: Any = None  # a ragged request's rows' true lengths (numpy int64)
 
     @property
     def done(self) -> bool:
         """True once the request has its outcome."""
-        return self.state == DONE
+        return self.state is RequestState.DONE
 
 
 @dataclass(slots=True)
@@ -142,13 +149,3 @@ class Step:
     timeout_check_s: float | None = None
     """Call :meth:`BatchQueue.poll` by this time too (unless ``wake_s`` comes first): a
     request may time out or a batch become stuck then (``request_timeout_ms``)."""
-    quiet_items: int | None = 0
-    """Items that may still arrive, into the group(s) already queued, before this decision
-    can change (None: no limit, as every batch slot is busy). Until then, or until
-    ``wake_s``, a batch finishes or the config changes, :meth:`BatchQueue.poll` would
-    decide nothing new: a driver may admit that many with no poll in between."""
-    arrival_wake_s: float | None = None
-    """Set when every batch slot is busy and no queued request waits for its deadline
-    (``quiet_items`` is None): the first request admitted after this poll, at time t,
-    makes the next :meth:`BatchQueue.poll` decide only ``wake_s = t + arrival_wake_s``.
-    A driver admitting in bulk may set that timer itself instead of polling."""

@@ -4,80 +4,102 @@ Each setting is validated once, where it enters: a :class:`BatchingLayer` (a dec
 config file section, Runner arguments, a ``configure()`` call) or a directly built
 :class:`BatchingConfig`. Layers merge into a config without a second check. A live change
 builds a whole new ``BatchingConfig`` and the queue swaps it in at the next batch boundary.
+
+Adding a setting is a one-place change: declare it on :class:`BatchingConfig` as
+``name: type = _setting(default, rule)`` followed by its attribute docstring (units in the
+name). Its rule (a :class:`_Rule`: what it accepts, what the error says it expected, how the
+value is normalised) comes from the helpers below or is written beside it. Everything else
+follows from that declaration: :data:`SETTINGS`, the checks of every source (decorator, file,
+``Runner(...)``, ``configure()``, CLI flags), :class:`BatchingLayer`, ``as_dict`` and the
+snapshot's JSON. In a layer, None means "not set", so a setting that can be switched off
+takes 0 for "none" (as ``latency_slo_ms`` does) rather than None.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from labserve.base.errors import ConfigError
 from labserve.base.vocabulary import OVERLOAD_ACTIONS, STRATEGIES, OverloadAction, Strategy
 
-__all__ = ["BatchingConfig", "BatchingLayer", "validate_field"]
+__all__ = ["SETTINGS", "BatchingConfig", "BatchingLayer", "validate_field"]
+
+_T = TypeVar("_T")
 
 
-def _int_at_least(key: str, value: Any, low: int, source: str | None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(key, value, f"an integer >= {low}", source=source)
+def _unchanged(value: Any) -> Any:
     return value
 
 
-def _number_at_least(key: str, value: Any, low: float, source: str | None) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < low:
-        raise ConfigError(key, value, f"a finite number >= {low:g}", source=source)
-    return float(value)
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+    """How one setting is checked: what it accepts and the normalised value it keeps."""
+
+    expected: str
+    """What a good value is, for the error: "must be {expected}, got {value!r}"."""
+    accepts: Callable[[Any], bool]
+    normalise: Callable[[Any], Any] = _unchanged
+
+    def check(self, key: str, value: Any, source: str | None) -> Any:
+        """Return ``value`` normalised, or raise ConfigError naming ``key`` and the rule."""
+        if not self.accepts(value):
+            raise ConfigError(key, value, self.expected, source=source)
+        return self.normalise(value)
 
 
-def _choice(key: str, value: Any, choices: tuple[str, ...], source: str | None) -> str:
-    if value not in choices:
-        raise ConfigError(key, value, "one of " + ", ".join(map(repr, choices)), source=source)
-    return str(value)
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _bool(key: str, value: Any, source: str | None) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(key, value, "true or false", source=source)
-    return value
+def _is_finite_number(value: Any) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and math.isfinite(value)
 
 
-def _percentile(key: str, value: Any, source: str | None) -> float:
-    number = _number_at_least(key, value, 0.0, source)
-    if not 0.0 < number < 100.0:
-        raise ConfigError(key, value, "a percentile between 0 and 100 (exclusive)", source=source)
-    return number
+def _integer_at_least(low: int) -> _Rule:
+    return _Rule(f"an integer >= {low}", lambda v: _is_integer(v) and v >= low)
 
 
-_Rule = Callable[[str, Any, "str | None"], Any]
-_RULES: dict[str, _Rule] = {
-    "enabled": _bool,
-    "strategy": lambda k, v, s: _choice(k, v, STRATEGIES, s),
-    "max_batch_size": lambda k, v, s: _int_at_least(k, v, 1, s),
-    "max_latency_ms": lambda k, v, s: _number_at_least(k, v, 0.0, s),
-    "on_overload": lambda k, v, s: _choice(k, v, OVERLOAD_ACTIONS, s),
-    "max_queue_size": lambda k, v, s: _int_at_least(k, v, 1, s),
-    "max_concurrent_batches": lambda k, v, s: _int_at_least(k, v, 1, s),
-    "isolate_errors": _bool,
-    "latency_slo_ms": lambda k, v, s: _number_at_least(k, v, 0.0, s),
-    "slo_percentile": _percentile,
-    "request_timeout_ms": lambda k, v, s: _number_at_least(k, v, 0.0, s),
-}
-"""Each setting's rule, in the order of BatchingConfig's fields."""
+def _number_at_least(low: float) -> _Rule:
+    return _Rule(f"a finite number >= {low:g}", lambda v: _is_finite_number(v) and v >= low, float)
 
 
-def validate_field(key: str, value: Any, *, source: str | None = None, path: str = "") -> Any:
-    """Check one config value; return it normalised or raise ConfigError naming the rule."""
-    rule = _RULES.get(key)
-    if rule is None:
-        allowed = ", ".join(_RULES)
-        raise ConfigError(
-            f"{path}{key}", value, f"a known setting (one of: {allowed})", source=source
-        )
-    return rule(f"{path}{key}", value, source)
+def _one_of(choices: tuple[str, ...]) -> _Rule:
+    return _Rule("one of " + ", ".join(map(repr, choices)), lambda v: v in choices, str)
+
+
+_BOOLEAN = _Rule("true or false", lambda v: isinstance(v, bool))
+_PERCENTILE = _Rule(
+    "a percentile between 0 and 100 (exclusive)",
+    lambda v: _is_finite_number(v) and 0.0 < v < 100.0,
+    float,
+)
+
+
+def _is_buckets(value: Any) -> bool:
+    if not isinstance(value, (list, tuple)) or len(value) > _MAX_BUCKETS:
+        return False
+    if not all(_is_integer(v) and v >= 1 for v in value):
+        return False
+    return all(a < b for a, b in itertools.pairwise(value))
+
+
+_MAX_BUCKETS = 64
+_BUCKETS = _Rule(
+    f"a list of at most {_MAX_BUCKETS} increasing integers >= 1 (bucket bounds; [] for none)",
+    _is_buckets,
+    tuple,
+)
+
+
+def _setting(default: _T, rule: _Rule) -> _T:
+    """Declare a BatchingConfig field with its default and the rule every source meets."""
+    return dataclasses.field(default=default, metadata={"rule": rule})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,41 +110,55 @@ class BatchingConfig:
     5.0
     """
 
-    enabled: bool = True
+    enabled: bool = _setting(True, _BOOLEAN)
     """False turns batching off: every request runs alone (as ``strategy="off"``)."""
-    strategy: Strategy = "adaptive"
+    strategy: Strategy = _setting("adaptive", _one_of(STRATEGIES))
     """How the queue decides when to fire: off, fixed, greedy or adaptive."""
-    max_batch_size: int = 32
+    max_batch_size: int = _setting(32, _integer_at_least(1))
     """Most items (along the batch axis, not requests) in one model call."""
-    max_latency_ms: float = 10.0
+    max_latency_ms: float = _setting(10.0, _number_at_least(0.0))
     """Longest a request may wait in the queue before its batch fires, in milliseconds."""
-    on_overload: OverloadAction = "wait"
+    on_overload: OverloadAction = _setting("wait", _one_of(OVERLOAD_ACTIONS))
     """What happens to a request that cannot start within ``max_latency_ms`` for want of a
     free batch slot: ``"wait"`` (Ray Serve, Triton, TorchServe) keeps it queued until a
     slot frees; ``"reject"`` (BentoML) refuses it with OverloadError (HTTP 503), at
     admission when the cost model predicts it, else at its deadline."""
-    max_queue_size: int = 10_000
+    max_queue_size: int = _setting(10_000, _integer_at_least(1))
     """Most requests waiting; the next one is refused at admission."""
-    max_concurrent_batches: int = 1
+    max_concurrent_batches: int = _setting(1, _integer_at_least(1))
     """Most batches running the model at once."""
-    isolate_errors: bool = False
+    isolate_errors: bool = _setting(False, _BOOLEAN)
     """On a model exception, bisect the batch so that only the poisoned request fails."""
-    latency_slo_ms: float = 0.0
+    latency_slo_ms: float = _setting(0.0, _number_at_least(0.0))
     """A latency target for a request's whole latency (queue plus model), in milliseconds,
     at the ``slo_percentile``-th percentile; 0: none. A goal, not a limit: with a target
     the ``adaptive`` strategy holds batches open to make them larger (less model time
     per request) while its live cost model predicts the target still holds."""
-    slo_percentile: float = 99.0
+    slo_percentile: float = _setting(99.0, _PERCENTILE)
     """The percentile of latency that ``latency_slo_ms`` is about (50 < p < 100 usually)."""
-    request_timeout_ms: float = 60_000.0
+    request_timeout_ms: float = _setting(60_000.0, _number_at_least(0.0))
     """Longest a request may take from admission to its answer, queue plus model, in
     milliseconds (0: no limit). A limit, unlike ``max_latency_ms`` (the queue wait before a
     batch fires): past it the caller gets RequestTimeoutError (HTTP 504). Generous by
     default, so that nothing waits forever behind a model that hangs."""
 
+    max_batch_tokens: int = _setting(0, _integer_at_least(0))
+    """For a method with a ragged axis: most padded tokens (items x the batch's padded
+    width) in one model call, beside ``max_batch_size``; 0: no budget. A request whose
+    longest row alone exceeds it is refused at admission (TokenBudgetError, HTTP 400)."""
+    length_buckets: tuple[int, ...] = _setting((), _BUCKETS)
+    """For a method with a ragged axis: bucket bounds on a request's length, e.g.
+    ``[16, 32, 64]``. Requests share a batch only within a bucket (up to 16, 17 to 32, 33
+    to 64, past 64), so a batch pads at most to its bucket's bound; every request still
+    fires within ``max_latency_ms``. Empty: every length shares one queue."""
+    padding: bool = _setting(True, _BOOLEAN)
+    """For a method with a ragged axis: pad requests of different lengths into one batch.
+    False: only requests of one length share a batch (exact-shape grouping, what a
+    batcher without padding does)."""
+
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            object.__setattr__(self, f.name, validate_field(f.name, getattr(self, f.name)))
+        for name in SETTINGS:
+            object.__setattr__(self, name, validate_field(name, getattr(self, name)))
 
     @cached_property
     def max_latency_s(self) -> float:
@@ -144,7 +180,7 @@ class BatchingConfig:
         """What a refused caller is told to wait before retrying: the wait cap, at least 1 ms."""
         return max(self.max_latency_s, 0.001)
 
-    @property
+    @cached_property
     def effective_strategy(self) -> Strategy:
         """The strategy in force: ``"off"`` when batching is disabled."""
         return self.strategy if self.enabled else "off"
@@ -177,55 +213,82 @@ class BatchingConfig:
         return config
 
 
-SETTINGS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(BatchingConfig))
+_RULES: dict[str, _Rule] = {f.name: f.metadata["rule"] for f in dataclasses.fields(BatchingConfig)}
+"""Each setting's rule, in the order of BatchingConfig's fields (read from their metadata)."""
+SETTINGS: tuple[str, ...] = tuple(_RULES)
 """The names of the batching settings, in declaration order."""
+
+
+def validate_field(key: str, value: Any, *, source: str | None = None, path: str = "") -> Any:
+    """Check one config value; return it normalised or raise ConfigError naming the rule."""
+    rule = _RULES.get(key)
+    if rule is None:
+        allowed = ", ".join(SETTINGS)
+        raise ConfigError(
+            f"{path}{key}", value, f"a known setting (one of: {allowed})", source=source
+        )
+    return rule.check(f"{path}{key}", value, source)
+
+
 _DEFAULTS = BatchingConfig()
 
 
-@dataclasses.dataclass(frozen=True)
 class BatchingLayer:
     """Some batching settings from one source, each checked here; None means not set.
 
     Sources, lowest precedence first: the config file's global section, the decorator, the
     file's runner section, ``Runner(...)`` arguments, a live ``configure()``. ``path`` and
     ``source`` say where a bad value came from in the error (``"runners.scorer.batching."``,
-    the file's name).
+    the file's name). Immutable; two layers are equal when they set the same values.
 
     >>> BatchingLayer(max_batch_size=64).settings()
     {'max_batch_size': 64}
     """
 
-    enabled: bool | None = None
-    strategy: Strategy | None = None
-    max_batch_size: int | None = None
-    max_latency_ms: float | None = None
-    on_overload: OverloadAction | None = None
-    max_queue_size: int | None = None
-    max_concurrent_batches: int | None = None
-    isolate_errors: bool | None = None
-    latency_slo_ms: float | None = None
-    slo_percentile: float | None = None
-    request_timeout_ms: float | None = None
-    path: str = dataclasses.field(default="", repr=False, compare=False)
-    source: str | None = dataclasses.field(default=None, repr=False, compare=False)
+    __slots__ = ("_items", "path", "source")
 
-    def __post_init__(self) -> None:
-        for name in SETTINGS:
-            value = getattr(self, name)
-            if value is not None:
-                checked = validate_field(name, value, source=self.source, path=self.path)
-                object.__setattr__(self, name, checked)
+    _items: tuple[tuple[str, Any], ...]
+    path: str
+    source: str | None
+
+    def __init__(self, *, path: str = "", source: str | None = None, **settings: Any) -> None:
+        self._check(settings, path, source)
 
     @classmethod
     def from_mapping(
         cls, settings: Mapping[str, Any], *, path: str = "", source: str | None = None
     ) -> BatchingLayer:
         """Build from ``{setting: value}``; ConfigError names an unknown key or a bad value."""
-        for key, value in settings.items():
-            if key not in SETTINGS:
-                validate_field(str(key), value, source=source, path=path)  # raises: unknown
-        return cls(**settings, path=path, source=source)
+        layer = cls.__new__(cls)
+        layer._check(settings, path, source)
+        return layer
+
+    def _check(self, settings: Mapping[str, Any], path: str, source: str | None) -> None:
+        checked = {
+            str(key): validate_field(str(key), value, source=source, path=path)
+            for key, value in settings.items()
+            if value is not None
+        }
+        items = tuple((name, checked[name]) for name in SETTINGS if name in checked)
+        object.__setattr__(self, "_items", items)
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "source", source)
 
     def settings(self) -> dict[str, Any]:
         """The settings this layer sets, in declaration order."""
-        return {name: v for name in SETTINGS if (v := getattr(self, name)) is not None}
+        return dict(self._items)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BatchingLayer):
+            return NotImplemented
+        return self._items == other._items
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{name}={value!r}" for name, value in self._items)
+        return f"BatchingLayer({inner})"

@@ -15,9 +15,7 @@ own (``RayApp.method_sources()``). :func:`method_sources` makes them from what a
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -30,7 +28,7 @@ import numpy as np
 from labserve.base.errors import RemoteError
 from labserve.config.batching import BatchingConfig
 from labserve.load.generator import LoadRun, start_load
-from labserve.metrics.snapshot import BatchRecord, CostFitView, Percentiles, Snapshot
+from labserve.metrics.snapshot import Snapshot, snapshot_from_dict
 from labserve.runtime.runner import Runner, RunnerMethod
 from labserve.server import Server
 
@@ -316,68 +314,6 @@ def _one_or_many(item: Any) -> list[MethodSource]:
     if isinstance(item, (list, tuple)):
         raise TypeError("a list of sources holds Runners or MethodSources, not lists")
     return method_sources(item)
-
-
-def snapshot_from_dict(data: Mapping[str, Any]) -> Snapshot:
-    """A :class:`Snapshot` from its JSON (``Snapshot.as_dict()``, ``/stats``): None is NaN.
-
-    Raises:
-        RemoteError: the JSON is not a snapshot (a field missing or of the wrong kind).
-    """
-    try:
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(Snapshot):
-            if f.name not in data:
-                if f.default is dataclasses.MISSING:
-                    raise KeyError(f.name)
-                continue
-            values[f.name] = _field(f.name, data[f.name])
-        return Snapshot(**values)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise RemoteError("/stats", None, "InputError", f"not a snapshot: {exc!r}") from None
-
-
-def _nan(x: Any) -> float:
-    return math.nan if x is None else float(x)
-
-
-def _field(name: str, value: Any) -> Any:
-    if name == "config":
-        return BatchingConfig(**value)
-    if name.startswith(("latency_ms_", "queue_wait_ms_")):
-        return Percentiles(*(_nan(value[k]) for k in Percentiles._fields))
-    if name == "cost_fit":
-        return CostFitView(
-            _nan(value["a_ms"]),
-            _nan(value["b_ms"]),
-            int(value["samples"]),
-            int(value.get("min_items", 0)),
-            int(value.get("max_items", 0)),
-            _nan(value.get("c_ms", 0.0)),
-            _nan(value.get("width", 0.0)),
-        )
-    if name == "recent_batches":
-        return tuple(
-            BatchRecord(
-                float(b["start_s"]),
-                float(b["duration_s"]),
-                int(b["items"]),
-                int(b["requests"]),
-                str(b["reason"]),
-                int(b.get("tokens", 0)),
-                int(b.get("padding_tokens", 0)),
-            )
-            for b in value
-        )
-    if name == "batch_size_counts":
-        return {int(k): int(v) for k, v in value.items()}
-    if name == "fire_reasons":
-        return {str(k): int(v) for k, v in value.items()}
-    if name.endswith("_buckets"):
-        return tuple((float(b), int(c)) for b, c in value)
-    if value is None:
-        return math.nan
-    return value
 
 
 def _base_url(url: str) -> str:

@@ -90,9 +90,6 @@ def _percentiles_ms(samples: np.ndarray) -> Percentiles:
 class Recorder:
     """Counters, windowed samples and all-time histograms of one runner method."""
 
-    discards = False
-    """True for a recorder that keeps nothing: the queue then skips gathering its inputs."""
-
     def __init__(
         self, window_s: float = 10.0, capacity: int = 1 << 16, batch_capacity: int = 4096
     ) -> None:

@@ -1,15 +1,24 @@
-"""Immutable snapshots of a runner method's state: what /stats, /metrics and the UI read."""
+"""Immutable snapshots of a runner method's state: what /stats, /metrics and the UI read.
+
+The snapshot's JSON round trip lives here too: :meth:`Snapshot.as_dict` writes it and
+:func:`snapshot_from_dict` reads it back, field by field from the declared types, so that a
+new field needs no change to either.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, NamedTuple
 
+from labserve.base.errors import RemoteError
 from labserve.config.batching import BatchingConfig
 
-__all__ = ["BatchRecord", "CostFitView", "Percentiles", "Snapshot"]
+__all__ = ["BatchRecord", "CostFitView", "Percentiles", "Snapshot", "snapshot_from_dict"]
 
 
 class Percentiles(NamedTuple):
@@ -183,3 +192,57 @@ class Snapshot:
             f"max_batch_size={self.config.max_batch_size}, "
             f"max_latency_ms={self.config.max_latency_ms:g}"
         )
+
+
+def snapshot_from_dict(data: Mapping[str, Any]) -> Snapshot:
+    """A :class:`Snapshot` from its JSON (``Snapshot.as_dict()``, ``/stats``): None is NaN.
+
+    A field missing from ``data`` takes its default; ``pending`` (derived) is ignored.
+
+    Raises:
+        RemoteError: the JSON is not a snapshot (a field missing or of the wrong kind).
+    """
+    try:
+        values: dict[str, Any] = {}
+        for name, hint in _hints(Snapshot).items():
+            if name in data:
+                values[name] = _decode(hint, data[name])
+        return Snapshot(**values)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RemoteError("/stats", None, "InputError", f"not a snapshot: {exc!r}") from None
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    # The annotations are strings (postponed evaluation): resolve them once per class.
+    return typing.get_type_hints(cls)
+
+
+def _decode(hint: Any, value: Any) -> Any:
+    """``value`` (as ``as_dict`` wrote it) back as the type ``hint`` declares."""
+    if hint is float:
+        return math.nan if value is None else float(value)
+    if hint in (int, str):
+        return hint(value)
+    if hint is BatchingConfig:
+        return BatchingConfig(**value)
+    if isinstance(hint, type) and issubclass(hint, tuple):  # a NamedTuple record
+        return _decode_record(hint, value)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is dict:
+        return {_decode(args[0], k): _decode(args[1], v) for k, v in value.items()}
+    if origin is tuple and args[-1] is Ellipsis:
+        return tuple(_decode(args[0], v) for v in value)
+    if origin is tuple:
+        return tuple(_decode(a, v) for a, v in zip(args, value, strict=True))
+    raise TypeError(f"no JSON decoding for {hint!r}")
+
+
+def _decode_record(cls: Any, value: Mapping[str, Any]) -> Any:
+    """A NamedTuple from its dict; a missing field takes its default (KeyError if none)."""
+    fields = {
+        name: _decode(hint, value[name])
+        for name, hint in _hints(cls).items()
+        if name in value or name not in cls._field_defaults
+    }
+    return cls(**fields)

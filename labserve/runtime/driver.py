@@ -110,7 +110,7 @@ class MethodDriver:
         loop is closed, requests are refused here with RunnerStoppedError.
         """
         if self._closed:
-            self._refuse(request)
+            self._refuse([request])
             return
         self._inbox.append(request)
         if not self._inbox_scheduled:
@@ -119,11 +119,18 @@ class MethodDriver:
                 self._scheduler.call_soon_threadsafe(self._drain_inbox)
             except RuntimeError:  # the loop is closed: nobody will ever admit them
                 self._inbox_scheduled = False
+                taken = []
                 while self._inbox:
-                    self._refuse(self._inbox.popleft())
+                    taken.append(self._inbox.popleft())
+                self._refuse(taken)
 
-    def _refuse(self, request: Request) -> None:
-        settle(request.handle, None, RunnerStoppedError(self.queue.runner))
+    def _refuse(self, requests: list[Request]) -> None:
+        """Refuse (and count) requests that came after the close, from the calling thread."""
+        with self._lock:
+            self.queue.close()  # already, unless the loop closed under it
+            refused = self.queue.admit_all(requests, self._now())
+        for r, value, error in refused:
+            settle(r.handle, value, error)
 
     def cancel_threadsafe(self, request: Request) -> None:
         """Withdraw ``request`` from any thread."""
@@ -381,24 +388,32 @@ class MethodDriver:
             return None, exc, None
 
     def _isolate_sync(self, batch: Batch) -> list[Outcome]:
-        """Rerun each half of a failed batch, bisecting further, until only the poisoned fail."""
-        outcomes: list[Outcome] = []
-        for half in batch.halves():
-            self._attempt_sync(half, outcomes)
-        return outcomes
+        """Rerun each half of a failed batch, bisecting further, until only the poisoned fail.
 
-    def _attempt_sync(self, batch: Batch, outcomes: list[Outcome]) -> None:
+        Each half's callers are answered as soon as that half is known, not when the whole
+        bisection ends: a half that hangs must not hold up the answers of one already done
+        (nor keep them past request_timeout_ms, which no longer looks at them). Returns no
+        outcomes: none is left to deliver.
+        """
+        for half in batch.halves():
+            self._attempt_sync(half)
+        return []
+
+    def _attempt_sync(self, batch: Batch) -> None:
         try:
             parts = self._call(batch)
         except BaseException as exc:
             if self._should_isolate(batch, exc):
-                outcomes += self._isolate_sync(batch)
-            else:
-                with self._lock:
-                    outcomes += self.queue.fail(batch, exc, self._now())
+                self._isolate_sync(batch)
+                return
+            with self._lock:
+                outcomes = self.queue.fail(batch, exc, self._now())
         else:
             with self._lock:
-                outcomes += self._complete(batch, parts)
+                outcomes = self._complete(batch, parts)
+        mine = hand_out(outcomes, self._loop)
+        if mine:
+            self._call_loop(settle_all, mine)
 
     def _call(self, batch: Batch) -> list[Any]:
         """Stack, call the model, split. Touches no queue state (any thread)."""
@@ -435,7 +450,7 @@ class MethodDriver:
     # -- async models (on the loop) ------------------------------------------------------
 
     async def _run_async(self, batch: Batch) -> None:
-        outcomes: list[Outcome] = []  # filled as halves finish, so none is lost midway
+        outcomes: list[Outcome] = []  # a stop's, under the model; the rest are answered at once
         ok = False
         try:
             ok = await self._attempt_async(batch, outcomes)
@@ -460,12 +475,14 @@ class MethodDriver:
             if self._should_isolate(batch, exc):
                 for half in batch.halves():
                     await self._attempt_async(half, outcomes)
-            else:
-                with self._lock:
-                    outcomes += self.queue.fail(batch, exc, self._now())
+                return False
+            with self._lock:
+                done = self.queue.fail(batch, exc, self._now())
+            self._settle_here(done)  # now, not once every half ran (see _isolate_sync)
             return False
         with self._lock:
-            outcomes += self._complete(batch, parts)
+            done = self._complete(batch, parts)
+        self._settle_here(done)
         return True
 
     # -- closing ------------------------------------------------------------------------

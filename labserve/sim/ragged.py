@@ -73,7 +73,7 @@ class _RaggedRun:
         self.cost = cost
         self.config = config
         self.codec = Codec("sim", padding=padding)
-        self.queue = BatchQueue("sim", self.codec, config, runner="sim")
+        self.queue = BatchQueue("sim", self.codec, config, runner="sim", record=False)
         self.clock = SimClock()
         n = len(times)
         self.start = np.full(n, np.nan)

@@ -23,9 +23,7 @@ from labserve.batching.estimators import RateEstimator
 from labserve.batching.queue import BulkQueue
 from labserve.batching.requests import Batch, Outcome
 from labserve.config.batching import BatchingConfig
-from labserve.metrics.recorder import Recorder
 from labserve.metrics.results import RunResult
-from labserve.metrics.snapshot import BatchRecord
 
 __all__ = ["LinearCost", "simulate"]
 
@@ -132,41 +130,6 @@ def simulate(
     return run.go(label)
 
 
-class _Unrecorded(Recorder):
-    """A recorder that keeps nothing: a simulation's record is its RunResult.
-
-    The live recorder's ring buffers and histograms feed snapshots of a running server,
-    which nobody can take of a simulation; they would cost it a third of its time.
-    ``discards`` tells the queue not to gather what it would hand over.
-    """
-
-    discards = True
-
-    def arrived(self, now: float, n: int = 1) -> None:
-        """Not kept."""
-
-    def refused(self, now: float) -> None:
-        """Not kept."""
-
-    def rejected(self, now: float) -> None:
-        """Not kept."""
-
-    def cancelled(self, now: float) -> None:
-        """Not kept."""
-
-    def failed(self, now: float, n: int = 1) -> None:
-        """Not kept."""
-
-    def timed_out(self, now: float) -> None:
-        """Not kept."""
-
-    def served(self, now: float, arrivals: Sequence[float], starts: Sequence[float]) -> None:
-        """Not kept."""
-
-    def batch(self, record: BatchRecord) -> None:
-        """Not kept."""
-
-
 class _Run:
     """One simulation's state: the queue, the event heap and the per-request records."""
 
@@ -189,12 +152,15 @@ class _Run:
         # Only a latency target reads the arrival rate, and a simulation's config never
         # changes: otherwise its arrivals need not be folded into an estimate nobody reads.
         unread = config.effective_strategy != "adaptive" or not config.latency_slo_ms
+        # A simulation's record is its RunResult: the queue keeps none (the live recorder's
+        # ring buffers and histograms feed snapshots nobody can take of a simulation, and
+        # would cost it a third of its time).
         self.queue = BulkQueue(
             "sim",
             Codec("sim"),
             config,
             runner="sim",
-            recorder=_Unrecorded(),
+            record=False,
             rate=RateEstimator(fold_every=None) if unread else None,
         )
         self.clock = SimClock()
@@ -212,7 +178,7 @@ class _Run:
         self.runs: list[tuple[int, int, float, float]] = []
         self.quiet: int | None = 0  # items the queue may take before it must decide again
         # Set while every slot is busy and nothing queued waits for a deadline: the first
-        # arrival only sets the queue's wake to its time plus this (Step.arrival_wake_s).
+        # arrival only sets the queue's wake to its time plus this (its arrival_wake_s).
         self.arrival_wake: float | None = None
         # A request larger than the cap is split across batches; otherwise every request
         # of a batch started with it, and its results need no rejoining.
@@ -306,8 +272,8 @@ class _Run:
     def _carry_out(self, now: float) -> None:
         self.clock.advance_to(now)  # virtual time: never backwards, or the run is wrong
         step = self.queue.poll(now)
-        self.quiet = step.quiet_items
-        self.arrival_wake = step.arrival_wake_s
+        self.quiet = self.queue.quiet_items
+        self.arrival_wake = self.queue.arrival_wake_s
         if step.rejected:
             self._record(step.rejected, REJECTED, now)
         if step.timed_out:

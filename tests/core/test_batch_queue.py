@@ -858,37 +858,42 @@ def test_fixed_hold_says_how_many_items_may_join_before_it_fires_full():
     proto = q.new_request((rows(3),))
     q.admit_many(proto, [0.0], [0])
     step = q.poll(0.0)
-    assert step.fire == [] and step.quiet_items == 4  # 3 queued: up to 7 still holds
+    assert step.fire == [] and q.quiet_items == 4  # 3 queued: up to 7 still holds
     q.admit_many(q.new_request((rows(4),)), [0.001], [1])
     step = q.poll(0.001)
-    assert step.fire == [] and step.quiet_items == 0
+    assert step.fire == [] and q.quiet_items == 0
     q.admit((rows(1),), now=0.002)
     assert [b.reason for b in q.poll(0.002).fire] == ["full"]
 
 
 def test_quiet_items_when_every_slot_is_busy_or_a_slot_is_free():
-    q = make_queue(strategy="greedy", max_batch_size=4, max_latency_ms=10, on_overload="reject")
+    q = make_bulk_queue(
+        strategy="greedy", max_batch_size=4, max_latency_ms=10, on_overload="reject"
+    )
     q.admit((rows(1),), now=0.0)
     step = q.poll(0.0)
     # Busy and empty: arrivals only queue, and the first one's deadline becomes the wake.
-    assert len(step.fire) == 1 and step.quiet_items is None
-    assert step.arrival_wake_s == 0.01 and step.wake_s is None
+    assert len(step.fire) == 1 and q.quiet_items is None
+    assert q.arrival_wake_s == 0.01 and step.wake_s is None
     running = step.fire[0]
     q.admit((rows(1),), now=0.001)
     step = q.poll(0.001)
-    assert step.quiet_items is None and step.wake_s == 0.001 + 0.01
-    assert step.arrival_wake_s is None  # the head waits for its deadline: already the wake
+    assert q.quiet_items is None and step.wake_s == 0.001 + 0.01
+    assert q.arrival_wake_s is None  # the head waits for its deadline: already the wake
     run(q, running, 0.002)
     step = q.poll(0.002)
-    assert len(step.fire) == 1 and (step.quiet_items, step.arrival_wake_s) == (None, 0.01)
-    two = make_queue(strategy="greedy", max_concurrent_batches=2)
+    assert len(step.fire) == 1 and (q.quiet_items, q.arrival_wake_s) == (None, 0.01)
+    two = make_bulk_queue(strategy="greedy", max_concurrent_batches=2)
     two.admit((rows(1),), now=0.0)
     step = two.poll(0.0)  # a slot is still free: the next arrival fires at once
-    assert len(step.fire) == 1 and (step.quiet_items, step.arrival_wake_s) == (0, None)
-    assert make_queue(strategy="adaptive").poll(0.0).quiet_items == 0
-    waiting = make_queue(strategy="greedy", on_overload="wait")
+    assert len(step.fire) == 1 and (two.quiet_items, two.arrival_wake_s) == (0, None)
+    adaptive = make_bulk_queue(strategy="adaptive")
+    adaptive.poll(0.0)
+    assert adaptive.quiet_items == 0
+    waiting = make_bulk_queue(strategy="greedy", on_overload="wait")
     waiting.admit((rows(1),), now=0.0)
-    assert waiting.poll(0.0).quiet_items is None  # no slot, no expiry: arrivals only queue
+    waiting.poll(0.0)
+    assert waiting.quiet_items is None  # no slot, no expiry: arrivals only queue
 
 
 # -- the latency target's margin, and overload predicted at admission ----------------------

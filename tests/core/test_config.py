@@ -128,11 +128,18 @@ def test_from_layers_validates_the_merged_result():
         BatchingConfig.from_layers({"max_batch_size": 4}, {"max_batch_size": -1})
 
 
-def test_a_layer_has_every_setting_of_the_config_and_nothing_else():
-    from labserve.config.batching import _RULES, SETTINGS, BatchingLayer
+def test_a_layer_takes_every_setting_of_the_config_and_checks_it_by_the_same_rule():
+    from labserve.config.batching import SETTINGS, BatchingLayer
 
-    layer_settings = [f.name for f in dataclasses.fields(BatchingLayer) if f.repr]
-    assert layer_settings == list(SETTINGS) == list(_RULES)
+    defaults = BatchingConfig()
+    assert list(SETTINGS) == [f.name for f in dataclasses.fields(BatchingConfig)]
+    for name in SETTINGS:
+        value = getattr(defaults, name)
+        assert BatchingLayer.from_mapping({name: value}).settings() == {name: value}
+        with pytest.raises(ConfigError, match=f"layer {name} must be"):
+            BatchingLayer.from_mapping({name: object()}, path="layer ")
+        with pytest.raises(ConfigError, match=f"^{name} must be"):
+            BatchingConfig(**{name: object()})
 
 
 def test_a_layer_checks_each_value_once_where_it_enters():
