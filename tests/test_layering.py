@@ -106,7 +106,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("labserve._version", "labserve.base"),  # words, errors, clocks
     ("labserve.config", "labserve.wire"),  # settings; what travels on the wire
     ("labserve.metrics",),  # recorder, snapshots, RunResult
-    ("labserve.batching",),  # the sans-IO queue and strategies
+    ("labserve.batching", "labserve.generation"),  # the sans-IO queue and schedulers
     ("labserve.runtime", "labserve.sim"),  # the two drivers: asyncio, virtual time
     ("labserve.load", "labserve.server"),  # what drives a runner, what serves one
     ("labserve.lab",),  # the lab's tools: demo models, profile, sweep, export, sources

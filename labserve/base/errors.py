@@ -16,6 +16,7 @@ __all__ = [
     "HostError",
     "InputError",
     "LabServeError",
+    "LengthLimitError",
     "LoadInterrupted",
     "LoadTargetError",
     "LoadWarning",
@@ -521,3 +522,26 @@ class LoadInterrupted(KeyboardInterrupt):
         )
         self.result = result
         self.sent = sent
+
+
+# Errors of generative methods (continuous batching), raised at admission.
+
+
+class LengthLimitError(InputError):
+    """Raised when a sequence cannot fit a limit of its generative method, at admission.
+
+    The limits: the model's context (prompt plus ``max_tokens``), the token budget of one
+    step when chunked prefill is off (the prompt), and the whole KV budget in blocks. The
+    message names the value and the limit; nothing else running is touched.
+    """
+
+    status = 400
+
+    def __init__(self, what: str, value: int, limit_name: str, limit: int) -> None:
+        super().__init__(
+            f"{what} is {value}, over {limit_name} of {limit}", sent=value, expected=f"<= {limit}"
+        )
+        self.what = what
+        self.value = value
+        self.limit_name = limit_name
+        self.limit = limit

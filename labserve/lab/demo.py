@@ -7,9 +7,10 @@ import time
 import numpy as np
 
 from labserve.batching.containers import TensorSpec
+from labserve.lab.tinylm import TinyLM
 from labserve.runtime.runnable import Runnable, method
 
-__all__ = ["MemoryBoundModel", "SleepModel"]
+__all__ = ["MemoryBoundModel", "SleepModel", "TinyLM"]
 
 
 class SleepModel(Runnable):

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, TypeVar, overload
 from labserve.batching.containers import TensorSpec
 from labserve.batching.padding import Padding
 from labserve.config.batching import BatchingLayer
+from labserve.generation.config import GenerationConfig
 
 __all__ = ["MethodSpec", "Runnable", "method"]
 
@@ -32,6 +33,13 @@ class MethodSpec:
     output_spec: tuple[TensorSpec, ...] | None = None
     padding: Padding | None = None
     """The ragged axis and how it is padded (``pad=`` on the decorator), or None."""
+    generation: GenerationConfig | None = None
+    """A generative method's scheduling settings as declared (None: not generative)."""
+
+    @property
+    def generative(self) -> bool:
+        """Whether the method advances sequences one step per call (continuous batching)."""
+        return self.generation is not None
 
 
 @overload
@@ -46,6 +54,7 @@ def method(
     input_spec: TensorSpec | Sequence[TensorSpec] | None = None,
     output_spec: TensorSpec | Sequence[TensorSpec] | None = None,
     pad: Padding | int | None = None,
+    generative: bool = False,
     **batching: Any,
 ) -> Callable[[F], F]: ...
 def method(
@@ -57,6 +66,7 @@ def method(
     input_spec: TensorSpec | Sequence[TensorSpec] | None = None,
     output_spec: TensorSpec | Sequence[TensorSpec] | None = None,
     pad: Padding | int | None = None,
+    generative: bool = False,
     **batching: Any,
 ) -> F | Callable[[F], F]:
     """Mark a Runnable method to be served, batchable or not.
@@ -70,13 +80,23 @@ def method(
     (a :class:`~labserve.Padding`, or just its axis): requests of different lengths on it
     share a batch, padded, and the model gets each row's true length (see Padding).
 
+    ``generative=True`` marks a method that advances a batch of sequences by one step
+    (continuous batching; see :mod:`labserve.runtime.generative`): it takes a
+    :class:`~labserve.generation.batch.SeqBatch` and returns next-token logits; ``batching``
+    then takes GenerationConfig settings (``max_num_seqs``, ``max_num_batched_tokens``, ...).
+
     >>> import labserve, numpy as np
     >>> class Doubler(labserve.Runnable):
     ...     @labserve.method(batchable=True, batch_dim=0, max_batch_size=32, max_latency_ms=10)
     ...     def predict(self, x: np.ndarray) -> np.ndarray:
     ...         return x * 2
     """
-    layer = BatchingLayer.from_mapping(batching, path="@labserve.method ")
+    generation = GenerationConfig().replace(**batching) if generative else None
+    layer = (
+        BatchingLayer()
+        if generative
+        else BatchingLayer.from_mapping(batching, path="@labserve.method ")
+    )
 
     def mark(f: F) -> F:
         spec = MethodSpec(
@@ -88,6 +108,7 @@ def method(
             input_spec=_specs(input_spec),
             output_spec=_specs(output_spec),
             padding=_padding(pad),
+            generation=generation,
         )
         setattr(f, _ATTR, spec)
         return f

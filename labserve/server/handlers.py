@@ -219,7 +219,12 @@ class BaseHandler(tornado.web.RequestHandler):
         return self.state.runners
 
     def on_connection_close(self) -> None:
-        """The client went away: withdraw its call (the runner counts it ``cancelled``)."""
+        """The client went away: withdraw its call (the runner counts it ``cancelled``).
+
+        tornado's own hook ends a body still arriving (its handler task waits on it): without
+        it, a client that vanished mid-body kept its task until ``body_timeout_s``.
+        """
+        super().on_connection_close()
         self._gone = True
         self._give_up()
 

@@ -16,7 +16,7 @@ from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runner import Runner
 from labserve.server.app import make_app
 from labserve.server.handlers import ServerState
-from labserve.server.listener import BoundedHTTPServer, Listener
+from labserve.server.listener import BoundedHTTPServer, Listener, default_max_connections
 
 __all__ = ["Server", "serve"]
 
@@ -71,7 +71,10 @@ class Server:
             server, besides its own; ``"*"`` allows any. None by default, as Jupyter Server.
         allow_hosts: Host names served besides loopback names and the bound address;
             ``"*"`` turns the check off (behind a proxy that sets its own Host).
-        max_connections: connections open at once; more wait in the listen backlog.
+        max_connections: connections open at once (None: from the file-descriptor limit,
+            ``min(512, (ulimit -n - 64) // 2)``). At the limit the connection idle longest
+            (waiting for a request) is closed to make room; with none idle, more wait in the
+            listen backlog.
         idle_timeout_s: how long a connection may sit without sending a request, or take to
             send its headers, before it is closed.
         body_timeout_s: how long a request may take to send its body.
@@ -88,7 +91,7 @@ class Server:
         max_body_bytes: int = 16 * 1024 * 1024,
         allow_origin: str | Iterable[str] = (),
         allow_hosts: str | Iterable[str] = (),
-        max_connections: int = 512,
+        max_connections: int | None = None,
         idle_timeout_s: float = 60.0,
         body_timeout_s: float = 60.0,
         loop: BackgroundLoop | None = None,
@@ -102,6 +105,8 @@ class Server:
                 f"binding {host!r} (not loopback) needs token=...: every route will require it"
             )
         _check_count("max_body_bytes", max_body_bytes)
+        if max_connections is None:
+            max_connections = default_max_connections()
         _check_count("max_connections", max_connections)
         _check_seconds("idle_timeout_s", idle_timeout_s)
         _check_seconds("body_timeout_s", body_timeout_s)
@@ -217,7 +222,7 @@ def serve(
     max_body_bytes: int = 16 * 1024 * 1024,
     allow_origin: str | Iterable[str] = (),
     allow_hosts: str | Iterable[str] = (),
-    max_connections: int = 512,
+    max_connections: int | None = None,
     idle_timeout_s: float = 60.0,
     body_timeout_s: float = 60.0,
 ) -> Server:

@@ -5,6 +5,7 @@ Waits are bounded with generous margins; nothing asserts how fast the server is.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import os
@@ -45,6 +46,17 @@ def good_request(port, timeout_s=30.0):
     with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
         sock.sendall(GOOD)
         return int(sock.makefile("rb").readline().split()[1])
+
+
+def hog_is_busy(sock):
+    """Send a request's headers and part of its body, once the server read the headers."""
+    head = GOOD[: GOOD.index(b"\r\n\r\n")] + b"\r\nExpect: 100-continue\r\n\r\n"
+    sock.sendall(head)
+    reply = sock.makefile("rb")
+    assert reply.readline().split()[1] == b"100"  # the server has the headers
+    assert reply.readline() == b"\r\n"
+    sock.sendall(b"[[")  # 2 of 5 body bytes
+    return reply
 
 
 def closed_by_server(sock, timeout_s=20.0):
@@ -92,10 +104,16 @@ def test_idle_slow_header_and_slow_body_connections_are_closed(runner):
         server.stop()
 
 
-def test_over_the_connection_limit_the_rest_wait_and_are_served_once_it_frees(runner, caplog):
+def test_over_the_connection_limit_of_busy_connections_the_rest_wait_until_one_frees(
+    runner, caplog
+):
+    # Each hog sent its headers (the server's "100 Continue" says it read them) and part of
+    # its body: busy, not idle, so none is closed to make room.
     server = labserve.serve(runner, max_connections=8)
     hogs = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(8)]
     try:
+        for hog in hogs:
+            hog_is_busy(hog)
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             waiting = [pool.submit(good_request, server.port) for _ in range(4)]
             time.sleep(0.3)  # not a timing claim: gives a wrong server the chance to answer
@@ -109,6 +127,22 @@ def test_over_the_connection_limit_the_rest_wait_and_are_served_once_it_frees(ru
             hog.close()
         server.stop()
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 0
+
+
+def test_at_the_connection_limit_the_longest_idle_connection_makes_room(runner):
+    server = labserve.serve(runner, max_connections=8, idle_timeout_s=60)
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(8)]
+    try:
+        busy = idle.pop()  # the newest: it sends a request's headers and half its body
+        reply = hog_is_busy(busy)
+        assert good_request(server.port, timeout_s=10) == 200
+        assert closed_by_server(idle[0], timeout_s=10)  # idle longest: closed for it
+        busy.sendall(b"1]]")  # the busy one was left alone
+        assert int(reply.readline().split()[1]) == 200
+    finally:
+        for sock in (*idle, busy):
+            sock.close()
+        server.stop()
 
 
 def test_a_disconnect_storm_leaves_every_request_with_one_outcome(runner, caplog):
@@ -147,7 +181,7 @@ SERVER_SCRIPT = textwrap.dedent(
             return x * 2
 
     runner = labserve.Runner(Model, name="m")
-    server = labserve.serve(runner)
+    server = labserve.serve(runner, max_connections=512)  # above the fd limit, on purpose
     print(server.port, flush=True)
     sys.stdin.read()  # until the test closes it
     server.stop()
@@ -165,8 +199,8 @@ def cpu_s(pid):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_running_out_of_file_descriptors_neither_spins_nor_floods_the_log(tmp_path):
-    # The default max_connections (512) is above this process's fd limit (128): accept()
-    # fails with "Too many open files" while the idle connections hold every fd.
+    # max_connections=512 is above this process's fd limit (128): accept() fails with "Too
+    # many open files" while the idle connections hold every fd.
     err_path = tmp_path / "stderr"
     with err_path.open("wb") as err:
         _flood_a_server_with_few_fds(err)
@@ -218,3 +252,80 @@ def _flood_a_server_with_few_fds(err):
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         proc.stdout.close()
+
+
+IDLE_SERVER_SCRIPT = textwrap.dedent(
+    """
+    import resource, sys
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))  # as `ulimit -n 256`
+    import labserve
+
+    class Model(labserve.Runnable):
+        @labserve.method(batchable=True, max_latency_ms=1)
+        def predict(self, x):
+            return x * 2
+
+    runner = labserve.Runner(Model, name="m")
+    server = labserve.serve(runner, idle_timeout_s=60)  # max_connections from the fd limit
+    print(server.port, server.max_connections, flush=True)
+    sys.stdin.read()  # until the test closes it
+    server.stop()
+    runner.stop()
+    """
+)
+
+
+def test_idle_connections_past_the_fd_limit_do_not_keep_a_good_request_waiting():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", IDLE_SERVER_SCRIPT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    hogs = []
+    try:
+        port, limit = map(int, proc.stdout.readline().split())
+        assert limit == (256 - 64) // 2  # derived from RLIMIT_NOFILE, room left for the rest
+        for _ in range(300):  # more idle connections than the process has descriptors
+            hogs.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+        started = time.monotonic()
+        assert good_request(port, timeout_s=30) == 200
+        # Not a speed claim: with idle_timeout_s=60 it would wait ~60 s for idle ones to go.
+        assert time.monotonic() - started < 5.0
+    finally:
+        for hog in hogs:
+            hog.close()
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_clients_that_vanish_mid_body_leave_no_task_behind(runner):
+    server = labserve.serve(runner, body_timeout_s=60)
+    bg = labserve.background_loop()
+
+    def tasks():
+        return bg.call(lambda: len(asyncio.all_tasks()))
+
+    before = tasks()
+    socks = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(150)]
+    try:
+        for sock in socks:
+            hog_is_busy(sock)  # headers read, 2 of 5 body bytes sent: its handler waits
+        assert tasks() >= before + 150
+        for sock in socks:
+            sock.close()
+        deadline = time.monotonic() + 20  # a bound far below body_timeout_s
+        while tasks() > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tasks() == before
+        assert good_request(server.port) == 200
+    finally:
+        for sock in socks:
+            sock.close()
+        server.stop()

@@ -1,0 +1,455 @@
+"""The continuous-batching scheduler, sans-IO: which sequences compute how many tokens, each step.
+
+vLLM V1's rules, step by step (``strategy="continuous"``):
+
+1. Running sequences first, in the order they started: each computes what it has left
+   (one token for a decode; the next chunk of a prefill, at most
+   ``long_prefill_token_threshold``), while the step's ``max_num_batched_tokens`` last.
+   A sequence that needs a KV block when none is free preempts the newest running
+   sequence (by priority: the lowest-priority, newest one), which frees its blocks and
+   goes back to the front of the waiting queue, to be recomputed when it runs again;
+   if it is itself the newest, it waits.
+2. Then, unless the step preempted, waiting sequences in FCFS or priority order while
+   fewer than ``max_num_seqs`` run, tokens are left, and KV blocks hold their prompt chunk.
+   A prompt that does not fit what is left is chunked (``enable_chunked_prefill``); with
+   chunking off it waits at the head for a step with room. (vLLM V1 lets later, shorter
+   prompts pass it instead; under steady load a long prompt then never finds a step with
+   its whole length free, because the running decodes take their share first. labserve
+   keeps the order, so nothing starves: the running sequences drain and it runs.)
+
+``strategy="static"`` takes waiting sequences only when none runs: a batch of up to
+``max_num_seqs`` runs until its longest sequence ends (the baseline).
+
+Time is passed in (``now``, seconds), never read. Every admitted sequence ends in exactly
+one :class:`~labserve.generation.sequence.Finished`. One step is planned at a time: the
+owner calls :meth:`Scheduler.schedule`, runs the model, then :meth:`Scheduler.complete`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Collection
+
+from labserve.base.errors import QueueFullError
+from labserve.generation.admission import check_admission
+from labserve.generation.config import GenerationConfig
+from labserve.generation.sequence import (
+    Finished,
+    FinishReason,
+    Kind,
+    Scheduled,
+    SeqOutcome,
+    SeqState,
+    StepPlan,
+    StepRecord,
+    StopReason,
+)
+from labserve.generation.waiting import WaitingQueue
+
+__all__ = ["Scheduler"]
+
+_OUTCOME: dict[FinishReason, SeqOutcome] = {
+    "length": "served",
+    "stop": "served",
+    "cancelled": "cancelled",
+    "timeout": "timeout",
+    "failed": "failed",
+}
+
+
+class Scheduler:
+    """Plans each step of a generative method under a :class:`GenerationConfig`.
+
+    Not thread-safe: its owner (one driver) calls it from one thread.
+
+    Args:
+        config: the knobs in force; :meth:`configure` replaces them at the next step.
+        max_model_len: the model's context in tokens (prompt plus outputs); 0: no limit.
+        name: the method's name, for errors.
+
+    >>> s = Scheduler(GenerationConfig(max_num_seqs=2))
+    >>> s.add(1, prompt_len=3, max_tokens=2, now=0.0)
+    >>> plan = s.schedule(0.0)
+    >>> [(x.seq_id, x.num_new_tokens, x.kind) for x in plan.scheduled]
+    [(1, 3, 'prefill')]
+    >>> s.complete(plan, 0.01)
+    []
+    >>> [f.reason for f in s.complete(s.schedule(0.01), 0.02)]
+    ['length']
+    """
+
+    def __init__(
+        self, config: GenerationConfig, *, max_model_len: int = 0, name: str = "generate"
+    ) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.name = name
+        self._pending_config: GenerationConfig | None = None
+        self._seqs: dict[int, SeqState] = {}
+        self._running: list[SeqState] = []  # in the order they started running
+        self._waiting = WaitingQueue(config.scheduling_policy)
+        self._deadlines: list[tuple[float, int, SeqState]] = []
+        self._aborts: list[SeqState] = []
+        self._order = 0
+        self._steps = 0
+        self._kv_used = 0
+        self._inflight: StepPlan | None = None
+        self.num_preemptions = 0
+        """Preemptions since the scheduler was made."""
+        self.last_step: StepRecord | None = None
+        """The record of the last completed step."""
+
+    # -- what the owner reads -----------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        """Sequences running (holding a place in the batch, and their KV blocks)."""
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences admitted and waiting to run (new, or preempted)."""
+        return len(self._waiting)
+
+    @property
+    def kv_blocks_used(self) -> int:
+        """KV blocks held by running sequences."""
+        return self._kv_used
+
+    @property
+    def has_work(self) -> bool:
+        """Whether a step would compute anything, or an abort awaits its outcome."""
+        return bool(self._running or self._waiting or self._aborts)
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._seqs
+
+    def sequence(self, seq_id: int) -> SeqState:
+        """A live sequence's state (read only, for the owner's bookkeeping)."""
+        return self._seqs[seq_id]
+
+    # -- events -----------------------------------------------------------------------
+
+    def configure(self, config: GenerationConfig) -> None:
+        """Replace the config at the next step (atomic: a step sees one config)."""
+        self._pending_config = config
+
+    def add(
+        self, seq_id: int, prompt_len: int, max_tokens: int, now: float, *, priority: int = 0
+    ) -> None:
+        """Admit a sequence at ``now`` (its arrival time).
+
+        Raises:
+            LengthLimitError: it cannot fit the model's context, the step's token budget
+                (chunked prefill off) or the whole KV budget; nothing changes.
+            InputError: ``max_tokens`` below 1 or a prompt of no tokens.
+            QueueFullError: ``max_queue_size`` sequences wait already.
+            ValueError: ``seq_id`` is live already.
+        """
+        config = self._pending_config or self.config
+        check_admission(prompt_len, max_tokens, config, self.max_model_len)
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence id {seq_id!r} is live already")
+        if len(self._waiting) >= config.max_queue_size:
+            raise QueueFullError(self.name, config.max_queue_size, retry_after_s=0.1)
+        timeout_s = config.request_timeout_s
+        deadline = now + timeout_s if timeout_s > 0 else math.inf
+        self._order += 1
+        seq = SeqState(seq_id, prompt_len, max_tokens, now, deadline, priority, self._order)
+        self._seqs[seq_id] = seq
+        self._waiting.push(seq)
+        if deadline < math.inf:
+            heapq.heappush(self._deadlines, (deadline, seq.order, seq))
+
+    def abort(self, seq_id: int, reason: FinishReason = "cancelled") -> bool:
+        """End a sequence (cancelled, or timed out) at the next step boundary.
+
+        Its outcome comes from the next :meth:`schedule` or :meth:`complete`, once, and a
+        token its in-flight step computes is dropped. Returns False when the sequence has
+        ended already (nothing to do).
+        """
+        seq = self._seqs.get(seq_id)
+        if seq is None or seq.done or seq.pending_abort is not None:
+            return False
+        seq.pending_abort = reason
+        self._aborts.append(seq)
+        return True
+
+    # -- the step -----------------------------------------------------------------------
+
+    def schedule(self, now: float) -> StepPlan:
+        """Plan the next step at ``now``.
+
+        Applies a pending config, ends cancelled and timed-out sequences, then plans by
+        the rules above. The plan may be empty (nothing runs or waits).
+        """
+        if self._inflight is not None:
+            raise RuntimeError("schedule() called while a step is in flight: complete() it first")
+        if self._pending_config is not None:
+            self._apply_config(self._pending_config)
+        finished = self._expire(now) + self._apply_aborts(now)
+        config = self.config
+        budget = config.max_num_batched_tokens
+        was_running = bool(self._running)
+        scheduled: dict[int, Scheduled] = {}
+        preempted: list[int] = []
+        budget = self._schedule_running(scheduled, preempted, budget)
+        stop: StopReason
+        if preempted:
+            stop = "preempted"
+        elif config.strategy == "static" and was_running:
+            stop = "batch" if self._waiting else "empty"
+        else:
+            stop, budget = self._schedule_waiting(scheduled, budget, now)
+        entries = tuple(scheduled.values())
+        prefill = sum(e.num_new_tokens for e in entries if e.kind != "decode")
+        plan = StepPlan(
+            index=self._steps,
+            start_s=now,
+            scheduled=entries,
+            preempted=tuple(preempted),
+            finished=tuple(finished),
+            stop_reason=stop,
+            num_batched_tokens=config.max_num_batched_tokens - budget,
+            num_prefill_tokens=prefill,
+        )
+        if entries:
+            self._steps += 1
+            self._inflight = plan
+        return plan
+
+    def complete(
+        self,
+        plan: StepPlan,
+        now: float,
+        *,
+        stopped: Collection[int] = (),
+        failed: Collection[int] = (),
+    ) -> list[Finished]:
+        """Record that ``plan``'s step ended at ``now``; return the sequences that ended.
+
+        ``stopped``: sequences whose new token ended them (a stop token or string; that
+        token counts as produced). ``failed``: sequences the step failed for (their
+        outcome is ``failed``; the owner holds the error). A sequence reaching
+        ``max_tokens`` ends with reason ``length``. Aborted sequences end here too.
+        """
+        if plan is not self._inflight:
+            raise RuntimeError("complete() got a plan that is not the step in flight")
+        self._inflight = None
+        finished: list[Finished] = []
+        for entry in plan.scheduled:
+            seq = self._seqs.get(entry.seq_id)
+            if seq is None or seq.done or seq.pending_abort is not None:
+                continue  # ended before this step (cannot happen) or aborted in flight
+            if entry.seq_id in failed:
+                finished.append(self._finish(seq, "failed", now))
+                continue
+            seq.num_computed += entry.num_new_tokens
+            if not entry.samples:
+                continue
+            seq.num_output += 1
+            seq.num_tokens += 1
+            seq.token_times_s.append(now)
+            if seq.num_output >= seq.max_tokens:
+                finished.append(self._finish(seq, "length", now))
+            elif entry.seq_id in stopped:
+                finished.append(self._finish(seq, "stop", now))
+        finished += self._apply_aborts(now)
+        self.last_step = StepRecord(
+            index=plan.index,
+            start_s=plan.start_s,
+            end_s=now,
+            num_seqs=len(plan.scheduled),
+            num_prefill_tokens=plan.num_prefill_tokens,
+            num_decode_tokens=plan.num_batched_tokens - plan.num_prefill_tokens,
+            num_running=len(self._running),
+            num_waiting=len(self._waiting),
+            kv_blocks_used=self._kv_used,
+            num_preempted=len(plan.preempted),
+            stop_reason=plan.stop_reason,
+        )
+        return finished
+
+    # -- the rules ----------------------------------------------------------------------
+
+    def _schedule_running(
+        self, scheduled: dict[int, Scheduled], preempted: list[int], budget: int
+    ) -> int:
+        """Rule 1: the running sequences, oldest first, preempting for KV room.
+
+        The hot loop of a step (one pass per running sequence): KV bookkeeping is inlined,
+        and :meth:`_make_room` is called only when a block is needed and none is free.
+        """
+        config = self.config
+        threshold = config.long_prefill_token_threshold
+        limit = config.num_kv_blocks
+        block_size = config.block_size
+        running = self._running
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            computed = seq.num_computed
+            want = seq.num_tokens - computed
+            if 0 < threshold < want:
+                want = threshold
+            count = want if want < budget else budget
+            need = -(-(computed + count) // block_size)
+            if need > seq.blocks:
+                if limit and self._kv_used + need - seq.blocks > limit:
+                    before = len(preempted)
+                    fits = self._make_room(seq, computed + count, preempted)
+                    budget += self._unschedule(scheduled, preempted[before:])
+                    if not fits:
+                        break  # it was the newest: it preempted itself
+                    i = running.index(seq)  # victims planned already may sit before it
+                else:
+                    self._kv_used += need - seq.blocks
+                    seq.blocks = need
+            scheduled[seq.id] = self._entry(seq, count)
+            budget -= count
+            i += 1
+        return budget
+
+    def _schedule_waiting(
+        self, scheduled: dict[int, Scheduled], budget: int, now: float
+    ) -> tuple[StopReason, int]:
+        """Rule 2: waiting sequences in order while seats, tokens and KV blocks last."""
+        config = self.config
+        threshold = config.long_prefill_token_threshold
+        while True:
+            seq = self._waiting.peek()
+            if seq is None:
+                return "empty", budget
+            if budget <= 0:
+                return "token_budget", budget
+            if len(self._running) >= config.max_num_seqs:
+                return "max_num_seqs", budget
+            want = seq.num_tokens - seq.num_computed
+            if 0 < threshold < want:
+                want = threshold
+            resumed = seq.num_preemptions > 0
+            if want > budget and not config.enable_chunked_prefill and not resumed:
+                return "token_budget", budget  # keeps FCFS order: see the module docstring
+            count = min(want, budget)
+            if not self._fits(seq, seq.num_computed + count):
+                return "kv_blocks", budget
+            self._waiting.pop()
+            self._grow(seq, seq.num_computed + count)
+            self._running.append(seq)
+            if seq.first_scheduled_s is None:
+                seq.first_scheduled_s = now
+            scheduled[seq.id] = self._entry(seq, count)
+            budget -= count
+
+    @staticmethod
+    def _entry(seq: SeqState, count: int) -> Scheduled:
+        computed, total = seq.num_computed, seq.num_tokens
+        kind: Kind
+        if computed and total - computed == 1:
+            kind = "decode"
+        elif seq.num_output:
+            kind = "resume"
+        else:
+            kind = "prefill"
+        return Scheduled(seq.id, computed, count, computed + count == total, kind)
+
+    # -- KV blocks ------------------------------------------------------------------------
+
+    def _fits(self, seq: SeqState, tokens: int) -> bool:
+        if not self.config.kv_limited:
+            return True
+        more = self.config.blocks_for(tokens) - seq.blocks
+        return self._kv_used + more <= self.config.num_kv_blocks
+
+    def _grow(self, seq: SeqState, tokens: int) -> None:
+        blocks = self.config.blocks_for(tokens)
+        if blocks > seq.blocks:
+            self._kv_used += blocks - seq.blocks
+            seq.blocks = blocks
+
+    def _make_room(self, seq: SeqState, tokens: int, preempted: list[int]) -> bool:
+        """Preempt until ``seq`` can hold ``tokens``; False if ``seq`` itself was preempted."""
+        while not self._fits(seq, tokens):
+            victim = self._victim()
+            self._preempt(victim)
+            preempted.append(victim.id)
+            if victim is seq:
+                return False
+        self._grow(seq, tokens)
+        return True
+
+    def _victim(self) -> SeqState:
+        """The newest running sequence (by priority: the lowest-priority, newest one)."""
+        if self.config.scheduling_policy == "priority":
+            return max(self._running, key=lambda s: (s.priority, s.arrival_s, s.order))
+        return self._running[-1]
+
+    def _preempt(self, seq: SeqState) -> None:
+        self._running.remove(seq)
+        self._kv_used -= seq.blocks
+        seq.blocks = 0
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self._waiting.push_front(seq)
+
+    @staticmethod
+    def _unschedule(scheduled: dict[int, Scheduled], preempted: list[int]) -> int:
+        """Drop the entries of sequences preempted after they were planned; return their tokens.
+
+        By priority, a victim may have been planned earlier in the same step.
+        """
+        returned = 0
+        for seq_id in preempted:
+            entry = scheduled.pop(seq_id, None)
+            if entry is not None:
+                returned += entry.num_new_tokens
+        return returned
+
+    # -- ends -------------------------------------------------------------------------------
+
+    def _finish(self, seq: SeqState, reason: FinishReason, now: float) -> Finished:
+        """Give ``seq`` its one outcome and free what it holds."""
+        seq.done = True
+        del self._seqs[seq.id]
+        if seq.blocks:
+            self._kv_used -= seq.blocks
+            seq.blocks = 0
+        if seq in self._running:
+            self._running.remove(seq)
+        else:
+            self._waiting.forget()  # it was waiting: skipped when it reaches the head
+        return Finished(
+            seq_id=seq.id,
+            outcome=_OUTCOME[reason],
+            reason=reason,
+            arrival_s=seq.arrival_s,
+            end_s=now,
+            prompt_len=seq.prompt_len,
+            token_times_s=tuple(seq.token_times_s),
+            num_preemptions=seq.num_preemptions,
+        )
+
+    def _apply_aborts(self, now: float) -> list[Finished]:
+        aborts, self._aborts = self._aborts, []
+        return [self._finish(s, s.pending_abort or "cancelled", now) for s in aborts if not s.done]
+
+    def _expire(self, now: float) -> list[Finished]:
+        """End the sequences whose ``request_timeout_ms`` has passed."""
+        out = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, seq = heapq.heappop(self._deadlines)
+            if not seq.done and seq.pending_abort is None:
+                out.append(self._finish(seq, "timeout", now))
+        return out
+
+    def _apply_config(self, config: GenerationConfig) -> None:
+        self._pending_config = None
+        if config.block_size != self.config.block_size:
+            self._kv_used = 0
+            for seq in self._running:
+                seq.blocks = config.blocks_for(seq.num_computed)
+                self._kv_used += seq.blocks
+        self._waiting.reorder(config.scheduling_policy)
+        self.config = config

@@ -1,0 +1,135 @@
+"""The generation simulator: the real scheduler on virtual time, with named step costs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from labserve.base.lengths import EmpiricalLengths
+from labserve.generation.config import GenerationConfig
+from labserve.sim.generation import StepCost, simulate_generation
+
+CFG = GenerationConfig(request_timeout_ms=0, max_queue_size=100_000)
+
+
+def test_one_request_alone_has_the_latencies_the_step_cost_gives():
+    r = simulate_generation(CFG, StepCost(5.0), n_requests=1, input_len=8, output_len=4)
+    assert r.ttft_s == pytest.approx([0.005])  # the prefill step samples the first token
+    assert r.served_itl_s == pytest.approx([0.005] * 3)
+    assert r.tpot_s == pytest.approx([0.005])
+    assert r.e2e_s == pytest.approx([0.020])
+    assert len(r.steps) == 4
+    assert r.steps.num_prefill_tokens.tolist() == [8, 0, 0, 0]
+    assert r.steps.num_decode_tokens.tolist() == [0, 1, 1, 1]
+
+
+def test_every_cost_term_counts_what_it_names():
+    cost = StepCost(1.0, per_seq_ms=0.5, per_batched_token_ms=0.1, per_context_token_ms=0.01)
+    r = simulate_generation(CFG, cost, n_requests=2, input_len=4, output_len=2)
+    # Step 1: 2 sequences, 8 prompt tokens; each prompt's tokens read 1+2+3+4 = 10.
+    # Step 2: 2 decodes at position 4, each reading 5 tokens.
+    first = 1.0 + 0.5 * 2 + 0.1 * 8 + 0.01 * 20
+    second = 1.0 + 0.5 * 2 + 0.1 * 2 + 0.01 * 10
+    steps_ms = (r.steps.end_s - r.steps.start_s) * 1000
+    assert steps_ms == pytest.approx([first, second])
+
+
+def test_a_seed_fixes_the_run_and_another_seed_changes_it():
+    kw = dict(n_requests=200, input_len="uniform:1:64", output_len="lognormal:32:200:400")
+    a = simulate_generation(CFG, StepCost(5.0, per_batched_token_ms=0.01), rate=50, **kw)
+    b = simulate_generation(CFG, StepCost(5.0, per_batched_token_ms=0.01), rate=50, **kw)
+    c = simulate_generation(CFG, StepCost(5.0, per_batched_token_ms=0.01), rate=50, seed=1, **kw)
+    np.testing.assert_array_equal(a.end_s, b.end_s)
+    assert not np.array_equal(a.end_s, c.end_s)
+
+
+def test_tokens_are_conserved_across_steps():
+    r = simulate_generation(
+        CFG.replace(max_num_batched_tokens=100),
+        StepCost(5.0),
+        n_requests=300,
+        rate=200,
+        input_len="uniform:1:300",
+        output_len="uniform:1:50",
+    )
+    assert r.served.all()
+    computed = r.steps.num_prefill_tokens.sum() + r.steps.num_decode_tokens.sum()
+    # Every prompt token once, every output but the last fed back once (no preemption).
+    assert computed == r.prompt_len.sum() + (r.num_output - 1).sum()
+    assert (r.steps.num_prefill_tokens + r.steps.num_decode_tokens).max() <= 100
+
+
+def test_chunked_prefill_spreads_a_long_prompt_over_steps():
+    cfg = CFG.replace(max_num_batched_tokens=512)
+    r = simulate_generation(cfg, StepCost(5.0), n_requests=1, input_len=2048, output_len=2)
+    assert r.steps.num_prefill_tokens.tolist() == [512, 512, 512, 512, 0]
+    assert r.ttft_s == pytest.approx([0.020])
+
+
+def test_continuous_beats_static_and_refills_slots():
+    kw = dict(n_requests=640, input_len=8, output_len="uniform:1:512")
+    cont = simulate_generation(CFG, StepCost(5.0), **kw)
+    static = simulate_generation(CFG.replace(strategy="static"), StepCost(5.0), **kw)
+    assert cont.output_tokens_per_s > 1.5 * static.output_tokens_per_s
+    # Continuous keeps all 32 slots busy while requests wait; static lets them empty.
+    busy = cont.steps.num_waiting > 0
+    assert np.all(cont.steps.num_seqs[busy] == 32)
+    assert np.mean(static.steps.num_seqs[static.steps.num_waiting > 0]) < 24
+
+
+def test_a_kv_budget_preempts_and_still_serves_everyone():
+    cfg = CFG.replace(num_kv_blocks=64, block_size=16)
+    r = simulate_generation(
+        cfg, StepCost(5.0), n_requests=100, input_len=64, output_len="uniform:100:300"
+    )
+    assert r.served.all()
+    assert r.num_preemptions.sum() > 0
+    assert r.steps.kv_blocks_used.max() <= 64
+    assert r.steps.num_preempted.sum() == r.num_preemptions.sum()
+
+
+def test_requests_over_the_context_are_refused_and_counted():
+    r = simulate_generation(
+        CFG,
+        StepCost(5.0),
+        n_requests=10,
+        input_len=EmpiricalLengths((10, 100)),
+        output_len=10,
+        max_model_len=50,
+    )
+    assert r.refused + len(r) == 10 and r.refused > 0
+    assert (r.prompt_len == 10).all()
+
+
+def test_goodput_counts_requests_meeting_both_targets():
+    r = simulate_generation(CFG, StepCost(5.0), n_requests=40, input_len=8, output_len=10)
+    span = r.span_s
+    assert r.goodput(0, 0) == pytest.approx(40 / span)
+    assert r.goodput(4.0, 0) == 0.0  # nobody's first token comes before 5 ms
+    # 32 run at once; the other 8 start when the first batch ends, 50 ms later.
+    assert r.goodput(5.01, 5.01) == pytest.approx(32 / span)
+    assert r.goodput(0, 5.01) == pytest.approx(40 / span)
+    assert r.goodput(0, 4.9) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        ({"n_requests": -1}, "n_requests must be an integer >= 0"),
+        ({"rate": 0}, "rate must be a number of requests/s > 0"),
+        ({"input_len": "uniform:0:3"}, "input_len 'uniform:0:3' is not a length spec"),
+    ],
+)
+def test_bad_arguments_are_refused(kw, words):
+    args = dict(n_requests=1, input_len=8, output_len=8) | kw
+    with pytest.raises(ValueError, match=words):
+        simulate_generation(CFG, StepCost(5.0), **args)
+
+
+def test_step_cost_refuses_negative_terms():
+    with pytest.raises(ValueError, match="per_seq_ms must be a finite number >= 0"):
+        StepCost(5.0, per_seq_ms=-1)
+    with pytest.raises(ValueError, match="fixed_ms"):
+        StepCost(math.nan)
