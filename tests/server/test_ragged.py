@@ -15,6 +15,7 @@ class Model(labserve.Runnable):
     @labserve.method(
         batchable=True,
         max_latency_ms=1,
+        max_batch_tokens=64,
         pad=labserve.Padding(axis=1, output_axis={"running": 1}),
     )
     def encode(self, ids, lengths):
@@ -36,12 +37,12 @@ def served():
     runner.stop()
 
 
-def post(server, path, body):
+def post(server, path, body, method="POST", headers=None):
     req = urllib.request.Request(
         server.url + path,
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json"},
+        data=json.dumps(body).encode() if body is not None else None,
+        method=method,
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
     try:
         with urllib.request.urlopen(req, timeout=30) as reply:
@@ -74,3 +75,33 @@ def test_ragged_rows_whose_other_axes_differ_are_a_400(served):
     status, body = post(served, "/runners/m/encode", [[[1, 2]], [[1, 2, 3], [4, 5, 6]]])
     assert status == 400
     assert "does not match row 0" in body["detail"]
+
+
+def test_a_row_over_the_token_budget_is_a_400_naming_its_length_and_the_budget(served):
+    status, body = post(served, "/runners/m/encode", [[1] * 65])
+    assert status == 400 and body["error"] == "TokenBudgetError"
+    assert "length 65" in body["detail"] and "max_batch_tokens=64" in body["detail"]
+
+
+def test_patch_config_turns_buckets_the_budget_and_padding_live(served):
+    auth = {"Authorization": f"Bearer {served.token}"}
+    change = {"runner": "m", "method": "encode", "length_buckets": [4, 16], "padding": False}
+    status, body = post(served, "/config", change, "PATCH", auth)
+    assert status == 200
+    assert body["m"]["encode"]["length_buckets"] == [4, 16]
+    assert body["m"]["encode"]["padding"] is False
+    bad = {"runner": "m", "method": "encode", "length_buckets": [16, 4]}
+    status, body = post(served, "/config", bad, "PATCH", auth)
+    assert status == 422 and "increasing integers" in body["detail"]
+    post(served, "/config", {"runner": "m", "method": "encode", "padding": True}, "PATCH", auth)
+
+
+def test_stats_and_metrics_show_tokens_and_padding(served):
+    post(served, "/runners/m/encode", [[1, 2, 3, 4], [5]])
+    with urllib.request.urlopen(served.url + "/stats", timeout=30) as reply:
+        stats = json.loads(reply.read())["m"]["encode"]
+    assert stats["tokens_total"] >= 8 and stats["padding_tokens_total"] >= 3
+    assert 0 < stats["padding_fraction"] < 1
+    with urllib.request.urlopen(served.url + "/metrics", timeout=30) as reply:
+        metrics = reply.read().decode()
+    assert 'labserve_padding_ratio{method="encode",runner="m"}' in metrics
