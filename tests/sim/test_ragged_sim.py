@@ -50,3 +50,61 @@ def test_every_request_gets_one_outcome_and_the_batch_cost_is_the_token_cost():
     assert (r.outcome >= 0).all()
     for items, tokens, took in zip(r.batch_items, r.batch_tokens, r.batch_duration_s, strict=True):
         assert took == pytest.approx(COST.seconds(int(items), int(tokens)))
+
+
+def test_simulate_draws_lengths_and_length_aware_batching_cuts_the_padding():
+    import labserve
+
+    def point(**settings):
+        result = labserve.simulate(
+            labserve.arrivals("poisson", rate_rps=300),
+            duration_s=10,
+            input_len="lognormal:16:128",
+            cost=COST,
+            strategy="fixed",
+            max_batch_size=64,
+            max_latency_ms=20,
+            **settings,
+        )
+        return result.summary()
+
+    longest = point()
+    buckets = point(length_buckets=[16, 32, 64, 128])
+    exact = point(padding=False)
+    assert longest["padding_pct"] > 50
+    assert buckets["padding_pct"] < longest["padding_pct"] / 2
+    assert exact["padding_pct"] == 0.0
+    assert exact["mean_batch"] < buckets["mean_batch"] < longest["mean_batch"]
+
+
+def test_simulate_with_lengths_needs_a_cost_that_prices_tokens():
+    import labserve
+
+    with pytest.raises(TypeError, match="cost must price"):
+        labserve.simulate([0.0, 0.1], input_len=16, cost=(2.0, 0.1))
+
+
+def test_sweep_takes_buckets_budgets_and_padding():
+    from labserve.lab.sweep import sweep
+
+    rows = sweep(
+        rates=[300],
+        strategies=["fixed"],
+        max_batch_size=[64],
+        max_latency_ms=[20],
+        length_buckets=[[], [16, 32, 64, 128]],
+        max_batch_tokens=[0, 1024],
+        input_len="lognormal:16:128",
+        cost=COST,
+        duration_s=5,
+    )
+    assert [(r["length_buckets"], r["max_batch_tokens"]) for r in rows] == [
+        ([], 0),
+        ([], 1024),
+        ([16, 32, 64, 128], 0),
+        ([16, 32, 64, 128], 1024),
+    ]
+    assert all("padding_pct" in r for r in rows)
+    assert rows[2]["padding_pct"] < rows[0]["padding_pct"]
+    with pytest.raises(TypeError, match="give input_len"):
+        sweep(rates=[100], max_batch_tokens=[512], duration_s=1)
