@@ -137,6 +137,9 @@ class RunResult:
         if server is not None:
             for key in ("batches", "mean_batch", "max_batch", "fire_reasons"):
                 out[key] = server[key]
+            for key in ("tokens_per_batch", "padding_pct"):  # a method with a ragged axis
+                if key in server:
+                    out[key] = server[key]
             out["server_served"] = server["served"]
             out["server_latency_p50_ms"] = server["latency_p50_ms"]
             out["server_latency_p99_ms"] = server["latency_p99_ms"]
