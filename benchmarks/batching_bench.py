@@ -850,7 +850,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="asyncio",
         help="the event loop of every system (labserve's background loop and the baselines')",
     )
-    parser.add_argument("--json", default=str(HERE / "batching_results.json"))
+    parser.add_argument("--json", default=str(HERE / "batching_by_rate.json"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--waves", type=int, default=1000)
     parser.add_argument("--loops", default="asyncio,uvloop", type=lambda s: s.split(","))
-    parser.add_argument("--json", default=str(HERE / "overhead_ab_results.json"))
+    parser.add_argument("--json", default=str(HERE / "overhead_ab_before_after.json"))
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     for i in range(args.rounds):

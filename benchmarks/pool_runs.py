@@ -3,7 +3,7 @@
 
 Also each system's p99 over BentoML's, run by run (the runs paired in order), and the load
 generator's launch lag p99 (how far the machine let the harness fall behind its schedule).
-Run: `python benchmarks/pool_runs.py [--max-lag MS] benchmarks/batching_results_issue12*.json`
+Run: `python benchmarks/pool_runs.py [--max-lag MS] benchmarks/batching_side_by_side_*.json`
 
 ``--max-lag MS`` keeps only the runs whose launch lag p99 was at most MS (the quiet spells of
 a shared machine; the same rule for every system), and pairs nothing with BentoML then.

@@ -16,7 +16,7 @@ cap 64, wait cap 20 ms, Poisson):
 Run (from the repository root):
 
     .venv/bin/python benchmarks/slo_fidelity.py --real \
-        --bench-json benchmarks/batching_results_issue12.json
+        --bench-json benchmarks/batching_side_by_side_loaded_1.json
 """
 
 from __future__ import annotations

@@ -46,6 +46,8 @@ class LabServeError(Exception):
     """Base of every labserve error; ``status`` is the HTTP status the server maps it to."""
 
     status: int = 500
+    retry_after_s: float | None = None
+    """Seconds after which a retry may succeed (the HTTP ``Retry-After``); None: no hint."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuild without calling the subclass __init__ (its arguments differ from

@@ -155,9 +155,10 @@ class BatchQueue:
         if self._padding is not None and self._config.max_batch_tokens:
             self._check_tokens(request)
         refusal: LabServeError | None = None
-        if not self._room():
+        room, judged = self._admission()
+        if not room:
             refusal = self._refusal(now)
-        elif self._judged_at_admission():
+        elif judged:
             refusal = self._overload_at(now, self._queued_items)
         if refusal is not None:
             self._refuse(now)
@@ -175,8 +176,9 @@ class BatchQueue:
         comes back with its error (as :meth:`admit` raises it), is never admitted and gets
         no other outcome.
         """
+        room, judged = self._admission()
         budget = self._padding is not None and self._config.max_batch_tokens
-        if len(requests) <= self._room() and not self._judged_at_admission() and not budget:
+        if len(requests) <= room and not judged and not budget:
             self._enqueue(requests, now)
             return []
         refused: list[Outcome] = []
@@ -197,20 +199,27 @@ class BatchQueue:
             request.state = _DONE
             raise TokenBudgetError(self.label, longest, padded, budget)
 
-    def _room(self) -> int:
-        """How many more requests may be admitted now, whatever they hold.
+    def _admission(self) -> tuple[int, bool]:
+        """(room, judged): what admission looks like now, whatever a request holds.
 
-        0 when the queue is closed, every batch slot is held by a stuck batch, or the
-        queue is full: :meth:`_refusal` says which.
+        ``room``: how many more requests may be admitted; 0 when the queue is closed, every
+        batch slot is held by a stuck batch, or it is full (:meth:`_refusal` says which).
+        ``judged``: each arrival is judged at admission (:meth:`_overload_at`): in
+        reject mode while every slot is busy and the cost model has a fit to predict with.
         """
         cfg = self._config
+        judged = (
+            cfg.on_overload == "reject"
+            and self._in_flight >= cfg.max_concurrent_batches
+            and self.cost_model.fit.ready
+        )
         if self._closed or (self._stuck and len(self._stuck) >= cfg.max_concurrent_batches):
-            return 0
+            return 0, judged
         free = cfg.max_queue_size - self._queued_requests
-        return free if free > 0 else 0
+        return (free if free > 0 else 0), judged
 
     def _refusal(self, now: float) -> LabServeError:
-        """Why a request arriving at ``now`` finds no room (:meth:`_room` is 0)."""
+        """Why a request arriving at ``now`` finds no room (:meth:`_admission` says 0)."""
         cfg = self._config
         if self._closed:
             return RunnerStoppedError(self.runner or self.name)
@@ -218,15 +227,6 @@ class BatchQueue:
             return QueueFullError(self.label, cfg.max_queue_size, cfg.retry_after_s)
         oldest = min(b.start_s for b in self._running.values() if b.id in self._stuck)
         return ModelStuckError(self.label, len(self._stuck), now - oldest)
-
-    def _judged_at_admission(self) -> bool:
-        """True when each arrival is judged at admission: reject mode, every slot busy, a fit."""
-        cfg = self._config
-        return (
-            cfg.on_overload == "reject"
-            and self._in_flight >= cfg.max_concurrent_batches
-            and self.cost_model.fit.ready
-        )
 
     def _overload_at(self, now: float, queued_items: int) -> OverloadError | None:
         """The OverloadError for an arrival at ``now`` behind ``queued_items`` (None: in time)."""
@@ -591,7 +591,7 @@ class BatchQueue:
         queued ones were predicted to start in time, and :meth:`release` rejects those a
         wrong prediction let through.
         """
-        if not self._queued_requests or self._judged_at_admission():
+        if not self._queued_requests or self._admission()[1]:
             return
         late, next_deadline = deadlines.expired(
             self._groups.values(), now, self._config.max_latency_s
@@ -716,7 +716,7 @@ class BulkQueue(BatchQueue):
             self.quiet_items = quiet
         elif cfg.on_overload != "reject":
             self.quiet_items = None  # no slot: arrivals only queue
-        elif self._judged_at_admission():
+        elif self._admission()[1]:
             self.quiet_items = 0  # each arrival is judged at admission: one by one
         elif step.wake_s is not None:
             self.quiet_items = None  # a queued deadline comes first: arrivals only queue
@@ -741,26 +741,24 @@ class BulkQueue(BatchQueue):
         would be with a poll after each arrival. The rate estimate keeps ``times`` until
         it is next read: do not change the sequence afterwards.
         """
-        k = len(times)
-        room = self._room()
-        if k > room:
-            for t in times[room:]:
-                self._refuse(t)
-            if not room:
-                return 0
-            times, handles, k = times[:room], handles[:room], room
-        args, items, key = request.args, request.items, request.key
-        if self._judged_at_admission():
-            # Reject mode with every slot busy: each arrival is judged, as admit() judges it
-            # (behind the ones admitted before it), and the first refused ends the call.
+        room, judged = self._admission()
+        n = k = len(times)
+        if judged:
+            # Each arrival is judged as admit() judges it, behind the ones before it; the
+            # first predicted late ends the call.
             for i, t in enumerate(times):
-                if self._overload_at(t, self._queued_items + i * items) is not None:
-                    for rest in times[i:]:
-                        self._refuse(rest)
-                    if not i:
-                        return 0
-                    times, handles, k = times[:i], handles[:i], i
+                if self._overload_at(t, self._queued_items + i * request.items) is not None:
+                    k = i
                     break
+        if k > room:
+            k = room
+        if k < n:
+            for t in times[k:]:
+                self._refuse(t)  # with the first: nothing leaves the queue without a poll
+            if not k:
+                return 0
+            times, handles = times[:k], handles[:k]
+        args, items, key = request.args, request.items, request.key
         rid = self._next_request
         self._next_request = rid + k
         group = self._groups.get(key) or self._group(key)

@@ -281,6 +281,14 @@ class BatchingLayer:
     def __setattr__(self, name: str, value: Any) -> None:
         raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
 
+    # Pickled to Ray's replicas: pickle's default for slots sets them through __setattr__.
+    def __getstate__(self) -> tuple[Any, ...]:
+        return (self._items, self.path, self.source)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        for name, value in zip(self.__slots__, state, strict=True):
+            object.__setattr__(self, name, value)
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BatchingLayer):
             return NotImplemented

@@ -30,6 +30,7 @@ from labserve.ray.board import StatsBoard
 from labserve.ray.plan import Plan
 from labserve.ray.source import RaySource
 from labserve.ray.spec import BOARD_NAMESPACE, ReplicaSpec, RunnableSource, board_name, resolve
+from labserve.server.state import host_names, origin_names
 
 __all__ = ["RayApp", "deploy"]
 
@@ -91,8 +92,8 @@ def deploy(
         token=token or secrets.token_urlsafe(24),
         token_everywhere=token_everywhere,
         max_body_bytes=max_body_bytes,
-        allow_hosts=_names(allow_hosts, lower=True),
-        allow_origins=_names(allow_origin),
+        allow_hosts=host_names(allow_hosts),
+        allow_origins=origin_names(allow_origin),
     )
     plan = Plan(
         spec=spec,
@@ -117,11 +118,6 @@ def deploy(
         ray.kill(board)
         raise
     return RayApp(plan, board)
-
-
-def _names(value: str | Iterable[str], *, lower: bool = False) -> frozenset[str]:
-    names = [value] if isinstance(value, str) else list(value)
-    return frozenset(n.lower() if lower else n for n in names)
 
 
 class RayApp:

@@ -22,10 +22,12 @@ from starlette.responses import Response
 
 from labserve.base.errors import LabServeError, ServerError
 from labserve.metrics.snapshot import Snapshot
-from labserve.ray.http import Routes, call
+from labserve.ray.http import BoardBackend, Routes
 from labserve.ray.spec import BOARD_NAMESPACE, ReplicaSpec, board_name
 from labserve.runtime.runner import Runner
-from labserve.server.handlers import ServerState
+from labserve.server.core import HttpCore
+from labserve.server.exchange import typed_call
+from labserve.server.state import ServerState
 
 __all__ = ["Replica", "replica_class"]
 
@@ -58,9 +60,10 @@ class Replica:
             allow_origins=spec.allow_origins,
             allow_hosts=spec.allow_hosts,
         )
-        self.http = Routes(
-            self.runner, state, stats=self._stats, merged=self._merged, configure=self._configure
+        backend = BoardBackend(
+            state, stats=self._stats, merged=self._merged, configure=self._configure
         )
+        self.http = Routes(HttpCore(state, backend))
         self._stop = threading.Event()
         self._reporting = False
         self._reset_epoch: int | None = None
@@ -147,7 +150,7 @@ class Replica:
 
     async def call(self, method: str, *args: Any) -> Any:
         """Run one request of ``method`` through this replica's batch queue."""
-        return await call(self.runner.methods[method], *args)
+        return await typed_call(self.runner.methods[method], *args)
 
     async def __call__(self, request: Request) -> Response:
         """An HTTP request from Ray Serve's proxy."""

@@ -5,13 +5,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import inspect
 import os
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from labserve.base.clock import Clock, MonotonicClock
-from labserve.base.errors import LoopThreadError, RunnerStoppedError, StopTimeoutError
+from labserve.base.errors import (
+    InputError,
+    LoopThreadError,
+    RunnerStoppedError,
+    StopTimeoutError,
+)
 from labserve.batching.containers import Codec
 from labserve.batching.queue import BatchQueue
 from labserve.batching.requests import Request
@@ -54,6 +60,7 @@ class RunnerMethod:
         self._driver: MethodDriver | None = None
         self._queue: BatchQueue | None = None
         self._plain_config = config  # a plain method's (unused) layers; a queue holds the rest
+        self._fits: set[int] = set()  # numbers of arguments the model was checked to take
         if spec.batchable:
             codec = Codec(spec.name, spec.batch_dim, spec.input_spec, spec.padding)
             self._queue = BatchQueue(spec.name, codec, config, runner=runner.name)
@@ -79,6 +86,37 @@ class RunnerMethod:
         ``functools.partial`` giving that keyword (each batch passes its own).
         """
         return self._fn
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """The names of the model method's positional parameters, in order (none if unknown)."""
+        try:
+            signature = inspect.signature(self._fn)
+        except (TypeError, ValueError):  # a callable without a signature
+            return ()
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return tuple(p.name for p in signature.parameters.values() if p.kind in kinds)
+
+    def check_arity(self, args: tuple[Any, ...]) -> None:
+        """Raise InputError if the model cannot take ``args`` (a wrong number of inputs).
+
+        Thread-safe. Every call form checks it first, so a request with too many or too few
+        inputs fails alone at admission, before it reaches a batch.
+        """
+        if len(args) in self._fits:
+            return
+        try:
+            inspect.signature(self._fn).bind(*args)
+        except TypeError as exc:
+            n = len(args)
+            raise InputError(
+                f"{self.runner.name}.{self.name} cannot take {n} input{'s' if n != 1 else ''}: "
+                f"{exc}",
+                sent=n,
+            ) from None
+        except ValueError:
+            pass  # a callable without a signature: the call decides
+        self._fits.add(len(args))  # a set's add is atomic: no lock needed
 
     def start(self) -> None:
         """Start the background loop and this method's driver now, not at the first request.
@@ -115,6 +153,8 @@ class RunnerMethod:
         Raises the request's typed error (InputError, OverloadError, ModelError, ...).
         An interrupt while waiting (KeyboardInterrupt) withdraws the request.
         """
+        if len(args) not in self._fits:
+            self.check_arity(args)
         if not self.batchable:
             if self.runner.stopped:
                 raise RunnerStoppedError(self.runner.name)
@@ -142,6 +182,8 @@ class RunnerMethod:
 
         Raises the request's typed error. Cancelling the awaiting task withdraws it.
         """
+        if len(args) not in self._fits:
+            self.check_arity(args)
         driver = self._driver
         if driver is None or self.runner._stopped:
             if not self.batchable:
@@ -174,8 +216,11 @@ class RunnerMethod:
         Loop-only (the thread-safe doors are :meth:`run` and :meth:`async_run`). The
         request's ``start_s`` (when its batch fired, on the runner's clock) and ``items``
         can be read once the future is done: the load generator records them. Refusals
-        (QueueFullError, RunnerStoppedError, InputError) are set on the future.
+        (QueueFullError, RunnerStoppedError, InputError) are set on the future, except a
+        wrong number of inputs (InputError) and a stopped runner, raised at once.
         """
+        if len(args) not in self._fits:
+            self.check_arity(args)
         driver = self._driver_started()
         assert self._queue is not None
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -263,6 +308,9 @@ class Runner:
     (``max_batch_size=...`` etc. for every batchable method, ``method_configs`` per
     method) > the config file's runner section > the decorator > the file's global
     section > defaults. ``config`` is a YAML path; without it ``$LABSERVE_CONFIG`` is read.
+    ``clock`` is the runner's time (a monotonic clock by default): it stamps snapshots,
+    batches and requests, and its drivers' timers run on it, so it must be monotonic in
+    seconds like the background loop's.
 
     >>> import labserve, numpy as np
     >>> class Doubler(labserve.Runnable):
@@ -283,6 +331,7 @@ class Runner:
         config: str | os.PathLike[str] | None = None,
         method_configs: Mapping[str, Mapping[str, Any]] | None = None,
         loop: BackgroundLoop | None = None,
+        clock: Clock | None = None,
         **batching: Any,
     ) -> None:
         cls = runnable if isinstance(runnable, type) else type(runnable)
@@ -293,8 +342,9 @@ class Runner:
         self.name = name or cls.__name__.lower()
         self.instance: Runnable = runnable() if isinstance(runnable, type) else runnable
         self._bg = loop
-        self.clock: Clock = MonotonicClock()
-        """The runner's time (seconds, monotonic): snapshots, batch and request times."""
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
+        """The runner's time (seconds, monotonic): snapshots, batch and request times. Its
+        drivers' schedulers read it too, so it must agree with the loop's timers."""
         self._stopped = False
         self._lock = threading.Lock()
         self._hooked = False

@@ -1,177 +1,147 @@
-"""The routes: inference, health, stats, Prometheus metrics and live config. Loop-only."""
+"""The tornado adapter: one handler class that hands every request to the HTTP core.
+
+It reads the body in chunks (``@stream_request_body``) so that a refusal decided from the
+headers drops the body instead of buffering it, and withdraws the model call when the
+client disconnects. Loop-only: tornado builds and runs handlers on labserve's loop.
+"""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+import asyncio
+from types import TracebackType
 from typing import Any
+from urllib.parse import unquote
 
 import tornado.web
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from tornado.iostream import StreamClosedError
 
-from labserve.base.errors import (
-    ConfigError,
-    InputError,
-    LabServeError,
-    NotFoundError,
-)
-from labserve.metrics.prometheus import SnapshotCollector
-from labserve.runtime.runner import Runner, RunnerMethod
-from labserve.server import v2
-from labserve.server.handlers import BaseHandler, BodyHandler, ServerState
-from labserve.wire.codec import JSON, NPY, decode, encode
+from labserve.base.errors import LabServeError, MethodNotAllowedError, ServerError
+from labserve.server.core import HttpCore
+from labserve.server.exchange import Exchange, Head, Reply, error_reply, log
+from labserve.server.state import ServerState
 
 __all__ = ["make_app"]
 
 
 @tornado.web.stream_request_body
-class _Infer(BodyHandler):
-    """``POST /runners/{name}/{method}``: one request, JSON or ``.npy``."""
+class _Handler(tornado.web.RequestHandler):
+    """Every route: the core decides, this handler reads and writes."""
 
-    content_types = (JSON, NPY)
+    SUPPORTED_METHODS = ("GET", "HEAD", "POST", "DELETE", "PATCH", "PUT", "OPTIONS")
 
-    async def post(self, runner_name: str, method_name: str) -> None:
-        body = self.body()
-        method = self._method(runner_name, method_name)
+    def initialize(self, core: HttpCore) -> None:
+        """Called by tornado with the route's arguments."""
+        self.core = core
+        self.exchange: Exchange | None = None
+        self._streaming: asyncio.Task[Any] | None = None
+
+    async def prepare(self) -> None:
+        """Begin the exchange; answer at once a body too big to read and drop."""
+        request = self.request
+        head = Head(request.method or "", unquote(request.path), request.headers, request.query)
+        self.exchange = exchange = self.core.begin(head)
+        if exchange.answer_now:
+            await self._answer()
+        elif exchange.reads_body:
+            request.connection.set_max_body_size(exchange.read_limit)  # type: ignore[union-attr]
+
+    def data_received(self, chunk: bytes) -> None:
+        """Give one chunk of the body to the exchange (which drops it once refused)."""
+        if self.exchange is not None:
+            self.exchange.feed(chunk)
+
+    async def _answer(self, *args: str) -> None:
+        assert self.exchange is not None  # prepare ran
+        reply = await self.exchange.respond()
+        if reply is None or self._finished:
+            return  # the client went away: nobody to answer
+        self.set_status(reply.status)
+        for name, value in reply.headers.items():
+            self.set_header(name, value)
+        if reply.stream is None:
+            self.finish(reply.body or None)  # tornado refuses even b"" with a 204
+        else:
+            await self._stream(reply)
+
+    get = head = post = delete = patch = put = options = _answer
+
+    async def _stream(self, reply: Reply) -> None:
+        """Send the reply's chunks as they come; stop (and close the stream) if the client goes."""
+        assert reply.stream is not None and self.exchange is not None
+        # A client that leaves cancels this task, wherever the stream is waiting (for its
+        # next token, say), so the stream's ``finally`` frees what it holds at once.
+        self._streaming = asyncio.current_task()
         try:
-            arg, kind = decode(body, self.request.headers.get("Content-Type", ""))
-        except LabServeError as exc:
-            self.fail(exc)
-        result = await self.call_model(method, arg)
-        try:
-            reply, content_type = encode(result, kind)
-        except LabServeError as exc:
-            self.fail(exc)
-        self.set_header("Content-Type", content_type)
-        self.finish(reply)
+            if reply.body:
+                self.write(reply.body)
+            async for chunk in reply.stream:
+                self.write(chunk)
+                await self.flush()
+        except (StreamClosedError, asyncio.CancelledError):
+            if not self.exchange.gone and not self.request.connection.stream.closed():  # type: ignore[union-attr]
+                raise  # the server stops
+            self.exchange.cancel()
+        finally:
+            self._streaming = None
+            aclose = getattr(reply.stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        if not self.exchange.gone:
+            self.finish()
 
-    def _method(self, runner_name: str, method_name: str) -> RunnerMethod:
-        runner = self.runners().get(runner_name)
-        if runner is None:
-            self.fail(NotFoundError("runner", runner_name, served=self.runners()))
-        method = runner.methods.get(method_name)
-        if method is None:
-            self.fail(
-                NotFoundError(
-                    "method", method_name, served=runner.methods, within=f"runner {runner_name!r}"
-                )
+    def on_connection_close(self) -> None:
+        """The client went away: withdraw its call (the runner counts it ``cancelled``).
+
+        tornado's own hook ends a body still arriving (its handler task waits on it): without
+        it, a client that vanished mid-body kept its task until ``body_timeout_s``.
+        """
+        super().on_connection_close()
+        if self.exchange is not None:
+            self.exchange.cancel()
+        if self._streaming is not None:
+            self._streaming.cancel()
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """The JSON body of an error tornado raised itself (a method it does not know)."""
+        error: LabServeError
+        if status_code == 405:
+            error = MethodNotAllowedError(self.request.method or "", self.request.path)
+        else:
+            error = ServerError(self._reason)
+        reply = error_reply(error)
+        self.set_header("Content-Type", reply.headers["Content-Type"])
+        self.finish(reply.body)
+
+    def log_exception(
+        self,
+        typ: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Log what tornado caught: a client's error in one line, a bug with its traceback."""
+        # tornado's own version logs the URI (a token in it) and a traceback for 4xx too.
+        uri = self.request.path + ("?..." if self.request.query else "")
+        if isinstance(value, tornado.web.HTTPError) and value.status_code < 500:
+            log.info("%s %s -> %d", self.request.method, uri, value.status_code)
+        else:
+            log.error(
+                "%s %s failed inside labserve",
+                self.request.method,
+                uri,
+                exc_info=(typ, value, tb) if typ is not None and value is not None else None,
             )
-        return method
 
 
-class _Health(BaseHandler):
-    def get(self) -> None:
-        # Alive while it answers; "degraded" names the methods whose every batch slot is
-        # held by a model call past its request timeout (they refuse requests meanwhile).
-        stuck = {
-            f"{name}.{s.method}": f"{s.stuck_batches} stuck batch(es), refusing requests"
-            for name, runner in self.runners().items()
-            for s in runner.snapshots()
-            if not s.ready
-        }
-        self.reply_json({"status": "degraded", "not_ready": stuck} if stuck else {"status": "ok"})
+def make_app(state: ServerState, core: HttpCore | None = None) -> tornado.web.Application:
+    """The tornado application over ``state`` (runners, token, limits). Build on the loop.
 
-
-class _Stats(BaseHandler):
-    def get(self) -> None:
-        self.reply_json(
-            {
-                name: {s.method: s.as_dict() for s in runner.snapshots()}
-                for name, runner in self.runners().items()
-            }
-        )
-
-
-class _Metrics(BaseHandler):
-    def get(self) -> None:
-        registry = CollectorRegistry()
-        registry.register(
-            SnapshotCollector(
-                lambda: [s for runner in self.runners().values() for s in runner.snapshots()]
-            )
-        )
-        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(generate_latest(registry))
-
-
-@tornado.web.stream_request_body
-class _Config(BodyHandler):
-    token_methods = frozenset({"PATCH"})
-
-    def get(self) -> None:
-        self.reply_json(_configs(self.runners()))
-
-    def patch(self) -> None:
-        raw = self.body()
-        try:
-            body = json.loads(raw or b"{}")
-        except (ValueError, RecursionError) as exc:
-            self.fail(InputError(f"body is not valid JSON: {exc!r}"))
-        if not isinstance(body, dict):
-            self.fail(InputError("body must be a JSON object"))
-        runner_name = body.pop("runner", None)
-        method_name = body.pop("method", None)
-        if not isinstance(runner_name, str) or not isinstance(method_name, str):
-            self.fail(
-                InputError(
-                    '"runner" and "method" must be strings, got '
-                    f"{type(runner_name).__name__} and {type(method_name).__name__}"
-                )
-            )
-        runner = self.runners().get(runner_name)
-        if runner is None or method_name not in runner.methods:
-            self.fail(
-                NotFoundError(
-                    "batchable method",
-                    f"{runner_name}.{method_name}",
-                    served=[
-                        f"{n}.{m.name}"
-                        for n, r in self.runners().items()
-                        for m in r.methods.values()
-                        if m.batchable
-                    ],
-                )
-            )
-        try:
-            runner.configure(method_name, **body)
-        except ConfigError as exc:
-            self.fail(exc)
-        except (TypeError, ValueError) as exc:  # an unknown key, or a plain method
-            self.fail(ConfigError("the request", sorted(body), f"settings it knows ({exc})"))
-        self.reply_json(_configs(self.runners()))
-
-
-def _configs(runners: Mapping[str, Runner]) -> dict[str, Any]:
-    return {
-        name: {m.name: m.config.as_dict() for m in runner.methods.values() if m.batchable}
-        for name, runner in runners.items()
-    }
-
-
-def make_app(state: ServerState) -> tornado.web.Application:
-    """The tornado application over ``state`` (runners, token, limits). Build on the loop."""
-    args = {"state": state}
+    ``core``: the HTTP core to serve (by default one over ``state`` with every route).
+    """
     return tornado.web.Application(
         log_function=_quiet,
-        handlers=[
-            *v2.routes(args),
-            (r"/runners/([^/]+)/([^/]+)", _Infer, args),
-            (r"/healthz", _Health, args),
-            (r"/stats", _Stats, args),
-            (r"/metrics", _Metrics, args),
-            (r"/config", _Config, args),
-        ],
-        default_handler_class=_NotFound,
-        default_handler_args=args,
+        handlers=[(r".*", _Handler, {"core": core if core is not None else HttpCore(state)})],
     )
 
 
 def _quiet(handler: tornado.web.RequestHandler) -> None:
     """No access log: in a notebook it would print a line per request into the cell."""
-
-
-class _NotFound(BaseHandler):
-    def prepare(self) -> None:
-        super().prepare()
-        self.fail(NotFoundError("route", self.request.path))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import ipaddress
 import secrets
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import MappingProxyType
+from typing import ParamSpec
 
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
@@ -15,11 +17,12 @@ from tornado.netutil import bind_sockets
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runner import Runner
 from labserve.server.app import make_app
-from labserve.server.handlers import ServerState
 from labserve.server.listener import BoundedHTTPServer, Listener, default_max_connections
+from labserve.server.state import ServerState, host_names, origin_names
 
 __all__ = ["Server", "serve"]
 
+P = ParamSpec("P")
 _running: dict[int, Server] = {}  # by port: a re-run serve() on the same port replaces it
 _running_lock = threading.Lock()
 
@@ -41,13 +44,6 @@ def _check_count(name: str, value: object) -> None:
 def _check_seconds(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-
-
-def _names(what: str, value: str | Iterable[str], *, lower: bool = False) -> frozenset[str]:
-    names = [value] if isinstance(value, str) else list(value)
-    if not all(isinstance(n, str) and n for n in names):
-        raise ValueError(f"{what} must be a string or strings, got {value!r}")
-    return frozenset(n.lower() if lower else n.rstrip("/") for n in names)
 
 
 class Server:
@@ -127,8 +123,8 @@ class Server:
             token_everywhere=not _loopback(host),
             max_body_bytes=max_body_bytes,
             bound_host=host,
-            allow_origins=_names("allow_origin", allow_origin),
-            allow_hosts=_names("allow_hosts", allow_hosts, lower=True),
+            allow_origins=origin_names(allow_origin),
+            allow_hosts=host_names(allow_hosts),
         )
 
     @property
@@ -213,37 +209,26 @@ class Server:
         return f"<labserve.Server {state} runners={list(self._state.runners)}>"
 
 
-def serve(
-    runners: Runner | Iterable[Runner],
-    *,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    token: str | None = None,
-    max_body_bytes: int = 16 * 1024 * 1024,
-    allow_origin: str | Iterable[str] = (),
-    allow_hosts: str | Iterable[str] = (),
-    max_connections: int | None = None,
-    idle_timeout_s: float = 60.0,
-    body_timeout_s: float = 60.0,
-) -> Server:
-    """Serve ``runners`` over HTTP from labserve's background loop; returns at once.
+def _starting(cls: Callable[P, Server]) -> Callable[P, Server]:
+    """``cls(...).start()``, with ``cls``'s own parameters (declared once, on Server)."""
 
-    Binds loopback by default; a token is always generated (``server.token``) and guards
-    ``PATCH /config``, or every route on a non-loopback address. Re-running it with the same
-    ``port`` replaces the previous server. The other arguments are :class:`Server`'s.
+    def serve(*args: P.args, **kwargs: P.kwargs) -> Server:
+        """Serve ``runners`` over HTTP from labserve's background loop; returns at once.
 
-    >>> server = labserve.serve(runner, port=0)      # doctest: +SKIP
-    >>> server.url, server.stop()                      # doctest: +SKIP
-    """
-    return Server(
-        runners,
-        host=host,
-        port=port,
-        token=token,
-        max_body_bytes=max_body_bytes,
-        allow_origin=allow_origin,
-        allow_hosts=allow_hosts,
-        max_connections=max_connections,
-        idle_timeout_s=idle_timeout_s,
-        body_timeout_s=body_timeout_s,
-    ).start()
+        Binds loopback by default; a token is always generated (``server.token``) and
+        guards ``PATCH /config``, or every route on a non-loopback address. Re-running it
+        with the same ``port`` replaces the previous server. Takes :class:`Server`'s
+        arguments.
+
+        >>> server = labserve.serve(runner, port=0)      # doctest: +SKIP
+        >>> server.url, server.stop()                      # doctest: +SKIP
+        """
+        return cls(*args, **kwargs).start()
+
+    # help() and IDEs show Server's parameters, and that it returns the Server.
+    signature = inspect.signature(cls).replace(return_annotation=Server.__name__)
+    setattr(serve, "__signature__", signature)  # noqa: B010 (mypy: functions have no such field)
+    return serve
+
+
+serve = _starting(Server)

@@ -21,7 +21,7 @@ from labserve.base.vocabulary import REASONS, REFUSED, REJECTED, SERVED, TIMEOUT
 from labserve.batching.containers import Codec
 from labserve.batching.estimators import RateEstimator
 from labserve.batching.queue import BulkQueue
-from labserve.batching.requests import Batch, Outcome
+from labserve.batching.requests import Batch, Outcome, Request
 from labserve.config.batching import BatchingConfig
 from labserve.metrics.results import RunResult
 
@@ -226,11 +226,11 @@ class _Run:
         self.nones: dict[int, list[None]] = {}
 
     def go(self, label: str) -> RunResult:
-        heap, queue, items = self.heap, self.queue, self.items
+        heap, queue = self.heap, self.queue
         times = self.times.tolist()  # floats: indexing a list beats indexing an array
         # Every simulated request carries the same payload (a list: nothing to stack, only
         # items to count), so it is checked once, not once per request.
-        request = queue.new_request(([None] * items,))
+        request = queue.new_request(([None] * self.items,))
         n = len(times)
         i = 0
         while i < n or heap:
@@ -239,37 +239,8 @@ class _Run:
                 # Arrivals before the next event. While the queue says they cannot change
                 # its decision, they are admitted together and it is asked once, after.
                 quiet = self.quiet
-                if quiet is None or quiet >= items:
-                    wake_at = None
-                    if self.arrival_wake is not None:
-                        # The first arrival brings a deadline: the poll after it would only
-                        # set the wake there, so set it here, and admit no arrival past it.
-                        wake_at = times[i] + self.arrival_wake
-                    if quiet is None:
-                        # Every arrival up to the next live event is admitted in this one
-                        # call, with no poll: superseded timers before it would be popped
-                        # and skipped in between (nothing can revive them), so skip them now.
-                        bound = math.inf if wake_at is None else wake_at
-                        wake = self.wake
-                        while heap and heap[0][2] == _TIMER and heap[0][3] != wake:
-                            if heap[0][0] >= bound:
-                                break
-                            heapq.heappop(heap)
-                        next_event = heap[0][0] if heap else math.inf
-                    if wake_at is not None and wake_at < next_event:
-                        next_event = wake_at
-                    j = bisect_left(times, next_event, i + 1, n)
-                    if quiet is not None:
-                        j = min(j, i + quiet // items)
-                    admitted = queue.admit_many(request, times[i:j], range(i, j))
-                    if admitted < j - i:
-                        self.outcome[i + admitted : j] = REFUSED
-                    if quiet is not None:
-                        self.quiet = quiet - admitted * items
-                    if wake_at is not None and admitted:
-                        self.arrival_wake = None
-                        self._set_wake(wake_at)
-                    i = j
+                if quiet is None or quiet >= self.items:
+                    i = self._admit_quiet(times, n, i, next_event, request)
                     continue
                 now = times[i]
                 admitted = queue.admit_many(request, times[i : i + 1], range(i, i + 1))
@@ -291,6 +262,48 @@ class _Run:
                     self._finished(what, now)
             self._carry_out(now)
         self._write_runs()
+        return self._result(label)
+
+    def _admit_quiet(
+        self, times: list[float], n: int, i: int, next_event: float, request: Request
+    ) -> int:
+        """Admit with no poll the arrivals from ``times[i]`` that leave the decision standing.
+
+        Those before ``next_event`` (the next batch end or timer), and no more than the
+        queue's ``quiet_items`` allow. Returns the index of the first arrival not taken.
+        """
+        quiet, heap = self.quiet, self.heap
+        wake_at = None
+        if quiet is None:
+            # Every slot is busy: every arrival up to the next live event goes in this one
+            # call. Superseded timers before it would be popped and skipped in between
+            # (nothing can revive them), so they are skipped now.
+            if self.arrival_wake is not None:
+                # The first arrival brings a deadline: the poll after it would only set
+                # the wake there, so set it here, and admit no arrival past it.
+                wake_at = times[i] + self.arrival_wake
+            bound = math.inf if wake_at is None else wake_at
+            wake = self.wake
+            while heap and heap[0][2] == _TIMER and heap[0][3] != wake and heap[0][0] < bound:
+                heapq.heappop(heap)
+            next_event = heap[0][0] if heap else math.inf
+            if wake_at is not None and wake_at < next_event:
+                next_event = wake_at
+            last = n
+        else:
+            last = min(n, i + quiet // self.items)  # quiet >= items: at least one
+        j = bisect_left(times, next_event, i + 1, last)
+        admitted = self.queue.admit_many(request, times[i:j], range(i, j))
+        if admitted < j - i:
+            self.outcome[i + admitted : j] = REFUSED
+        if quiet is not None:
+            self.quiet = quiet - admitted * self.items
+        elif wake_at is not None and admitted:
+            self.arrival_wake = None
+            self._set_wake(wake_at)
+        return j
+
+    def _result(self, label: str) -> RunResult:
         b = np.array([row[:4] for row in self.batches], dtype=float).reshape(-1, 4)
         reasons = np.array([_REASON_CODE[row[4]] for row in self.batches], dtype=np.int8)
         return RunResult(
@@ -298,7 +311,7 @@ class _Run:
             start_s=self.start,
             finish_s=self.finish,
             outcome=self.outcome,
-            items=np.full(n, items, dtype=np.int64),
+            items=np.full(len(self.times), self.items, dtype=np.int64),
             batch_start_s=b[:, 0],
             batch_duration_s=b[:, 1],
             batch_items=b[:, 2].astype(np.int64),

@@ -726,105 +726,131 @@ class Tally:
         return snap
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_every_admitted_request_gets_exactly_one_outcome(seed):
-    rng = np.random.default_rng(seed)
-    q = BatchQueue("m", Codec("m"), random_config(rng))
-    ledger = Tally()
-    running = []
-    clock = SimClock()  # virtual time: it only moves forward, when the test says so
-    closed = False
+class RandomDriver:
+    """Drives a queue with random events on virtual time, checking each step's batches."""
 
-    def finish(batch):
+    def __init__(self, rng):
+        self.rng = rng
+        self.q = BatchQueue("m", Codec("m"), random_config(rng))
+        self.ledger = Tally()
+        self.running = []
+        self.clock = SimClock()  # virtual time: it only moves forward, when the test says so
+        self.closed = False
+
+    def finish(self, batch):
+        q, ledger, now = self.q, self.ledger, self.clock.now()
         poisoned = any(r.id in ledger.poisoned for r, _, _ in batch.parts)
         isolate = q.config.isolate_errors
 
         def attempt(b):
             if not any(r.id in ledger.poisoned for r, _, _ in b.parts):
                 out = model(*b.stack(q.codec))
-                ledger.record(q.complete(b, q.codec.split(out, b.counts), clock.now()))
+                ledger.record(q.complete(b, q.codec.split(out, b.counts), now))
             elif isolate and len(b.parts) > 1:
                 for half in b.halves():
                     attempt(half)
             else:
-                ledger.record(q.fail(b, RuntimeError("poisoned input"), clock.now()))
+                ledger.record(q.fail(b, RuntimeError("poisoned input"), now))
 
         attempt(batch)
-        q.release(batch, clock.now(), ok=not poisoned)
+        q.release(batch, now, ok=not poisoned)
 
-    def step(at):
-        s = q.poll(at)
-        cfg = q.config
+    def step(self, at):
+        s = self.q.poll(at)
         for batch in s.fire:
-            assert batch.items <= cfg.max_batch_size
-            if cfg.effective_strategy == "off":
-                assert len(batch.parts) == 1
-            if closed:
-                assert batch.reason == "drain"
-            signatures = {(r.args[0].dtype, r.args[0].shape[1:]) for r, _, _ in batch.parts}
-            assert len(signatures) == 1
-            for r, _, _ in batch.parts:
-                assert not ledger.outcomes[r.id], "a request with an outcome was fired"
-            running.append(batch)
+            self.check_fired(batch)
+            self.running.append(batch)
         if s.fire:
-            assert len(running) <= cfg.max_concurrent_batches
-        ledger.record(s.rejected)
+            assert len(self.running) <= self.q.config.max_concurrent_batches
+        self.ledger.record(s.rejected)
         return s.wake_s
 
-    wake = None
-    for event in range(6000):
+    def check_fired(self, batch):
+        cfg = self.q.config
+        assert batch.items <= cfg.max_batch_size
+        if cfg.effective_strategy == "off":
+            assert len(batch.parts) == 1
+        if self.closed:
+            assert batch.reason == "drain"
+        signatures = {(r.args[0].dtype, r.args[0].shape[1:]) for r, _, _ in batch.parts}
+        assert len(signatures) == 1
+        for r, _, _ in batch.parts:
+            assert not self.ledger.outcomes[r.id], "a request with an outcome was fired"
+
+    def arrive(self, event):
+        rng, ledger = self.rng, self.ledger
+        items = int(rng.integers(1, 5)) if rng.random() < 0.85 else int(rng.integers(5, 40))
+        trailing, dtype = SIGNATURES[int(rng.integers(len(SIGNATURES)))]
+        if rng.random() < 0.02:
+            items = 0  # refused at admission: never admitted
+        x = (np.arange(items * trailing[0]).reshape(items, *trailing) + event).astype(dtype)
+        try:
+            r = self.q.admit((x,), self.clock.now())
+        except (QueueFullError, OverloadError):  # full, or predicted to start too late
+            ledger.refused += 1
+        except InputError:
+            assert items == 0
+        else:
+            ledger.requests[r.id] = r
+            ledger.expected[r.id] = model(x)
+            if rng.random() < 0.03:
+                ledger.poisoned.add(r.id)
+
+    def cancel_one(self):
+        ledger = self.ledger
+        r = ledger.requests[int(self.rng.integers(len(ledger.requests)))]
+        had_outcome = bool(ledger.outcomes[r.id])
+        if self.q.cancel(r, self.clock.now()):
+            assert not had_outcome
+            ledger.outcomes[r.id].append("cancelled")
+        else:
+            assert had_outcome
+
+    def event(self, event):
+        """One random event, then the polls a driver would make after it."""
+        rng, clock = self.rng, self.clock
         u = rng.random()
         if u < 0.42:
-            items = int(rng.integers(1, 5)) if rng.random() < 0.85 else int(rng.integers(5, 40))
-            trailing, dtype = SIGNATURES[int(rng.integers(len(SIGNATURES)))]
-            if rng.random() < 0.02:
-                items = 0  # refused at admission: never admitted
-            x = (np.arange(items * trailing[0]).reshape(items, *trailing) + event).astype(dtype)
-            try:
-                r = q.admit((x,), clock.now())
-            except (QueueFullError, OverloadError):  # full, or predicted to start too late
-                ledger.refused += 1
-            except InputError:
-                assert items == 0
-            else:
-                ledger.requests[r.id] = r
-                ledger.expected[r.id] = model(x)
-                if rng.random() < 0.03:
-                    ledger.poisoned.add(r.id)
-        elif u < 0.52 and ledger.requests:
-            r = ledger.requests[int(rng.integers(len(ledger.requests)))]
-            had_outcome = bool(ledger.outcomes[r.id])
-            if q.cancel(r, clock.now()):
-                assert not had_outcome
-                ledger.outcomes[r.id].append("cancelled")
-            else:
-                assert had_outcome
-        elif u < 0.78 and running:
-            finish(running.pop(int(rng.integers(len(running)))))
+            self.arrive(event)
+        elif u < 0.52 and self.ledger.requests:
+            self.cancel_one()
+        elif u < 0.78 and self.running:
+            self.finish(self.running.pop(int(rng.integers(len(self.running)))))
         elif u < 0.80:
-            q.configure(random_config(rng))
+            self.q.configure(random_config(rng))
         else:
             clock.advance(float(rng.exponential(2 * MS)))
-        wake = step(clock.now())
+        wake = self.step(clock.now())
         if wake is not None and rng.random() < 0.3:
             clock.advance_to(max(clock.now(), wake))  # the driver's timer fires
-            wake = step(clock.now())
-        if event % 250 == 0:
-            ledger.check(q, clock.now())
+            self.step(clock.now())
 
-    q.close()
-    closed = True
-    with pytest.raises(RunnerStoppedError):
-        q.admit((rows(1),), clock.now())
-    ledger.refused += 1
-    for _ in range(100_000):
-        if q.idle and not running:
-            break
-        while running:
-            finish(running.pop(0))
-        clock.advance(MS)
-        step(clock.now())
-    snap = ledger.check(q, clock.now())
+    def drain(self):
+        """Close the queue and run until every admitted request has its outcome."""
+        self.q.close()
+        self.closed = True
+        with pytest.raises(RunnerStoppedError):
+            self.q.admit((rows(1),), self.clock.now())
+        self.ledger.refused += 1
+        for _ in range(100_000):
+            if self.q.idle and not self.running:
+                break
+            while self.running:
+                self.finish(self.running.pop(0))
+            self.clock.advance(MS)
+            self.step(self.clock.now())
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_every_admitted_request_gets_exactly_one_outcome(seed):
+    run = RandomDriver(np.random.default_rng(seed))
+    ledger = run.ledger
+    for event in range(6000):
+        run.event(event)
+        if event % 250 == 0:
+            ledger.check(run.q, run.clock.now())
+    run.drain()
+    snap = ledger.check(run.q, run.clock.now())
     assert snap.pending == 0
     assert snap.queue_requests == snap.in_flight_batches == 0
     for rid in ledger.requests:

@@ -150,3 +150,13 @@ def test_a_layer_checks_each_value_once_where_it_enters():
     with pytest.raises(ConfigError, match="a known setting"):
         BatchingLayer.from_mapping({"max_batch_sise": 4})
     assert BatchingLayer(max_latency_ms=5).settings() == {"max_latency_ms": 5.0}
+
+
+def test_a_layer_pickles_as_ray_ships_it_to_replicas():
+    import pickle
+
+    from labserve.config.batching import BatchingLayer
+
+    layer = BatchingLayer(max_batch_size=4, path="runners.m.batching.", source="lab.yaml")
+    copy = pickle.loads(pickle.dumps(layer))
+    assert copy == layer and (copy.path, copy.source) == ("runners.m.batching.", "lab.yaml")

@@ -588,3 +588,20 @@ def test_methods_are_attributes_of_the_runner_unless_the_runner_has_the_name(mak
     assert isinstance(runner.methods["clock"], labserve.RunnerMethod)
     with pytest.raises(AttributeError, match="has no method 'score'"):
         runner.score  # noqa: B018
+
+
+class _ShiftedClock:
+    """A monotonic clock an hour ahead of the loop's: a different time base it can tell apart."""
+
+    def now(self) -> float:
+        return time.monotonic() + 3600.0
+
+
+def test_the_runner_takes_its_clock_and_stamps_its_snapshots_and_batches_with_it(make_runner):
+    runner = make_runner(Affine, name="clocked", clock=_ShiftedClock(), strategy="greedy")
+    assert np.array_equal(runner.predict.run(row(1)), row(1) * 2 + 1)
+    before = time.monotonic()
+    snap = runner.predict.stats()
+    assert snap.time_s > before + 3000.0
+    [batch] = snap.recent_batches
+    assert before + 3000.0 < batch.start_s <= snap.time_s

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import multiprocessing
 
 import numpy as np
 import pytest
@@ -27,7 +28,11 @@ def serial():
 
 def test_a_process_pool_gives_the_serial_rows_in_order(serial):
     seen = []
-    with concurrent.futures.ProcessPoolExecutor(2) as pool:
+    # spawn, not fork: earlier tests in this process may have started Ray, and a forked child
+    # does not survive its gRPC threads (a child's garbage collection closing an inherited Ray
+    # subscriber crashed it with SIGSEGV in a full-suite run on 2026-12-02).
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=spawn) as pool:
         rows = labserve.sweep(**GRID, executor=pool, progress=lambda d, n: seen.append((d, n)))
     assert repr(rows) == repr(serial)  # repr: NaN compares equal to itself there
     done = [d for d, n in seen if n == 12]

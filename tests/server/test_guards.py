@@ -175,3 +175,16 @@ def test_the_new_server_options_are_validated(model):
             labserve.Server(runner, allow_origin=[None])
     finally:
         runner.stop()
+
+
+def test_a_refused_request_declaring_a_huge_body_is_answered_before_the_body(served):
+    from labserve.server.exchange import DISCARD_BYTES
+    from tests.conftest import raw_request
+
+    huge = 16 * 1024 * 1024 + DISCARD_BYTES + 1  # past serve()'s default limit and the drain
+    head = (
+        f"PATCH /config HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {huge}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    status, error = error_of(raw_request(served.port, head))  # no body sent: none is read
+    assert (status, error["error"]) == (401, "UnauthorizedError")  # the token comes first

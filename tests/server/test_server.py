@@ -254,3 +254,18 @@ def _ignore_lag():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LoadWarning)  # a busy machine may lag; tested elsewhere
         yield
+
+
+def test_serve_takes_servers_own_parameters_declared_once():
+    import inspect
+
+    assert inspect.signature(serve).parameters == inspect.signature(Server).parameters
+    runner = labserve.Runner(Model, name="model")
+    server = serve(runner, max_connections=7, idle_timeout_s=5)
+    try:
+        assert (server.max_connections, server.idle_timeout_s, server.running) == (7, 5.0, True)
+        with pytest.raises(TypeError, match="max_conections"):
+            serve(runner, max_conections=7)  # a typo is refused, not ignored
+    finally:
+        server.stop()
+        runner.stop()

@@ -1,0 +1,73 @@
+"""What the OpenAI-compatible routes drive: a generator, and the stream of one generation.
+
+Protocols, so that whatever serves a generative method (the runner's continuous-batching
+engine; a stand-in in tests) plugs into :mod:`labserve.server.openai` through the
+server's :class:`~labserve.server.exchange.Backend`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Finish", "GenerateRequest", "GenerationStream", "Generator"]
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation asked for, checked. Immutable."""
+
+    model: str
+    prompt: str
+    max_tokens: int | None = None
+    """The most tokens to generate (None: the generator's own limit)."""
+    temperature: float = 1.0
+    """0 is greedy."""
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    """Generate ``max_tokens`` even past the end-of-sequence token (as vLLM accepts it)."""
+
+
+@dataclass(frozen=True)
+class Finish:
+    """How a generation ended, and its token counts."""
+
+    reason: str
+    """``"stop"`` (a stop string, EOS) or ``"length"`` (``max_tokens`` reached)."""
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def usage(self) -> dict[str, int]:
+        """OpenAI's ``usage``."""
+        total = self.prompt_tokens + self.completion_tokens
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": total,
+        }
+
+
+class GenerationStream(Protocol):
+    """Text pieces as they come, then :attr:`finish`; raises the sequence's typed error.
+
+    Closing it early (``aclose()``) frees the sequence at the next step.
+    """
+
+    def __aiter__(self) -> AsyncIterator[str]: ...
+
+    @property
+    def finish(self) -> Finish | None:
+        """How it ended, once the iteration stopped (None before)."""
+
+    async def aclose(self) -> None:
+        """Give up the generation (idempotent)."""
+
+
+class Generator(Protocol):
+    """What the routes drive: a served generative method."""
+
+    def start(self, request: GenerateRequest) -> GenerationStream:
+        """Admit one generation; its stream yields the text as it is generated."""

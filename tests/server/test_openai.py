@@ -1,0 +1,248 @@
+"""The OpenAI-compatible routes, driven by the official ``openai`` client over real sockets.
+
+The generator behind them here is a stand-in (the continuous-batching engine plugs into
+the same protocol): it says its prompt back reversed, one character per token, so every
+reply can be checked exactly. ``max_retries=0``: a failure is seen, not retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import tornado.httpserver
+import tornado.netutil
+
+from labserve.base.errors import InputError
+from labserve.runtime.loop import background_loop
+from labserve.server.app import make_app
+from labserve.server.core import HttpCore
+from labserve.server.exchange import Backend
+from labserve.server.generators import Finish
+from labserve.server.openai import chat_prompt
+from labserve.server.state import ServerState
+
+openai = pytest.importorskip("openai")
+
+
+class Echo:
+    """Says the prompt back reversed, a character a token; ``forever`` never stops."""
+
+    def __init__(self, *, forever: bool = False, fail_after: int | None = None) -> None:
+        self.forever = forever
+        self.fail_after = fail_after
+        self.requests = []
+        self.closed = 0
+
+    def start(self, request):
+        if len(request.prompt) > 200:
+            raise InputError(f"the prompt has {len(request.prompt)} tokens, over 200")
+        self.requests.append(request)
+        return _Stream(self, request)
+
+
+class _Stream:
+    def __init__(self, owner: Echo, request) -> None:
+        self.owner = owner
+        self.request = request
+        self.finish = None
+        self._closed = False
+
+    def __aiter__(self):
+        return self._pieces()
+
+    async def _pieces(self):
+        text = self.request.prompt[::-1]
+        limit = self.request.max_tokens
+        out = 0
+        while self.owner.forever or out < len(text):
+            if limit is not None and out == limit:
+                self.finish = Finish("length", len(self.request.prompt), out)
+                return
+            if self.owner.fail_after is not None and out == self.owner.fail_after:
+                raise InputError("the stand-in's model failed mid-stream")
+            piece = text[out % len(text)]
+            if piece in self.request.stop:
+                break
+            await asyncio.sleep(0.001)
+            yield piece
+            out += 1
+        self.finish = Finish("stop", len(self.request.prompt), out)
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.owner.closed += 1
+
+
+@pytest.fixture
+def serve_generators():
+    """``serve_generators({name: generator}, token_everywhere=False)``: a server's base URL."""
+    bg = background_loop()
+    servers = []
+
+    def start(generators, *, token_everywhere=False):
+        state = ServerState(
+            runners={}, token="sesame", token_everywhere=token_everywhere, max_body_bytes=65536
+        )
+        core = HttpCore(state, Backend(state, generators))
+
+        def listen():
+            sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+            server = tornado.httpserver.HTTPServer(make_app(state, core))
+            server.add_sockets(sockets)
+            return server, sockets[0].getsockname()[1]
+
+        server, port = bg.call(listen)
+        servers.append(server)
+        return f"http://127.0.0.1:{port}/v1"
+
+    yield start
+
+    async def close(server):
+        server.stop()
+        await server.close_all_connections()
+
+    for server in servers:
+        bg.run(close(server), timeout=10)
+
+
+def client(base_url, api_key="unused"):
+    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=10)
+
+
+def test_models_lists_the_served_generators(serve_generators):
+    with client(serve_generators({"echo": Echo(), "echo.generate": Echo()})) as c:
+        assert sorted(m.id for m in c.models.list()) == ["echo", "echo.generate"]
+
+
+def test_a_completion_with_usage(serve_generators):
+    echo = Echo()
+    with client(serve_generators({"echo": echo})) as c:
+        reply = c.completions.create(model="echo", prompt="abcd", max_tokens=3, seed=7)
+        assert reply.choices[0].text == "dcb" and reply.choices[0].finish_reason == "length"
+        assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (4, 3)
+        assert reply.usage.total_tokens == 7
+        whole = c.completions.create(model="echo", prompt="abcd", temperature=0)
+        assert (whole.choices[0].text, whole.choices[0].finish_reason) == ("dcba", "stop")
+    asked = echo.requests[0]
+    assert (asked.max_tokens, asked.seed, asked.temperature) == (3, 7, 1.0)
+    assert echo.requests[1].temperature == 0.0
+    assert echo.closed == 2  # every generation closed once its reply was written
+
+
+def test_a_streamed_completion_ends_with_usage_and_done(serve_generators):
+    with client(serve_generators({"echo": Echo()})) as c:
+        chunks = list(
+            c.completions.create(
+                model="echo",
+                prompt="hello",
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )
+        )
+    texts = [ch.choices[0].text for ch in chunks if ch.choices]
+    assert "".join(texts) == "olleh" and len(texts) >= 5  # a token per event, then the end
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+
+
+def test_a_chat_completion_uses_the_documented_template(serve_generators):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    expected = chat_prompt(messages)
+    assert expected == "system: be brief\nuser: hi\nassistant: "
+    with client(serve_generators({"echo": Echo()})) as c:
+        reply = c.chat.completions.create(model="echo", messages=messages)
+        assert reply.choices[0].message.role == "assistant"
+        assert reply.choices[0].message.content == expected[::-1]
+        assert reply.usage.prompt_tokens == len(expected)
+        stream = c.chat.completions.create(
+            model="echo", messages=messages, max_completion_tokens=4, stream=True
+        )
+        chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+    assert content == expected[::-1][:4] and chunks[-1].choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"extra_body": {"best_of": 3}}, "best_of"),
+        ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
+    ],
+)
+def test_unsupported_parameters_are_a_400_that_names_them(serve_generators, extra, named):
+    echo = Echo()
+    with (
+        client(serve_generators({"echo": echo})) as c,
+        pytest.raises(openai.BadRequestError) as info,
+    ):
+        c.chat.completions.create(
+            model="echo", messages=[{"role": "user", "content": "hi"}], **extra
+        )
+    assert f"does not support {named}" in info.value.message
+    assert info.value.body["code"] == "InputError"
+    assert echo.requests == []  # refused before any generation
+
+
+def test_neutral_values_of_unsupported_parameters_are_accepted(serve_generators):
+    with client(serve_generators({"echo": Echo()})) as c:
+        reply = c.completions.create(
+            model="echo", prompt="ab", n=1, top_p=1, presence_penalty=0, user="me"
+        )
+    assert reply.choices[0].text == "ba"
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (dict(model="nope", prompt="a"), "NotFoundError", "no model 'nope' (served: echo)"),
+        (dict(model="echo", prompt="a", temperature=3), "BadRequestError", "temperature"),
+        (dict(model="echo", prompt="a", max_tokens=0), "BadRequestError", "max_tokens"),
+        (dict(model="echo", prompt="a", stop=["x"] * 5), "BadRequestError", "stop must be"),
+        (dict(model="echo", prompt="a" * 201), "BadRequestError", "over 200"),
+        (dict(model="echo", prompt="a" * 201, stream=True), "BadRequestError", "over 200"),
+    ],
+)
+def test_errors_have_openais_shape_and_status(serve_generators, call, error, words):
+    with (
+        client(serve_generators({"echo": Echo()})) as c,
+        pytest.raises(getattr(openai, error)) as info,
+    ):
+        c.completions.create(**call)
+    assert words in info.value.message
+
+
+def test_the_api_key_is_the_servers_token_where_one_is_required(serve_generators):
+    url = serve_generators({"echo": Echo()}, token_everywhere=True)
+    with client(url, api_key="wrong") as c, pytest.raises(openai.AuthenticationError):
+        c.models.list()
+    with client(url, api_key="sesame") as c:
+        assert [m.id for m in c.models.list()] == ["echo"]
+
+
+def test_a_failure_mid_stream_reaches_the_client_as_an_error(serve_generators):
+    with client(serve_generators({"echo": Echo(fail_after=2)})) as c:
+        stream = c.completions.create(model="echo", prompt="abcdef", stream=True)
+        with pytest.raises(openai.APIError, match="failed mid-stream"):
+            list(stream)
+
+
+def test_a_client_that_leaves_mid_stream_closes_the_generation(serve_generators):
+    echo = Echo(forever=True)
+    with client(serve_generators({"echo": echo})) as c:
+        stream = c.completions.create(model="echo", prompt="ab", stream=True)
+        first = next(iter(stream))
+        assert first.choices[0].text == "b"
+        stream.close()
+    deadline = time.monotonic() + 10
+    while echo.closed == 0:
+        assert time.monotonic() < deadline, "the endless generation was never closed"
+        time.sleep(0.01)
+    assert echo.closed == 1
