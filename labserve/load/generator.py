@@ -171,11 +171,7 @@ def start_load(
         if think_s < 0:
             raise ValueError(f"think_s must be >= 0, got {think_s!r}")
     sender: Sender
-    mix = None
-    if input_len is not None:
-        if example is None:
-            raise TypeError("input_len= needs example= (resized to each length, or a callable)")
-        mix = LengthMix(input_len, example, seed=seed)
+    mix = _length_mix(input_len, example, seed)
     if isinstance(target, str):
         pool = connections or concurrency or _OPEN_LOOP_CONNECTIONS
         sender = HttpSender(
@@ -208,6 +204,15 @@ def start_load(
         assert concurrency is not None
         future = bg.submit(_closed_loop(sender, concurrency, think_s, duration_s, control))
     return LoadRun(bg, future, control, sender, float(duration_s), batches_before, label)
+
+
+def _length_mix(input_len: Any, example: Any, seed: int) -> LengthMix | None:
+    """The length mix ``input_len`` asks for (None: every request is ``example``)."""
+    if input_len is None:
+        return None
+    if example is None:
+        raise TypeError("input_len= needs example= (resized to each length, or a callable)")
+    return LengthMix(input_len, example, seed=seed)
 
 
 class LoadRun:
