@@ -9,12 +9,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.lab: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[lab]'
+# constraints.txt pins what must not drift (torch's CPU build): every install goes through it.
+PIP_INSTALL := $(BIN)/python -m pip install --quiet -c constraints.txt
+
+$(VENV)/.lab: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP_INSTALL) -e '.[lab]'
 	touch $@
 
-$(VENV)/.test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+$(VENV)/.test: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP_INSTALL) -e '.[test]'
 	touch $@
 
 # Root (CI, containers) needs --allow-root; LAB_ARGS passes more, e.g. LAB_ARGS=--no-browser.

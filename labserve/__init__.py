@@ -32,6 +32,7 @@ from labserve.base.errors import (
     OriginError,
     OutputError,
     OverloadError,
+    PaddedOutputError,
     PayloadTooLargeError,
     QueueFullError,
     RemoteError,
@@ -39,11 +40,12 @@ from labserve.base.errors import (
     RunnerStoppedError,
     ServerError,
     StopTimeoutError,
+    TokenBudgetError,
     UnauthorizedError,
     UnsupportedMediaTypeError,
 )
 from labserve.base.vocabulary import OUTCOMES, REASONS, STRATEGIES
-from labserve.batching.containers import TensorSpec
+from labserve.batching.containers import Padding, TensorSpec
 from labserve.config.batching import BatchingConfig
 from labserve.config.file import ConfigFile, load_config_file
 from labserve.lab.export import export_config
@@ -123,6 +125,8 @@ __all__ = [
     "OriginError",
     "OutputError",
     "OverloadError",
+    "PaddedOutputError",
+    "Padding",
     "PayloadTooLargeError",
     "Percentiles",
     "PoissonArrivals",
@@ -145,6 +149,7 @@ __all__ = [
     "StepArrivals",
     "StopTimeoutError",
     "TensorSpec",
+    "TokenBudgetError",
     "TraceArrivals",
     "UnauthorizedError",
     "UnsupportedMediaTypeError",

@@ -294,6 +294,13 @@ def _load(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name} must be > 0, got {value:g}")
+    if args.input_len is not None:
+        from labserve.base.lengths import parse_length
+
+        try:
+            args.input_len = parse_length(args.input_len, name="--input-len")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     rows = np.ones((1, args.width or 4), np.float32)
     # A v2 model's metadata gives its inputs; float32 rows stand in when it declares none.
     example = rows if (args.width or "/v2/models/" not in args.url) else None
@@ -316,6 +323,7 @@ def _load(args: argparse.Namespace) -> None:
             token=args.token,
             connections=args.connections,
             timeout_s=args.timeout,
+            input_len=args.input_len,
         )
         try:
             try:
@@ -494,6 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument(
         "--binary", action="store_true", help="v2 binary tensors (.npy on the simple route)"
     )
+    load.add_argument(
+        "--input-len",
+        help="a length mix for a method with a ragged axis: each row its own length, e.g."
+        " 64, uniform:1:512, lognormal:16:128, list:8,16,32 (simple route)",
+    )
     load.add_argument("--token", help="sent as Authorization: Bearer (servers off loopback)")
     load.add_argument("--connections", type=int, help="keep-alive pool (default: N clients, or 64)")
     load.add_argument("--timeout", type=float, default=10.0, help="per request, s (default 10)")
@@ -509,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser(
         "export", help="batching settings as a labserve/BentoML YAML, Ray Serve or Triton config"
     )
-    export.add_argument("format", choices=("labserve", "ray", "triton"))
+    export.add_argument("format", choices=("labserve", "ray", "triton", "tfserving"))
     export.add_argument("--config", help="read the settings from this labserve/BentoML YAML")
     export.add_argument("--runner", help="the runner's section (and the name written)")
     export.add_argument("--method", help="the method name in the snippet")

@@ -153,3 +153,36 @@ def test_a_latency_target_is_named_with_each_systems_nearest_setting():
     assert "no latency target" in export_config(cfg, "ray")
     assert "no latency target" in export_config(cfg.replace(strategy="fixed"), "triton")
     assert "latency_slo" not in export_config(BatchingConfig(), "ray")
+
+
+# -- the token settings (a method with a ragged axis) -------------------------------------
+
+TOKENS = BatchingConfig(
+    strategy="fixed", max_batch_size=64, max_batch_tokens=2048, length_buckets=[16, 32, 64]
+)
+
+
+def test_the_labserve_yaml_carries_the_token_settings_and_reads_back(tmp_path):
+    path = tmp_path / "tokens.yaml"
+    path.write_text(export_config(TOKENS, "labserve", runner="lm"))
+    config = labserve.load_config_file(path)
+    assert config.for_runner("lm").settings()["length_buckets"] == (16, 32, 64)
+    assert config.for_runner("lm").settings()["max_batch_tokens"] == 2048
+
+
+def test_ray_counts_tokens_with_batch_size_fn_and_says_how_it_differs():
+    text = export_config(TOKENS, "ray")
+    assert "max_batch_size=2048" in text and "batch_size_fn=_tokens" in text
+    assert "no length buckets (#49844)" in text
+    compile(text, "ray_snippet", "exec")  # the snippet is valid Python
+
+
+def test_triton_and_tf_serving_name_their_nearest_settings():
+    triton = export_config(TOKENS, "triton")
+    assert "Triton has no token budget" in triton and "allow_ragged_batch" in triton
+    tf = export_config(TOKENS, "tfserving")
+    assert "pad_variable_length_inputs: true" in tf
+    assert "batch_timeout_micros { value: 10000 }" in tf
+    assert "no token budget" in tf
+    off = export_config(TOKENS.replace(padding=False), "tfserving")
+    assert "pad_variable_length_inputs: false" in off

@@ -28,6 +28,7 @@ __all__ = [
     "OriginError",
     "OutputError",
     "OverloadError",
+    "PaddedOutputError",
     "PayloadTooLargeError",
     "QueueFullError",
     "RemoteError",
@@ -35,6 +36,7 @@ __all__ = [
     "RunnerStoppedError",
     "ServerError",
     "StopTimeoutError",
+    "TokenBudgetError",
     "UnauthorizedError",
     "UnsupportedMediaTypeError",
 ]
@@ -176,6 +178,45 @@ class BatchSizeMismatchError(LabServeError):
         )
         self.sent_items = sent_items
         self.returned_items = returned_items
+
+
+class PaddedOutputError(LabServeError):
+    """Raised when a padded batch's output has another width on the ragged axis than its input.
+
+    The method declared that output to carry the ragged axis (``Padding.output_axis``), so
+    it must be as wide as the padded input, to be cut back to each caller's length.
+    """
+
+    status = 500
+
+    def __init__(self, where: str, axis: int, width: int, got: int | None) -> None:
+        sent = "no such axis" if got is None else f"width {got}"
+        super().__init__(
+            f"{where}: the model returned {sent} on the ragged axis {axis}, expected the "
+            f"padded batch's width {width} (Padding.output_axis declares that it carries it)"
+        )
+        self.axis = axis
+        self.width = width
+        self.got = got
+
+
+class TokenBudgetError(InputError):
+    """Raised at admission for a request whose longest row alone exceeds ``max_batch_tokens``.
+
+    A request of many rows may exceed the budget (it is split across batches, as one larger
+    than ``max_batch_size`` is); a single row cannot be split.
+    """
+
+    def __init__(self, method: str, length: int, padded: int, budget: int) -> None:
+        rounded = f" (padded to {padded})" if padded != length else ""
+        super().__init__(
+            f"{method}: a row of length {length}{rounded} exceeds max_batch_tokens={budget}: "
+            "a single row cannot be split; send shorter rows or raise the budget",
+            sent=length,
+            expected=f"<= {budget} tokens",
+        )
+        self.length = length
+        self.budget = budget
 
 
 class CancelledRequestError(LabServeError):

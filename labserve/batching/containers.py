@@ -15,9 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from labserve.base.errors import InputError
+from labserve.base.errors import InputError, PaddedOutputError
+from labserve.base.ragged import RaggedRows
+from labserve.batching import frameworks as _fw
+from labserve.batching import padding as _pad
+from labserve.batching.padding import Padding, Ragged
 
-__all__ = ["Codec", "TensorSpec"]
+__all__ = ["Codec", "Padding", "TensorSpec"]
 
 
 @dataclass(frozen=True)
@@ -71,14 +75,25 @@ def _count(value: Any, axis: int, where: str) -> int:
             )
         return int(value.shape[axis])
     if isinstance(value, list):
+        if isinstance(value, RaggedRows):
+            raise InputError(
+                f"{where}: rows of different lengths {[len(r) for r in value]}, and the method "
+                "declares no ragged axis (pad=); send rows of one length",
+                sent=[len(r) for r in value],
+            )
         return len(value)
+    if isinstance(value, Ragged):
+        return len(value.lengths)
     if isinstance(value, tuple):
         return _agree([_count(v, axis, f"{where}[{i}]") for i, v in enumerate(value)], where)
     if isinstance(value, Mapping):
         return _agree([_count(v, axis, f"{where}[{k!r}]") for k, v in value.items()], where)
+    which = _fw.kind(value)
+    if which is not None:
+        return _fw.count(value, which, axis, where)
     raise InputError(
-        f"{where}: cannot batch a {type(value).__name__}; expected a numpy array, a list, "
-        "or a dict or tuple of those",
+        f"{where}: cannot batch a {type(value).__name__}; expected a numpy array, a torch "
+        "tensor, a pandas DataFrame or Series, a list, or a dict or tuple of those",
         sent=type(value).__name__,
     )
 
@@ -99,9 +114,15 @@ def _signature(value: Any, axis: int) -> Hashable:
         return ("a", value.dtype, _item_shape(value, axis))
     if isinstance(value, list):
         return ("l",)
+    if isinstance(value, Ragged):
+        return value.signature(axis)
     if isinstance(value, tuple):
         return ("t", *(_signature(v, axis) for v in value))
-    return ("d", *((k, _signature(v, axis)) for k, v in value.items()))
+    if isinstance(value, Mapping):
+        return ("d", *((k, _signature(v, axis)) for k, v in value.items()))
+    which = _fw.kind(value)
+    assert which is not None  # _count let nothing else through
+    return _fw.signature(value, which, axis)
 
 
 def _concat(parts: Sequence[Any], axis: int) -> Any:
@@ -117,7 +138,16 @@ def _concat(parts: Sequence[Any], axis: int) -> Any:
         return out
     if isinstance(first, tuple):
         return tuple(_concat([p[i] for p in parts], axis) for i in range(len(first)))
-    return {k: _concat([p[k] for p in parts], axis) for k in first}
+    if isinstance(first, Mapping):
+        return {k: _concat([p[k] for p in parts], axis) for k in first}
+    return _fw.concat(parts, _framework(first), axis)
+
+
+def _framework(value: Any) -> str:
+    which = _fw.kind(value)
+    if which is None:
+        raise InputError(f"cannot batch a {type(value).__name__}", sent=type(value).__name__)
+    return which
 
 
 def _slice(value: Any, start: int, stop: int, axis: int) -> Any:
@@ -127,9 +157,13 @@ def _slice(value: Any, start: int, stop: int, axis: int) -> Any:
         return value[tuple(index)]
     if isinstance(value, list):
         return value[start:stop]
+    if isinstance(value, Ragged):
+        return value.replace(_slice(value.data, start, stop, axis), value.lengths[start:stop])
     if isinstance(value, tuple):
         return tuple(_slice(v, start, stop, axis) for v in value)
-    return {k: _slice(v, start, stop, axis) for k, v in value.items()}
+    if isinstance(value, Mapping):
+        return {k: _slice(v, start, stop, axis) for k, v in value.items()}
+    return _fw.slice_items(value, _framework(value), start, stop, axis)
 
 
 # A batch output at least this large is copied out part by part: a caller keeping its small
@@ -153,6 +187,8 @@ def _split(value: Any, offsets: list[int], axis: int) -> list[Any]:
     if isinstance(value, tuple):
         columns = [_split(v, offsets, axis) for v in value]
         return [tuple(row) for row in zip(*columns, strict=True)]
+    if not isinstance(value, Mapping):
+        return _fw.split(value, _framework(value), offsets, axis)
     keys = list(value)
     columns = [_split(value[k], offsets, axis) for k in keys]
     return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
@@ -175,6 +211,7 @@ class Codec:
         method: str,
         batch_dim: int | tuple[int, int] = 0,
         input_spec: TensorSpec | Sequence[TensorSpec] | None = None,
+        padding: Padding | int | None = None,
     ) -> None:
         if isinstance(batch_dim, tuple):
             if len(batch_dim) != 2 or not all(isinstance(d, int) for d in batch_dim):
@@ -192,13 +229,20 @@ class Codec:
         self.input_spec: tuple[TensorSpec, ...] | None = (
             tuple(input_spec) if input_spec is not None else None
         )
+        if isinstance(padding, int) and not isinstance(padding, bool):
+            padding = Padding(axis=padding)
+        elif padding is not None and not isinstance(padding, Padding):
+            raise TypeError(f"pad must be a Padding, an axis (int) or None, got {padding!r}")
+        self.padding: Padding | None = padding
+        if padding is not None:
+            self._check_padding(padding)
 
     def admit(self, args: tuple[Any, ...]) -> tuple[tuple[Any, ...], int, Hashable]:
         """Check one request's arguments; return them (cast to the spec), its items and signature.
 
         Raises InputError, naming what was sent and what was expected.
         """
-        if len(args) == 1 and self.input_spec is None:
+        if len(args) == 1 and self.input_spec is None and self.padding is None:
             # The common case, kept lean: it runs once per request on the loop.
             arg = args[0]
             if type(arg) is np.ndarray:
@@ -212,6 +256,8 @@ class Codec:
                     return args, shape[d], ("t", key)  # as _signature(args)
         if not args:
             raise InputError(f"{self.method}: a batchable call needs at least one argument")
+        if self.padding is not None:
+            args = self._to_ragged(args, self.padding)
         if self.input_spec is not None:
             args = self._check_spec(args)
         items = _agree(
@@ -237,6 +283,9 @@ class Codec:
         checked = []
         for i, (arg, spec) in enumerate(zip(args, specs, strict=True)):
             expected = spec.describe(self.in_dim)
+            ragged = arg if isinstance(arg, Ragged) else None
+            if ragged is not None:
+                arg = ragged.data
             arr = arg if isinstance(arg, np.ndarray) else None
             if arr is None:
                 try:
@@ -259,8 +308,189 @@ class Codec:
                     sent=_describe(arr),
                     expected=expected,
                 )
-            checked.append(arr.astype(spec.dtype, copy=False))
+            cast = arr.astype(spec.dtype, copy=False)
+            checked.append(cast if ragged is None else ragged.replace(cast))
         return tuple(checked)
+
+    # -- a ragged axis (padding) ----------------------------------------------------------
+
+    def _check_padding(self, padding: Padding) -> None:
+        if padding.axis == self.in_dim:
+            raise ValueError(
+                f"{self.method}: the ragged axis ({padding.axis}) must not be the batch axis"
+            )
+        for i, spec in enumerate(self.input_spec or ()):
+            if not padding.selects(i, None):
+                continue
+            dims = list(spec.shape)
+            dims.insert(self.in_dim, -1)
+            if len(dims) <= padding.axis or dims[padding.axis] != -1:
+                raise TypeError(
+                    f"{self.method}: input_spec {i} ({spec.describe(self.in_dim)}) must leave "
+                    f"the ragged axis {padding.axis} free (-1)"
+                )
+
+    def _to_ragged(self, args: tuple[Any, ...], padding: Padding) -> tuple[Any, ...]:
+        """The call's ragged inputs as Ragged; InputError if their lengths disagree."""
+        found: list[tuple[str, np.ndarray]] = []
+        out: list[Any] = []
+        for i, arg in enumerate(args):
+            where = f"{self.method} argument {i}"
+            if isinstance(arg, Mapping):
+                converted = {}
+                for k, v in arg.items():
+                    converted[k] = self._ragged_leaf(v, i, k, f"{where}[{k!r}]", found)
+                out.append(converted)
+            else:
+                out.append(self._ragged_leaf(arg, i, None, where, found))
+        if not found:
+            raise InputError(
+                f"{self.method}: declares the ragged axis {padding.axis}, but no input has it "
+                "(send arrays, or lists of rows)",
+                sent=[type(a).__name__ for a in args],
+            )
+        _pad.agree(found, f"{self.method} arguments")
+        return tuple(out)
+
+    def _ragged_leaf(
+        self, value: Any, i: int, key: Any, where: str, found: list[tuple[str, np.ndarray]]
+    ) -> Any:
+        padding = self.padding
+        assert padding is not None
+        name = key if isinstance(key, str) else None
+        if not padding.selects(i, name):
+            return value
+        leaf = _pad.to_ragged(value, padding, self.in_dim, name, where)
+        if isinstance(leaf, Ragged):
+            found.append((where, leaf.lengths))
+        return leaf
+
+    def lengths(self, args: tuple[Any, ...]) -> np.ndarray:
+        """Each item's true length on the ragged axis (int64), of admitted ``args``."""
+        for arg in args:
+            for leaf in arg.values() if isinstance(arg, Mapping) else (arg,):
+                if isinstance(leaf, Ragged):
+                    return leaf.lengths
+        raise TypeError(f"{self.method}: these arguments hold no ragged input")
+
+    def sent_rows(self, args: tuple[Any, ...]) -> bool:
+        """True if the caller sent its ragged input as a list of rows."""
+        for arg in args:
+            for leaf in arg.values() if isinstance(arg, Mapping) else (arg,):
+                if isinstance(leaf, Ragged):
+                    return leaf.rows
+        return False
+
+    def measure(self, parts: Sequence[tuple[np.ndarray, int, int]]) -> tuple[int, int]:
+        """A padded batch's width and true tokens, from each part's (lengths, start, stop)."""
+        padding = self.padding
+        assert padding is not None
+        longest = true = 0
+        for lengths, a, b in parts:
+            mine = lengths[a:b]
+            longest = max(longest, int(mine.max()))
+            true += int(mine.sum())
+        return padding.round_width(longest), true
+
+    def stack_padded(self, requests: Sequence[tuple[Any, ...]], width: int) -> tuple[Any, ...]:
+        """Stack requests padded to ``width``; the true lengths come last if the model takes them.
+
+        With ``Padding.lengths_arg`` set, the result's last element is the int64 lengths
+        (:meth:`bind` passes it to the model by keyword).
+        """
+        padding = self.padding
+        assert padding is not None
+        d = self.in_dim
+
+        def column(parts: list[Any], key: Any) -> Any:
+            first = parts[0]
+            if isinstance(first, Ragged):
+                name = key if isinstance(key, str) else None
+                padded = [_pad.pad_to(p, width, padding, name) for p in parts]
+                return padded[0] if len(padded) == 1 else np.concatenate(padded, axis=d)
+            if isinstance(first, Mapping):
+                return {k: column([p[k] for p in parts], k) for k in first}
+            return _concat(parts, d)
+
+        stacked = [column([r[i] for r in requests], None) for i in range(len(requests[0]))]
+        if padding.lengths_arg is not None:
+            lengths = [self.lengths(r) for r in requests]
+            stacked.append(lengths[0] if len(lengths) == 1 else np.concatenate(lengths))
+        return tuple(stacked)
+
+    def bind(self, fn: Any) -> Any:
+        """``fn`` as the driver calls it: with the true lengths by keyword, if it takes them."""
+        padding = self.padding
+        if padding is None or padding.lengths_arg is None:
+            return fn
+        name = padding.lengths_arg
+
+        def call(*args: Any) -> Any:
+            return fn(*args[:-1], **{name: args[-1]})
+
+        return call
+
+    def split_padded(
+        self,
+        output: Any,
+        counts: Sequence[int],
+        cuts: Sequence[tuple[np.ndarray, bool, int]],
+        width: int,
+    ) -> list[Any]:
+        """Split a padded batch's output; cut what carries the ragged axis per caller.
+
+        ``cuts[i]`` is part i's rows' true lengths, whether its caller sent a list of rows
+        (each row comes back cut to its own length, in a list), and its caller's length
+        (its longest row, over all its parts). Raises PaddedOutputError for an output of
+        another width on the ragged axis.
+        """
+        padding = self.padding
+        assert padding is not None
+        parts = self.split(output, counts)
+        where = f"{self.method} output"
+        return [
+            self._cut_part(part, padding, width, cut, where)
+            for part, cut in zip(parts, cuts, strict=True)
+        ]
+
+    def _cut_part(
+        self,
+        part: Any,
+        padding: Padding,
+        width: int,
+        cut: tuple[np.ndarray, bool, int],
+        where: str,
+    ) -> Any:
+        lengths, rows, length = cut
+
+        def leaf(value: Any, key: Any) -> Any:
+            axis = padding.out_axis(key)
+            if axis is None or not isinstance(value, np.ndarray):
+                return value
+            name = where if key is None else f"{where}[{key!r}]"
+            if axis == self.out_dim:
+                raise PaddedOutputError(name, axis, width, None)
+            if not rows:  # every row of the caller's array has its length
+                return _pad.cut(value, axis, width, length, padding, name)
+            # Each row back to its own length (a list, as the caller sent its rows).
+            row_axis = axis - 1 if axis > self.out_dim else axis
+            return [
+                _pad.cut(
+                    _slice(value, j, j + 1, self.out_dim).squeeze(self.out_dim),
+                    row_axis,
+                    width,
+                    int(n),
+                    padding,
+                    name,
+                )
+                for j, n in enumerate(lengths)
+            ]
+
+        if isinstance(part, Mapping):
+            return {k: leaf(v, k) for k, v in part.items()}
+        if isinstance(part, tuple):
+            return tuple(leaf(v, i) for i, v in enumerate(part))
+        return leaf(part, None)
 
     def slice(self, args: tuple[Any, ...], start: int, stop: int) -> tuple[Any, ...]:
         """Items ``start:stop`` of a request (to split one larger than the cap)."""

@@ -23,7 +23,12 @@ _MIN_SPREAD = 0.05
 
 @dataclass(frozen=True)
 class CostFit:
-    """The fitted model cost: ``duration_s = a_s + b_s * items``."""
+    """The fitted model cost: ``duration_s = a_s + b_s * items + c_s * tokens``.
+
+    ``tokens`` are a padded batch's tokens (items x its width on the ragged axis); for a
+    method without one, ``c_s`` is 0. Asked about items alone, the fit prices each item at
+    the mean width of the batches it saw (``width``).
+    """
 
     a_s: float
     """Fixed cost of one model call, in seconds (what batching shares out)."""
@@ -31,6 +36,10 @@ class CostFit:
     """Cost of each extra item, in seconds."""
     samples: int
     """Batches in the window the fit was made from."""
+    c_s: float = 0.0
+    """Cost of each padded token, in seconds (0: no ragged axis, or no token cost seen)."""
+    width: float = 0.0
+    """Mean padded width of the window's batches (tokens per item; 0: no ragged axis)."""
     ready: bool = field(init=False, compare=False)
     """True once enough batches were seen for the fit to steer decisions (4). A field, not
     a property: reject mode asks at every arrival while every slot is busy, and as a
@@ -40,9 +49,16 @@ class CostFit:
     def __post_init__(self) -> None:
         object.__setattr__(self, "ready", self.samples >= 4)
 
-    def predict_s(self, items: int) -> float:
-        """Predicted duration of a batch of ``items``, in seconds."""
-        return self.a_s + self.b_s * items
+    def predict_s(self, items: int, tokens: float | None = None) -> float:
+        """Predicted duration of a batch of ``items`` (and ``tokens``, if known), seconds."""
+        if tokens is None:
+            tokens = items * self.width
+        return self.a_s + self.b_s * items + self.c_s * tokens
+
+    @property
+    def item_s(self) -> float:
+        """What one more item costs at the mean width: ``b_s + c_s * width``, seconds."""
+        return self.b_s + self.c_s * self.width
 
 
 class CostModel:
@@ -60,6 +76,8 @@ class CostModel:
         self._window = window
         self._items = np.zeros(2 * window)
         self._durations = np.zeros(2 * window)
+        self._tokens = np.zeros(2 * window)
+        self._token_batches = 0  # batches with tokens in the window's ring (0: fit items alone)
         self._count = 0
         self._fitted_at = 0
         self._refit_every = refit_every
@@ -74,12 +92,16 @@ class CostModel:
             self._fitted_at = self._count
         return self._fit
 
-    def observe(self, items: int, duration_s: float) -> None:
-        """Record one finished batch."""
+    def observe(self, items: int, duration_s: float, tokens: int = 0) -> None:
+        """Record one finished batch (``tokens``: its padded tokens, if it had a ragged axis)."""
         w = self._window
         i = self._count % w
         self._items[i] = self._items[i + w] = items
         self._durations[i] = self._durations[i + w] = duration_s
+        if tokens or self._token_batches:
+            leaving = self._count >= w and bool(self._tokens[i] > 0)
+            self._token_batches += int(tokens > 0) - int(leaving)
+            self._tokens[i] = self._tokens[i + w] = tokens
         self._count += 1
 
     def observations(self) -> tuple[np.ndarray, np.ndarray]:
@@ -93,7 +115,17 @@ class CostModel:
         first = (self._count - n) % w
         return self._items[first : first + n], self._durations[first : first + n]
 
+    def token_observations(self) -> np.ndarray:
+        """A copy of the windowed batches' padded tokens, oldest first (0: none)."""
+        w = self._window
+        n = min(self._count, w)
+        first = (self._count - n) % w
+        tokens: np.ndarray = self._tokens[first : first + n].copy()
+        return tokens
+
     def _refit(self) -> CostFit:
+        if self._token_batches:
+            return self._refit_tokens()
         x, y = self._window_views()
         a, b = _line(x, y)
         raw = y - (a + b * x)
@@ -112,6 +144,40 @@ class CostModel:
         if 2 <= np.count_nonzero(keep) < len(x):
             a, b = _line(x[keep], y[keep])
         return CostFit(a, b, len(x))
+
+    def _refit_tokens(self) -> CostFit:
+        """The fit with a per-token term (a padded method), stalls left out as for items."""
+        x, y = self._window_views()
+        t = self.token_observations()
+        fit = _plane(x, t, y)
+        raw = y - (fit[0] + fit[1] * x + fit[2] * t)
+        median = _median(raw)
+        spread = max(1.4826 * _median(np.abs(raw - median)), _MIN_SPREAD * _median(y))
+        keep = np.abs(raw - median) <= _OUTLIER_MADS * spread
+        if 3 <= np.count_nonzero(keep) < len(x):
+            fit = _plane(x[keep], t[keep], y[keep])
+        width = float(t.sum() / x.sum()) if x.sum() else 0.0
+        return CostFit(fit[0], fit[1], len(x), fit[2], width)
+
+
+def _plane(x: np.ndarray, t: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """Least-squares ``y = a + b x + c t`` with a, b, c >= 0.
+
+    Tokens are items x width, so with one width seen they carry nothing items do not: the
+    items-only line is taken then, as it is when the plane needs a negative term (of the
+    two lines, on items and on tokens, the one that fits better).
+    """
+    if len(x) >= 3:
+        design = np.column_stack([np.ones_like(x), x, t])
+        if np.linalg.matrix_rank(design) == 3:
+            coef = np.linalg.lstsq(design, y, rcond=None)[0]
+            if (coef >= 0).all():
+                return float(coef[0]), float(coef[1]), float(coef[2])
+    a, b = _line(x, y)
+    ta, c = _line(t, y)
+    if np.sum((y - ta - c * t) ** 2) < np.sum((y - a - b * x) ** 2):
+        return ta, 0.0, c
+    return a, b, 0.0
 
 
 def _median(v: np.ndarray) -> float:

@@ -123,7 +123,7 @@ def _toward_target(
     slack = budget_s - (now - view.oldest_arrival_s) - fit.predict_s(view.items)
     if slack <= 0.0:
         return _ADAPTIVE if holding else _IDLE
-    hold_s = slack / (1.0 + max(fit.b_s, 0.0) * item_rate)
+    hold_s = slack / (1.0 + max(fit.item_s, 0.0) * item_rate)  # an item at the mean width
     until = min(now + hold_s, deadline)
     if view.hold_until_s is not None:
         until = min(until, view.hold_until_s)

@@ -31,12 +31,13 @@ from labserve.base.errors import (
     QueueFullError,
     RequestTimeoutError,
     RunnerStoppedError,
+    TokenBudgetError,
 )
-from labserve.batching import deadlines
+from labserve.batching import deadlines, ragged
 from labserve.batching.budget import LatencyBudget
 from labserve.batching.containers import Codec
 from labserve.batching.estimators import CostFit, CostModel, RateEstimator
-from labserve.batching.groups import ShapeGroup
+from labserve.batching.groups import Part, ShapeGroup
 from labserve.batching.policy import Decision, Fire, HeadView, decide
 from labserve.batching.requests import Batch, Outcome, Request, RequestState, Step
 from labserve.config.batching import BatchingConfig
@@ -82,6 +83,7 @@ class BatchQueue:
         self.label = f"{runner}.{name}" if runner else name
         """``runner.method``, as errors and warnings name it."""
         self.codec = codec
+        self._padding = codec.padding  # None: no ragged axis (every padded path is skipped)
         self._config = config
         self._pending_config: BatchingConfig | None = None
         self._budget = LatencyBudget()
@@ -135,7 +137,10 @@ class BatchQueue:
     def new_request(self, args: tuple[Any, ...], handle: Any = None) -> Request:
         """Check a call's arguments and wrap them; raises InputError. Pure: any thread."""
         args, items, key = self.codec.admit(args)
-        return Request(-1, args, items, key, handle)
+        request = Request(-1, args, items, key, handle)
+        if self._padding is not None:
+            request.lengths = self.codec.lengths(args)
+        return request
 
     def admit(self, request: Request | tuple[Any, ...], now: float) -> Request:
         """Queue a request (or raw call arguments); raises if it is refused.
@@ -147,6 +152,8 @@ class BatchQueue:
         """
         if not isinstance(request, Request):
             request = self.new_request(request)
+        if self._padding is not None and self._config.max_batch_tokens:
+            self._check_tokens(request)
         refusal: LabServeError | None = None
         room, judged = self._admission()
         if not room:
@@ -170,7 +177,8 @@ class BatchQueue:
         no other outcome.
         """
         room, judged = self._admission()
-        if len(requests) <= room and not judged:
+        budget = self._padding is not None and self._config.max_batch_tokens
+        if len(requests) <= room and not judged and not budget:
             self._enqueue(requests, now)
             return []
         refused: list[Outcome] = []
@@ -180,6 +188,16 @@ class BatchQueue:
             except LabServeError as exc:
                 refused.append((request, None, exc))
         return refused
+
+    def _check_tokens(self, request: Request) -> None:
+        """Refuse (TokenBudgetError) a request whose longest row alone exceeds the budget."""
+        assert self._padding is not None
+        budget = self._config.max_batch_tokens
+        longest = int(request.lengths.max())
+        padded = self._padding.round_width(longest)
+        if padded > budget:
+            request.state = _DONE
+            raise TokenBudgetError(self.label, longest, padded, budget)
 
     def _admission(self) -> tuple[int, bool]:
         """(room, judged): what admission looks like now, whatever a request holds.
@@ -236,6 +254,8 @@ class BatchQueue:
             request.id = rid
             rid += 1
             request.arrival_s = now
+            if self._padding is not None:
+                request.key = self._length_key(request)
             if group is None or request.key != key:
                 key = request.key
                 group = self._group(key)
@@ -254,6 +274,12 @@ class BatchQueue:
         self._new_requests += n
         self._new_items += items
         self._new_at = now
+
+    def _length_key(self, request: Request) -> Hashable:
+        """A padded request's group: by bucket, by exact length, or one for all lengths."""
+        cfg = self._config
+        longest = int(request.lengths.max())
+        return ragged.length_key(request.key, longest, cfg.length_buckets, cfg.padding)
 
     def _group(self, key: Hashable) -> ShapeGroup:
         group = self._groups.get(key)
@@ -383,10 +409,18 @@ class BatchQueue:
             self._expire_while_busy(now)
         duration = now - batch.start_s
         if ok:
-            self.cost_model.observe(batch.items, duration)
+            self.cost_model.observe(batch.items, duration, batch.tokens)
         if self._recorder is not None:
+            tokens = batch.tokens
+            padding = tokens - batch.true_tokens if tokens else 0
             record = BatchRecord(
-                batch.start_s, duration, batch.items, len(batch.parts), batch.reason
+                batch.start_s,
+                duration,
+                batch.items,
+                len(batch.parts),
+                batch.reason,
+                tokens,
+                padding,
             )
             self._recorder.batch(record)
 
@@ -452,19 +486,29 @@ class BatchQueue:
             if self._closed:
                 decision = Fire("drain")
             else:
+                items = group.items
+                if self._padding is not None and cfg.max_batch_tokens:
+                    items = self._items_seen(group)
                 view = HeadView(
-                    group.items, group.requests, head.arrival_s, group.hold_start, group.hold_until
+                    items, group.requests, head.arrival_s, group.hold_start, group.hold_until
                 )
                 rates = self.rate.rates(now) if planning else _NO_RATES
                 decision = decide(view, at, cfg, fit, rates, self._budget.budget_s)
             if isinstance(decision, Fire):
                 # Take the batch off the group: it holds a slot until release().
-                parts, total, taken = group.take(cfg.max_batch_size, self._one_request, now)
+                if self._padding is None:
+                    parts, total, taken = group.take(cfg.max_batch_size, self._one_request, now)
+                else:
+                    parts, total, taken = self._take_padded(group, now)
                 self._queued_items -= total
                 self._queued_requests -= taken
                 self._in_flight += 1
                 self._next_batch += 1
                 batch = Batch(self._next_batch, decision.reason, now, parts, total)
+                if self._padding is not None:
+                    batch.width, batch.true_tokens = self.codec.measure(
+                        [(r.lengths, a, b) for r, a, b in parts]
+                    )
                 if cfg.on_overload == "reject":  # admission predicts with it
                     batch.due_s = now + self.cost_model.fit.predict_s(total)
                 self._running[batch.id] = batch
@@ -476,6 +520,32 @@ class BatchQueue:
             group.hold_items = decision.until_items
             step.wake_s = _earliest(step.wake_s, decision.until_s)
             held.append(group)
+
+    def _items_seen(self, group: ShapeGroup) -> int:
+        """What a strategy sees of a padded group: full (the cap) once the budget binds."""
+        assert self._padding is not None
+        cfg = self._config
+        budget, cap = cfg.max_batch_tokens, cfg.max_batch_size
+        if ragged.budget_binds(group.queue, cap, budget, self._padding):
+            return cap
+        return group.items
+
+    def _take_padded(self, group: ShapeGroup, now: float) -> tuple[list[Part], int, int]:
+        """ShapeGroup.take for a padded method: in order, within the cap and the budget."""
+        assert self._padding is not None
+        cfg = self._config
+        group.hold_start = group.hold_until = None
+        parts, total, taken = ragged.take(
+            group.queue,
+            cfg.max_batch_size,
+            cfg.max_batch_tokens,
+            self._padding,
+            self._one_request,
+            now,
+        )
+        group.items -= total
+        group.requests -= taken
+        return parts, total, taken
 
     def _oldest_group(self, skip: list[ShapeGroup]) -> tuple[ShapeGroup, Request] | None:
         """The group whose head arrived first, and that head, among those not in ``skip``.
@@ -597,7 +667,15 @@ class BatchQueue:
             in_flight_batches=self._in_flight,
             stuck_batches=len(self._stuck),
             budget_s=self._budget.budget_s,
-            cost_fit=CostFitView(fit.a_s * 1000.0, fit.b_s * 1000.0, fit.samples, low, high),
+            cost_fit=CostFitView(
+                fit.a_s * 1000.0,
+                fit.b_s * 1000.0,
+                fit.samples,
+                low,
+                high,
+                fit.c_s * 1000.0,
+                fit.width,
+            ),
         )
 
 

@@ -37,6 +37,7 @@ class Request:
         "id",
         "items",
         "key",
+        "lengths",
         "offset",
         "parts_pending",
         "pieces",
@@ -64,6 +65,7 @@ class Request:
         self.parts_pending = 0  # taken parts whose batch has not finished
         self.pieces: list[tuple[int, Any]] | None = None  # outputs of a split request
         self.state = RequestState.QUEUED
+        self.lengths: Any = None  # a ragged request's rows' true lengths (numpy int64)
 
     @property
     def done(self) -> bool:
@@ -82,15 +84,35 @@ class Batch:
     items: int
     due_s: float = 0.0
     """When the cost model expects it to end (set only when admission predicts overload)."""
+    width: int = 0
+    """A padded batch's width on the ragged axis (0: the method has none)."""
+    true_tokens: int = 0
+    """A padded batch's tokens before padding: its rows' true lengths, summed."""
+
+    @property
+    def tokens(self) -> int:
+        """Padded tokens computed: items x width (0 when the method has no ragged axis)."""
+        return self.items * self.width
 
     def stack(self, codec: Codec) -> tuple[Any, ...]:
         """The model's input: the parts stacked along the batch axis (pure; any thread)."""
-        return codec.stack(
-            [
-                r.args if (a == 0 and b == r.items) else codec.slice(r.args, a, b)
-                for r, a, b in self.parts
-            ]
-        )
+        parts = [
+            r.args if (a == 0 and b == r.items) else codec.slice(r.args, a, b)
+            for r, a, b in self.parts
+        ]
+        if codec.padding is not None:
+            return codec.stack_padded(parts, self.width)
+        return codec.stack(parts)
+
+    def split(self, codec: Codec, output: Any) -> list[Any]:
+        """The model's output split into each part's share (cut back if padded; pure)."""
+        if codec.padding is None:
+            return codec.split(output, self.counts)
+        cuts = [
+            (r.lengths[a:b], codec.sent_rows(r.args), int(r.lengths.max()))
+            for r, a, b in self.parts
+        ]
+        return codec.split_padded(output, self.counts, cuts, self.width)
 
     @property
     def counts(self) -> list[int]:
@@ -101,10 +123,11 @@ class Batch:
         """Two batches with the first and second half of the parts (to isolate an error)."""
         mid = len(self.parts) // 2
         left, right = self.parts[:mid], self.parts[mid:]
-        return (
-            Batch(self.id, self.reason, self.start_s, left, sum(b - a for _, a, b in left)),
-            Batch(self.id, self.reason, self.start_s, right, sum(b - a for _, a, b in right)),
-        )
+        return self._part(left), self._part(right)
+
+    def _part(self, parts: list[tuple[Request, int, int]]) -> Batch:
+        items = sum(b - a for _, a, b in parts)
+        return Batch(self.id, self.reason, self.start_s, parts, items, width=self.width)
 
 
 Outcome = tuple[Request, Any, BaseException | None]

@@ -18,6 +18,7 @@ takes 0 for "none" (as ``latency_slo_ms`` does) rather than None.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from functools import cached_property
@@ -80,6 +81,22 @@ _PERCENTILE = _Rule(
 )
 
 
+def _is_buckets(value: Any) -> bool:
+    if not isinstance(value, (list, tuple)) or len(value) > _MAX_BUCKETS:
+        return False
+    if not all(_is_integer(v) and v >= 1 for v in value):
+        return False
+    return all(a < b for a, b in itertools.pairwise(value))
+
+
+_MAX_BUCKETS = 64
+_BUCKETS = _Rule(
+    f"a list of at most {_MAX_BUCKETS} increasing integers >= 1 (bucket bounds; [] for none)",
+    _is_buckets,
+    tuple,
+)
+
+
 def _setting(default: _T, rule: _Rule) -> _T:
     """Declare a BatchingConfig field with its default and the rule every source meets."""
     return dataclasses.field(default=default, metadata={"rule": rule})
@@ -124,6 +141,20 @@ class BatchingConfig:
     milliseconds (0: no limit). A limit, unlike ``max_latency_ms`` (the queue wait before a
     batch fires): past it the caller gets RequestTimeoutError (HTTP 504). Generous by
     default, so that nothing waits forever behind a model that hangs."""
+
+    max_batch_tokens: int = _setting(0, _integer_at_least(0))
+    """For a method with a ragged axis: most padded tokens (items x the batch's padded
+    width) in one model call, beside ``max_batch_size``; 0: no budget. A request whose
+    longest row alone exceeds it is refused at admission (TokenBudgetError, HTTP 400)."""
+    length_buckets: tuple[int, ...] = _setting((), _BUCKETS)
+    """For a method with a ragged axis: bucket bounds on a request's length, e.g.
+    ``[16, 32, 64]``. Requests share a batch only within a bucket (up to 16, 17 to 32, 33
+    to 64, past 64), so a batch pads at most to its bucket's bound; every request still
+    fires within ``max_latency_ms``. Empty: every length shares one queue."""
+    padding: bool = _setting(True, _BOOLEAN)
+    """For a method with a ragged axis: pad requests of different lengths into one batch.
+    False: only requests of one length share a batch (exact-shape grouping, what a
+    batcher without padding does)."""
 
     def __post_init__(self) -> None:
         for name in SETTINGS:

@@ -1,4 +1,4 @@
-"""Export a method's batching settings for deployment: labserve/BentoML YAML, Ray Serve, Triton.
+"""Export a method's batching settings for deployment: labserve YAML, Ray, Triton, TF Serving.
 
 The caps carry over; the semantics do not always. Each snippet starts with a comment that
 says where its target counts differently, so nobody deploys a tuned number with a silently
@@ -17,10 +17,18 @@ from labserve.runtime.runner import RunnerMethod
 
 __all__ = ["FORMATS", "export_config"]
 
-FORMATS: tuple[str, ...] = ("labserve", "ray", "triton")
+FORMATS: tuple[str, ...] = ("labserve", "ray", "triton", "tfserving")
 """The formats :func:`export_config` writes."""
 
-_LABSERVE_ONLY = ("strategy", "on_overload", "max_queue_size", "max_concurrent_batches")
+_LABSERVE_ONLY = (
+    "strategy",
+    "on_overload",
+    "max_queue_size",
+    "max_concurrent_batches",
+    "max_batch_tokens",
+    "length_buckets",
+    "padding",
+)
 
 
 def _resolve(
@@ -45,7 +53,8 @@ def _labserve(cfg: BatchingConfig, runner: str | None, method: str | None) -> st
         scope = f"runner {runner!r}; the section applies to every batchable method of the runner"
     else:
         scope = "the global section: it applies to every runner"
-    settings = cfg.as_dict()
+    # YAML has no tuples: bucket bounds are a list there.
+    settings = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.as_dict().items()}
     body = {"batching": settings} if runner is None else {runner: {"batching": settings}}
     header = [
         f"# labserve/BentoML config, {scope}"
@@ -85,6 +94,21 @@ def _ray(cfg: BatchingConfig, method: str | None) -> str:
     args = f"max_batch_size={size}, batch_wait_timeout_s={_number(wait_s)}"
     if cfg.max_concurrent_batches != 1:
         args += f", max_concurrent_batches={cfg.max_concurrent_batches}"
+    tokens = ""
+    if strategy != "off" and cfg.max_batch_tokens:
+        # Ray's batch_size_fn makes max_batch_size count what it returns: here, tokens.
+        args = (
+            f"max_batch_size={cfg.max_batch_tokens}, batch_wait_timeout_s={_number(wait_s)},"
+            " batch_size_fn=_tokens"
+        )
+        tokens = (
+            f"# max_batch_tokens={cfg.max_batch_tokens}: Ray's batch_size_fn sums what it"
+            " returns per request and caps that at max_batch_size, so here it counts tokens;"
+            " Ray counts each request's own length (no padding), labserve the padded batch"
+            f" (items x its longest), and labserve's max_batch_size={cfg.max_batch_size}"
+            " item cap has no second Ray setting.\n"
+        )
+    tokens += _ray_lengths(cfg)
     name = method or "predict"
     timeout = ""
     if cfg.latency_slo_ms:
@@ -98,17 +122,107 @@ def _ray(cfg: BatchingConfig, method: str | None) -> str:
             "# request_timeout_ms: Ray Serve's proxy-wide http_options.request_timeout_s="
             f"{_number(cfg.request_timeout_s)} (serve.start), not per method.\n"
         )
+    helper = ""
+    if "batch_size_fn" in args:
+        helper = (
+            "def _tokens(request) -> int:  # one request's tokens (its input's length)\n"
+            "    return len(request)\n"
+            "\n"
+            "\n"
+        )
     return (
         "# Ray Serve: decorate a method of your @serve.deployment class.\n"
         f"# Differs: {note}\n"
-        f"{timeout}"
+        f"{timeout}{tokens}"
         "from ray import serve\n"
         "\n"
         "\n"
+        f"{helper}"
         f"@serve.batch({args})\n"
         f"async def {name}(self, requests: list) -> list:  # one result per request, in order\n"
         "    ...\n"
     )
+
+
+def _ray_lengths(cfg: BatchingConfig) -> str:
+    """Comments for the length settings Ray has no equivalent of."""
+    lines = ""
+    if cfg.length_buckets:
+        lines += (
+            f"# length_buckets={list(cfg.length_buckets)}: Ray has no length buckets (#49844);"
+            " the nearest is one deployment (or method) per bucket, routed by length.\n"
+        )
+    if not cfg.padding:
+        lines += (
+            "# padding=False (one length per batch): Ray batches whatever comes; group by"
+            " length before @serve.batch for that.\n"
+        )
+    return lines
+
+
+def _triton_tokens(cfg: BatchingConfig) -> list[str]:
+    """Comments mapping the token settings to Triton's nearest (it has no token budget)."""
+    lines = []
+    if cfg.max_batch_tokens:
+        lines.append(
+            f"# max_batch_tokens={cfg.max_batch_tokens}: Triton has no token budget; its"
+            " nearest is a max_batch_size for your longest expected rows (budget / length)."
+        )
+    if cfg.length_buckets:
+        sizes = (
+            sorted(
+                {
+                    max(1, min(cfg.max_batch_size, cfg.max_batch_tokens // b))
+                    for b in cfg.length_buckets
+                }
+            )
+            if cfg.max_batch_tokens
+            else []
+        )
+        lines.append(
+            f"# length_buckets={list(cfg.length_buckets)}: Triton does not group by length;"
+            " preferred_batch_size prefers batch sizes, not lengths"
+            + (f" (the budget's sizes per bucket would be {sizes})" if sizes else "")
+            + ". Without padding, Triton's ragged batching (allow_ragged_batch on the input,"
+            " a batch_input of kind BATCH_ACCUMULATED_ELEMENT_COUNT) hands the model the rows"
+            " concatenated with their offsets: the model must change to read them."
+        )
+    return lines
+
+
+def _tfserving(cfg: BatchingConfig, runner: str | None, method: str | None) -> str:
+    model = ".".join(p for p in (runner, method) if p) or "your model"
+    strategy = cfg.effective_strategy
+    lines = [f"# TF Serving batching_parameters (--batching_parameters_file) for {model}."]
+    if strategy == "off":
+        lines.append("# Differs: batching is off here: run TF Serving without --enable_batching.")
+        return "\n".join(lines) + "\n"
+    lines.append(
+        "# Differs: TF Serving fires a batch when full or batch_timeout_micros after its first"
+        " request, like labserve's 'fixed'"
+        + ("" if strategy == "fixed" else f"; labserve's {strategy!r} has no TF equivalent")
+        + "; pad_variable_length_inputs pads ragged inputs to the batch's longest, as"
+        " labserve's padding does (undocumented, TF Serving #1934; it has returned wrong"
+        " results for short rows when the model does not mask, tensor2tensor #1489)."
+    )
+    if cfg.max_batch_tokens:
+        lines.append(
+            f"# max_batch_tokens={cfg.max_batch_tokens}: TF Serving has no token budget;"
+            " its nearest is max_batch_size for your longest expected rows (budget / length)."
+        )
+    if cfg.length_buckets:
+        lines.append(
+            f"# length_buckets={list(cfg.length_buckets)}: no TF equivalent;"
+            " allowed_batch_sizes pads the number of items up (labserve never pads items)."
+        )
+    lines += [
+        f"max_batch_size {{ value: {cfg.max_batch_size} }}",
+        f"batch_timeout_micros {{ value: {round(cfg.max_latency_ms * 1000)} }}",
+        f"num_batch_threads {{ value: {cfg.max_concurrent_batches} }}",
+        f"max_enqueued_batches {{ value: {max(1, cfg.max_queue_size // cfg.max_batch_size)} }}",
+        f"pad_variable_length_inputs: {'true' if cfg.padding else 'false'}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _triton(cfg: BatchingConfig, runner: str | None, method: str | None) -> str:
@@ -146,6 +260,7 @@ def _triton(cfg: BatchingConfig, runner: str | None, method: str | None) -> str:
             " max_queue_delay_microseconds is a batching wait (the nearest: keep it below the"
             " target less the batch's run time; model_analyzer searches for it offline)."
         )
+    lines += _triton_tokens(cfg)
     policy = [f"    max_queue_size: {cfg.max_queue_size}"]
     if cfg.request_timeout_s:
         lines.append(
@@ -188,7 +303,8 @@ def export_config(
             live changes) or a :class:`BatchingConfig`.
         fmt: ``"labserve"`` (a YAML file that :func:`labserve.load_config_file` and
             ``Runner(config=...)`` read, in BentoML's shape), ``"ray"`` (an
-            ``@serve.batch`` decorator) or ``"triton"`` (a ``config.pbtxt`` fragment).
+            ``@serve.batch`` decorator), ``"triton"`` (a ``config.pbtxt`` fragment) or
+            ``"tfserving"`` (a ``batching_parameters`` file).
         runner: the runner name to write; defaults to the method's runner. With a
             BatchingConfig and no runner, the YAML is the global ``runners.batching`` section.
         method: the method name for the snippet; defaults to the method's own.
@@ -212,4 +328,6 @@ def export_config(
         return _labserve(cfg, runner_name, method_name)
     if fmt == "ray":
         return _ray(cfg, method_name)
+    if fmt == "tfserving":
+        return _tfserving(cfg, runner_name, method_name)
     return _triton(cfg, runner_name, method_name)

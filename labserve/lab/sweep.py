@@ -21,6 +21,10 @@ _CHUNK_REQUESTS = 30_000
 _MIN_CHUNKS = 16
 """A task never takes more than 1/16 of the grid, so small grids still spread out."""
 
+_Point = tuple[Any, ...]
+"""(strategy, max_batch_size, max_latency_ms, latency_slo_ms, length_buckets,
+max_batch_tokens, padding, rate): one grid point, its rate last."""
+
 COLUMNS: tuple[str, ...] = (
     "strategy",
     "max_batch_size",
@@ -41,6 +45,10 @@ def sweep(
     max_batch_size: Sequence[int] = (32,),
     max_latency_ms: Sequence[float] = (10.0,),
     latency_slo_ms: Sequence[float] = (0.0,),
+    length_buckets: Sequence[Sequence[int]] = ((),),
+    max_batch_tokens: Sequence[int] = (0,),
+    padding: Sequence[bool] = (True,),
+    input_len: Any = None,
     on_overload: str = "wait",
     duration_s: float = 10.0,
     cost: CostLike = (2.0, 0.1),
@@ -56,7 +64,11 @@ def sweep(
     ``example`` are given: then each point is a real open-loop run after
     ``configure()`` (the method's config is restored afterwards). ``progress(done, total)``
     is called after each point. ``latency_slo_ms`` sweeps the latency target (0: none);
-    ``on_overload`` applies to every point. ``executor`` (a ThreadPoolExecutor,
+    ``on_overload`` applies to every point. With ``input_len`` (a length distribution or
+    its string) each point simulates a method with a ragged axis, ``cost`` pricing
+    ``(items, padded_tokens)``, and ``length_buckets``, ``max_batch_tokens`` and
+    ``padding`` are swept too (rows then carry ``tokens_per_batch`` and ``padding_pct``).
+    ``executor`` (a ThreadPoolExecutor,
     ProcessPoolExecutor, ``labserve.ray.RayExecutor``...) runs the simulated points in
     parallel; each point is seeded alike, so the rows are the serial run's, in its order.
 
@@ -66,19 +78,34 @@ def sweep(
     """
     if method is not None and example is None:
         raise TypeError("a real sweep needs example= (one request to send)")
+    if input_len is None and (
+        list(length_buckets) != [()] or list(max_batch_tokens) != [0] or list(padding) != [True]
+    ):
+        raise TypeError(
+            "length_buckets, max_batch_tokens and padding sweep a ragged axis: give input_len"
+        )
     grid = list(
-        itertools.product(strategies, max_batch_size, max_latency_ms, latency_slo_ms, rates)
+        itertools.product(
+            strategies,
+            max_batch_size,
+            max_latency_ms,
+            latency_slo_ms,
+            [tuple(b) for b in length_buckets],
+            max_batch_tokens,
+            padding,
+            rates,
+        )
     )
     if executor is not None:
         if method is not None:
             raise TypeError("executor= runs simulated points; a real sweep runs one at a time")
-        return _fan_out(executor, grid, on_overload, duration_s, seed, cost, progress)
+        return _fan_out(executor, grid, on_overload, duration_s, seed, (cost, input_len), progress)
     rows: list[dict[str, Any]] = []
     before = method.config if method is not None else None
     try:
         for done, point in enumerate(grid, start=1):
             if method is None:
-                rows.append(_point(point, on_overload, duration_s, seed, cost))
+                rows.append(_point(point, on_overload, duration_s, seed, (cost, input_len)))
             else:
                 settings = _settings(point, on_overload)
                 method.configure(**settings)
@@ -100,39 +127,50 @@ def sweep(
 
 
 def _point(
-    point: tuple[str, int, float, float, float],
+    point: _Point,
     on_overload: str,
     duration_s: float,
     seed: int,
-    cost: CostLike,
+    model: tuple[Any, Any],
 ) -> dict[str, Any]:
-    """One simulated point's row (module level: an executor pickles it by name)."""
+    """One simulated point's row (module level: an executor pickles it by name).
+
+    ``model`` is (cost, input_len): input_len None simulates fixed-shape requests.
+    """
+    cost, input_len = model
     settings = _settings(point, on_overload)
     rate = point[-1]
+    extra: dict[str, Any] = {}
+    if input_len is not None:
+        extra["input_len"] = input_len
+    else:
+        for key in ("length_buckets", "max_batch_tokens", "padding"):
+            settings.pop(key)
     result = simulate(
-        PoissonArrivals(rate), duration_s=duration_s, seed=seed, cost=cost, **settings
+        PoissonArrivals(rate), duration_s=duration_s, seed=seed, cost=cost, **settings, **extra
     )
     return {**settings, "rate": rate, **result.summary()}
 
 
-def _settings(point: tuple[str, int, float, float, float], on_overload: str) -> dict[str, Any]:
+def _settings(point: _Point, on_overload: str) -> dict[str, Any]:
     """A grid point's batching settings (its rate is the last element)."""
-    strategy, cap, wait_ms, slo_ms, _rate = point
+    strategy, cap, wait_ms, slo_ms, buckets, budget, pad, _rate = point
     return {
         "strategy": strategy,
         "max_batch_size": cap,
         "max_latency_ms": wait_ms,
         "latency_slo_ms": slo_ms,
         "on_overload": on_overload,
+        "length_buckets": list(buckets),
+        "max_batch_tokens": budget,
+        "padding": pad,
     }
 
 
-def _chunks(
-    grid: list[tuple[str, int, float, float, float]], duration_s: float
-) -> list[list[tuple[str, int, float, float, float]]]:
+def _chunks(grid: list[_Point], duration_s: float) -> list[list[_Point]]:
     """Consecutive points, gathered until a task holds ``_CHUNK_REQUESTS`` simulated requests."""
     most = max(1, -(-len(grid) // _MIN_CHUNKS))
-    chunks: list[list[tuple[str, int, float, float, float]]] = [[]]
+    chunks: list[list[_Point]] = [[]]
     requests = 0.0
     for point in grid:
         if chunks[-1] and (requests >= _CHUNK_REQUESTS or len(chunks[-1]) >= most):
@@ -144,29 +182,29 @@ def _chunks(
 
 
 def _points(
-    points: list[tuple[str, int, float, float, float]],
+    points: list[_Point],
     on_overload: str,
     duration_s: float,
     seed: int,
-    cost: CostLike,
+    model: tuple[Any, Any],
 ) -> list[dict[str, Any]]:
     """Several points' rows, in order (one executor task)."""
-    return [_point(p, on_overload, duration_s, seed, cost) for p in points]
+    return [_point(p, on_overload, duration_s, seed, model) for p in points]
 
 
 def _fan_out(
     executor: concurrent.futures.Executor,
-    grid: list[tuple[str, int, float, float, float]],
+    grid: list[_Point],
     on_overload: str,
     duration_s: float,
     seed: int,
-    cost: CostLike,
+    model: tuple[Any, Any],
     progress: Callable[[int, int], None] | None,
 ) -> list[dict[str, Any]]:
     """The grid in chunks submitted to ``executor``; rows in the grid's order, progress as done."""
     chunks = _chunks(grid, duration_s)
     futures = {
-        executor.submit(_points, c, on_overload, duration_s, seed, cost): len(c) for c in chunks
+        executor.submit(_points, c, on_overload, duration_s, seed, model): len(c) for c in chunks
     }
     try:
         done = 0

@@ -35,6 +35,7 @@ from labserve.base.errors import (
 from labserve.base.vocabulary import FAILED, REASONS, REFUSED, REJECTED, SERVED, TIMEOUT
 from labserve.load.arrivals import Arrivals
 from labserve.load.http import HttpSender
+from labserve.load.mix import LengthMix
 from labserve.load.records import Control, Record, Sender, clock_s
 from labserve.metrics.results import RunResult
 from labserve.runtime.loop import BackgroundLoop
@@ -81,6 +82,7 @@ def load_test(
     token: str | None = None,
     connections: int | None = None,
     timeout_s: float = 10.0,
+    input_len: Any = None,
 ) -> RunResult:
     """Drive ``target`` with ``example`` requests for ``duration_s``; return the RunResult.
 
@@ -106,6 +108,11 @@ def load_test(
     ``timeout_s`` (per request; a request past it is a ``timeout``). Every HTTP failure
     is an outcome of its own kind (``RunResult.summary()["outcomes"]``).
 
+    ``input_len`` (a length distribution or its string, ``"lognormal:16:128"``) sends a
+    length mix to a method with a ragged axis: request k is ``example`` resized along axis
+    1 to its drawn length (or ``example(length)`` for a callable); the summary then shows
+    tokens per batch and the padding share. Over HTTP, the simple route only.
+
     Raises:
         LoadInterrupted: when interrupted (Ctrl-C); the load stopped at once, and its
             ``result`` holds what was measured so far.
@@ -128,6 +135,7 @@ def load_test(
         token=token,
         connections=connections,
         timeout_s=timeout_s,
+        input_len=input_len,
     )
     return run._wait(None, stacklevel=3)
 
@@ -146,6 +154,7 @@ def start_load(
     token: str | None = None,
     connections: int | None = None,
     timeout_s: float = 10.0,
+    input_len: Any = None,
 ) -> LoadRun:
     """Start the load :func:`load_test` describes and return at once with its :class:`LoadRun`.
 
@@ -162,6 +171,7 @@ def start_load(
         if think_s < 0:
             raise ValueError(f"think_s must be >= 0, got {think_s!r}")
     sender: Sender
+    mix = _length_mix(input_len, example, seed)
     if isinstance(target, str):
         pool = connections or concurrency or _OPEN_LOOP_CONNECTIONS
         sender = HttpSender(
@@ -171,6 +181,7 @@ def start_load(
             token=token,
             connections=pool,
             timeout_s=timeout_s,
+            mix=mix,
         )
         bg = load_loop()
         batches_before = 0
@@ -181,7 +192,7 @@ def start_load(
             raise TypeError(f"{target!r} is not batchable: load_test drives a batch queue")
         if example is None:
             raise TypeError("load_test needs example= (one request's argument)")
-        sender = _MethodSender(target, example)
+        sender = _MethodSender(target, example, mix)
         bg = target.runner.bg
         target.start()  # the loop and the driver start before the clock does
         batches_before = target.stats().batches
@@ -193,6 +204,15 @@ def start_load(
         assert concurrency is not None
         future = bg.submit(_closed_loop(sender, concurrency, think_s, duration_s, control))
     return LoadRun(bg, future, control, sender, float(duration_s), batches_before, label)
+
+
+def _length_mix(input_len: Any, example: Any, seed: int) -> LengthMix | None:
+    """The length mix ``input_len`` asks for (None: every request is ``example``)."""
+    if input_len is None:
+        return None
+    if example is None:
+        raise TypeError("input_len= needs example= (resized to each length, or a callable)")
+    return LengthMix(input_len, example, seed=seed)
 
 
 class LoadRun:
@@ -302,12 +322,14 @@ def _wait_future(future: concurrent.futures.Future[Record], timeout: float | Non
 
 
 class _MethodSender(Sender):
-    def __init__(self, method: RunnerMethod, example: Any) -> None:
+    def __init__(self, method: RunnerMethod, example: Any, mix: LengthMix | None = None) -> None:
         self.method = method
         self.example = example
+        self.mix = mix
 
     async def send(self, rec: Record, k: int) -> None:
-        request, future = self.method.submit_on_loop((self.example,))
+        payload = self.example if self.mix is None else self.mix.payload(k)
+        request, future = self.method.submit_on_loop((payload,))
         rec.went_out(k, clock_s())
         rec.items[k] = request.items
         try:
@@ -445,6 +467,8 @@ def _result(
         send_lag_s=np.asarray(rec.lag, dtype=float) if rec.lag else None,
         sent_until_s=rec.last_sent,
         server=server,
+        batch_tokens=np.asarray([b.tokens for b in held], dtype=np.int64),
+        batch_padding_tokens=np.asarray([b.padding_tokens for b in held], dtype=np.int64),
     )
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from labserve.base.errors import InputError, LoadTargetError
 from labserve.load.http_conn import ConnectionPool, Reply, request_bytes
+from labserve.load.mix import LengthMix
 from labserve.load.records import Record, Sender, clock_s
 from labserve.load.server_view import find_method, server_view
 from labserve.wire.datatypes import datatype, numpy_dtype
@@ -146,8 +147,14 @@ class HttpSender(Sender):
         connections: int = 64,
         timeout_s: float = 10.0,
         prewarm: int | None = None,
+        mix: LengthMix | None = None,
     ) -> None:
         self.target = HttpTarget.parse(url)
+        if mix is not None and self.target.kind == "v2":
+            raise TypeError(f"input_len= sends a length mix to the simple route only, not {url}")
+        self.mix = mix
+        self._requests: dict[int, tuple[bytes, int]] = {}  # per length: (request, items)
+        self._headers: dict[str, str] = {}
         if example is None and self.target.kind != "v2":
             raise TypeError(f"load_test needs example= for {url} (only a v2 URL has metadata)")
         if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
@@ -182,6 +189,7 @@ class HttpSender(Sender):
                 self.items = int(arr.shape[0]) if arr.ndim else 1
                 body, headers["Content-Type"] = _simple_body(arr, self.binary)
             self.request = request_bytes("POST", t.path, t.host_header, headers, body)
+            self._headers = headers
             self._stats_before = await self._stats()
             await self.pool.prewarm(self.prewarm, min(self.timeout_s, _SIDE_TIMEOUT_S))
         except BaseException:
@@ -197,13 +205,31 @@ class HttpSender(Sender):
         pool, self.pool = self.pool, None
         await pool.close()
 
+    def _request_for(self, k: int) -> tuple[bytes, int]:
+        """Request ``k``'s bytes and items: the one request, or its length's (a mix)."""
+        if self.mix is None:
+            return self.request, self.items
+        n = self.mix.length(k)
+        made = self._requests.get(n)
+        if made is None:
+            arr = np.asarray(self.mix.payload(k))
+            headers = dict(self._headers)
+            body, headers["Content-Type"] = _simple_body(arr, self.binary)
+            t = self.target
+            items = int(arr.shape[0]) if arr.ndim else 1
+            made = self._requests[n] = (
+                request_bytes("POST", t.path, t.host_header, headers, body),
+                items,
+            )
+        return made
+
     async def send(self, rec: Record, k: int) -> None:
         """POST the request; record its outcome and finish time."""
         assert self.pool is not None
-        rec.items[k] = self.items
+        request, rec.items[k] = self._request_for(k)
         if rec.track_lag:  # open loop: send_soon found no idle connection
             rec.waited_for_connection += 1
-        reply = await self.pool.request(self.request, self.timeout_s)
+        reply = await self.pool.request(request, self.timeout_s)
         now = clock_s()
         rec.went_out(k, reply.written_at or now)  # after the wait for a connection
         rec.outcome[k] = reply.outcome
@@ -212,11 +238,12 @@ class HttpSender(Sender):
     def send_soon(self, rec: Record, k: int) -> asyncio.Future[Any] | None:
         """Write the request now on an idle connection (no task); None if none is idle."""
         assert self.pool is not None
-        waiter = self.pool.try_send(self.request, self.timeout_s)
+        request, items = self._request_for(k)
+        waiter = self.pool.try_send(request, self.timeout_s)
         if waiter is None:
             return None
         rec.went_out(k, clock_s())
-        rec.items[k] = self.items
+        rec.items[k] = items
         waiter.add_done_callback(functools.partial(self._record, rec, k))
         return waiter
 

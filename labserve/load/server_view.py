@@ -73,6 +73,10 @@ def server_view(
         "max_batch": max((int(s) for s, c in sizes.items() if c > 0), default=0),
         "fire_reasons": {r: c for r, c in reasons.items() if c > 0},
     }
+    tokens = delta("tokens_total")
+    if tokens > 0:  # a method with a ragged axis: what padding cost over the interval
+        view["tokens_per_batch"] = tokens / batches if batches else math.nan
+        view["padding_pct"] = 100.0 * delta("padding_tokens_total") / tokens
     window_s = float(after.get("window_s") or math.inf)
     from_window = duration_s >= window_s
     view["percentiles_from"] = "window" if from_window else "buckets"

@@ -115,6 +115,38 @@ class SnapshotCollector(Collector):
         yield from (queue_req, queue_items, in_flight, cap, wait_cap, fit_a, fit_b)
         yield from (model_time, busy, target, met, stuck)
         yield from (requests, batches, batch_size, latency, wait)
+        yield from _token_families(snaps)
+
+
+def _token_families(snaps: list[Snapshot]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """Tokens and padding of the methods with a ragged axis (none: no family)."""
+    padded = [s for s in snaps if s.tokens_total]
+    if not padded:
+        return
+    tokens = CounterMetricFamily(
+        "labserve_batch_tokens", "Padded tokens computed (items x width).", labels=_LABELS
+    )
+    padding = CounterMetricFamily(
+        "labserve_padding_tokens", "Padding tokens among them.", labels=_LABELS
+    )
+    fraction = GaugeMetricFamily(
+        "labserve_padding_ratio", "Padding tokens / padded tokens (window).", labels=_LABELS
+    )
+    per_batch = GaugeMetricFamily(
+        "labserve_tokens_per_batch", "Mean padded tokens per batch (window).", labels=_LABELS
+    )
+    fit_c = GaugeMetricFamily(
+        "labserve_cost_model_per_token_seconds", "Fitted cost per padded token.", labels=_LABELS
+    )
+    for s in padded:
+        labels = [s.runner, s.method]
+        fit_c.add_metric(labels, s.cost_fit.c_ms / 1000.0)
+        tokens.add_metric(labels, s.tokens_total)
+        padding.add_metric(labels, s.padding_tokens_total)
+        if s.padding_fraction == s.padding_fraction:  # NaN: no batch in the window
+            fraction.add_metric(labels, s.padding_fraction)
+            per_batch.add_metric(labels, s.tokens_per_batch)
+    yield from (tokens, padding, fraction, per_batch, fit_c)
 
 
 def _le(bound: float) -> str:

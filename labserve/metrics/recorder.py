@@ -119,6 +119,9 @@ class Recorder:
         self._batch_items = np.zeros(self._batch_capacity)
         self._batch_duration = np.zeros(self._batch_capacity)
         self._batch_requests = np.zeros(self._batch_capacity)
+        self._batch_tokens = np.zeros(self._batch_capacity)
+        self._batch_padding = np.zeros(self._batch_capacity)
+        self.tokens_total = self.padding_tokens_total = 0
         self._batch_pos = 0
         self.batch_size_counts: dict[int, int] = {}
         self.fire_reasons: dict[str, int] = {}
@@ -230,11 +233,31 @@ class Recorder:
         self._batch_items[slot] = record.items
         self._batch_duration[slot] = record.duration_s
         self._batch_requests[slot] = record.requests
+        if record.tokens:
+            self._tokens(slot, record)
         self._batch_pos += 1
         self.batch_size_counts[record.items] = self.batch_size_counts.get(record.items, 0) + 1
         self.fire_reasons[record.reason] = self.fire_reasons.get(record.reason, 0) + 1
 
+    def _tokens(self, slot: int, record: BatchRecord) -> None:
+        """A padded batch's tokens (only a method with a ragged axis has any)."""
+        self._batch_tokens[slot] = record.tokens
+        self._batch_padding[slot] = record.padding_tokens
+        self.tokens_total += record.tokens
+        self.padding_tokens_total += record.padding_tokens
+
     # -- reads ------------------------------------------------------------------------
+
+    def window_tokens(self, now: float) -> tuple[float, float]:
+        """(mean padded tokens per batch, padding fraction) of the window's batches (NaN: none)."""
+        if not self.tokens_total:
+            return math.nan, math.nan
+        mask = self._batch_start >= now - self.window_s
+        tokens = self._batch_tokens[mask]
+        total = float(tokens.sum())
+        if not total:
+            return math.nan, math.nan
+        return float(tokens.mean()), float(self._batch_padding[mask].sum()) / total
 
     @property
     def batches(self) -> int:
@@ -334,6 +357,7 @@ class Recorder:
         lat_buckets, wait_buckets = self.buckets()
         model_ms, busy = self.model_time(now, config.max_concurrent_batches)
         target = config.latency_slo_s
+        tokens_per_batch, padding_fraction = self.window_tokens(now)
         return Snapshot(
             runner=runner,
             method=method,
@@ -374,4 +398,8 @@ class Recorder:
             latency_sum_s=self.latency_sum_s,
             queue_wait_buckets=wait_buckets,
             queue_wait_sum_s=self.wait_sum_s,
+            tokens_per_batch=tokens_per_batch,
+            padding_fraction=padding_fraction,
+            tokens_total=self.tokens_total,
+            padding_tokens_total=self.padding_tokens_total,
         )

@@ -59,6 +59,10 @@ class RunResult:
     """HTTP runs against a labserve server: the server's own view of the run, from its
     ``/stats`` before and after (counts, batches, mean/max batch, fire reasons, latency and
     queue-wait percentiles and means; see :func:`labserve.load.server_view.server_view`)."""
+    batch_tokens: np.ndarray | None = None
+    """Per batch: padded tokens computed (items x width; 0: the method has no ragged axis)."""
+    batch_padding_tokens: np.ndarray | None = None
+    """Per batch: padding tokens among them."""
 
     @property
     def served(self) -> np.ndarray:
@@ -85,6 +89,8 @@ class RunResult:
         ``slo_met_pct`` is the share of served requests within it.
         ``outcomes`` (requests by kind) appears when some request ended in a kind the
         shares do not count (connect_error, reset, client_error, cancelled).
+        With a ragged axis, ``tokens_per_batch`` (padded) and ``padding_pct`` (padding
+        tokens over padded tokens) say what padding cost.
         ``served_rps`` and ``goodput_items_ps`` are over ``duration_s``, or over the time
         the sends took when an open-loop generator fell behind (``sent_until_s``).
         Over HTTP against a labserve server, the batch figures and queue waits are the
@@ -131,6 +137,9 @@ class RunResult:
         if server is not None:
             for key in ("batches", "mean_batch", "max_batch", "fire_reasons"):
                 out[key] = server[key]
+            for key in ("tokens_per_batch", "padding_pct"):  # a method with a ragged axis
+                if key in server:
+                    out[key] = server[key]
             out["server_served"] = server["served"]
             out["server_latency_p50_ms"] = server["latency_p50_ms"]
             out["server_latency_p99_ms"] = server["latency_p99_ms"]
@@ -141,7 +150,20 @@ class RunResult:
         out["max_batch"] = int(self.batch_items.max()) if batches else 0
         reasons = np.bincount(self.batch_reason.astype(np.int64), minlength=len(REASONS))
         out["fire_reasons"] = {r: int(c) for r, c in zip(REASONS, reasons, strict=True) if c}
+        out.update(self._token_summary())
         return out
+
+    def _token_summary(self) -> dict[str, float]:
+        """Tokens per batch and the padding share, for a method with a ragged axis."""
+        tokens = self.batch_tokens
+        if tokens is None or not len(tokens) or not tokens.sum():
+            return {}
+        padding = self.batch_padding_tokens
+        wasted = float(padding.sum()) if padding is not None else math.nan
+        return {
+            "tokens_per_batch": float(tokens.mean()),
+            "padding_pct": 100.0 * wasted / float(tokens.sum()),
+        }
 
     def table(self) -> str:
         """The summary as a readable two-column table."""

@@ -43,10 +43,14 @@ class BatchRecord(NamedTuple):
     """Requests (or parts of split requests) in it."""
     reason: str
     """Why it fired: full, timeout, adaptive, idle or drain."""
+    tokens: int = 0
+    """Padded tokens computed: items x the batch's width on the ragged axis (0: none)."""
+    padding_tokens: int = 0
+    """Of those, padding: ``tokens`` less the rows' true lengths."""
 
 
 class CostFitView(NamedTuple):
-    """The adaptive strategy's cost model as fitted: batch_ms = a_ms + b_ms * items."""
+    """The adaptive strategy's cost model as fitted: a_ms + b_ms * items + c_ms * tokens."""
 
     a_ms: float
     b_ms: float
@@ -55,6 +59,10 @@ class CostFitView(NamedTuple):
     """The smallest batch the fit saw (0 before any): the fit holds from here..."""
     max_items: int = 0
     """...to the largest. Equal: one batch size only, so the slope is unknown (taken as 0)."""
+    c_ms: float = 0.0
+    """Fitted cost per padded token (a method with a ragged axis; else 0)."""
+    width: float = 0.0
+    """Mean padded width of the batches fitted (tokens per item; 0: no ragged axis)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +141,15 @@ class Snapshot:
     latency_budget_ms: float = math.nan
     """What the adaptive strategy plans a request's latency to: the target less the margin
     it learnt from answered batches (NaN: no target, or another strategy)."""
+    tokens_per_batch: float = math.nan
+    """Mean padded tokens per batch (window); NaN without a ragged axis or batches."""
+    padding_fraction: float = math.nan
+    """Padding tokens / padded tokens of the window's batches: the compute padding wastes
+    (NaN without a ragged axis or batches)."""
+    tokens_total: int = 0
+    """Padded tokens computed since start (0 without a ragged axis)."""
+    padding_tokens_total: int = 0
+    """Of those, padding, since start."""
 
     @property
     def pending(self) -> int:

@@ -24,6 +24,8 @@ _SUMMED = (
     "queue_requests",
     "queue_items",
     "in_flight_batches",
+    "tokens_total",
+    "padding_tokens_total",
     "admitted",
     "served",
     "rejected",
@@ -134,7 +136,16 @@ def merge_snapshots(snaps: Sequence[Snapshot]) -> Snapshot:
         model_busy_fraction=_weighted([s.model_busy_fraction for s in snaps], [1.0] * len(snaps)),
         latency_slo_met=_weighted([s.latency_slo_met for s in snaps], served_rates),
         latency_budget_ms=_weighted([s.latency_budget_ms for s in snaps], [1.0] * len(snaps)),
+        tokens_per_batch=_weighted([s.tokens_per_batch for s in snaps], batch_rates),
+        padding_fraction=_weighted(
+            [s.padding_fraction for s in snaps],
+            [r * _zero_nan(s.tokens_per_batch) for r, s in zip(batch_rates, snaps, strict=True)],
+        ),
     )
+
+
+def _zero_nan(x: float) -> float:
+    return 0.0 if math.isnan(x) else x
 
 
 def _overall(buckets: tuple[tuple[float, int], ...], total: int) -> Percentiles:

@@ -66,7 +66,7 @@ class MethodDriver:
         if is_async and scheduler.loop is None:
             raise TypeError("an async model needs a scheduler with an asyncio loop")
         self.queue = queue
-        self._fn = fn
+        self._fn = queue.codec.bind(fn)  # a padded method may take its rows' lengths
         self._is_async = is_async
         self._scheduler = scheduler
         self._now = scheduler.now  # monotonic, and the scheduler's timers agree with it
@@ -350,7 +350,7 @@ class MethodDriver:
             parts: list[Any] | None = None
             if outcomes is None and error is None:
                 try:
-                    parts = self.queue.codec.split(output, batch.counts)
+                    parts = batch.split(self.queue.codec, output)
                 except Exception as exc:  # an output that will not split: callers must hear
                     error = exc
             with self._lock:
@@ -421,7 +421,7 @@ class MethodDriver:
 
     def _split(self, batch: Batch, output: Any) -> list[Any]:
         self._check_count(batch, output)
-        return self.queue.codec.split(output, batch.counts)
+        return batch.split(self.queue.codec, output)
 
     def _check_count(self, batch: Batch, output: Any) -> None:
         """Raise BatchSizeMismatchError unless ``output`` has one item per input item."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar, overload
 
 from labserve.batching.containers import TensorSpec
+from labserve.batching.padding import Padding
 from labserve.config.batching import BatchingLayer
 from labserve.generation.config import GenerationConfig
 
@@ -30,6 +31,8 @@ class MethodSpec:
     """Batching settings given to the decorator (the decorator's layer of the config)."""
     input_spec: tuple[TensorSpec, ...] | None = None
     output_spec: tuple[TensorSpec, ...] | None = None
+    padding: Padding | None = None
+    """The ragged axis and how it is padded (``pad=`` on the decorator), or None."""
     generation: GenerationConfig | None = None
     """A generative method's scheduling settings as declared (None: not generative)."""
 
@@ -50,6 +53,7 @@ def method(
     batch_dim: int | tuple[int, int] = 0,
     input_spec: TensorSpec | Sequence[TensorSpec] | None = None,
     output_spec: TensorSpec | Sequence[TensorSpec] | None = None,
+    pad: Padding | int | None = None,
     generative: bool = False,
     **batching: Any,
 ) -> Callable[[F], F]: ...
@@ -61,6 +65,7 @@ def method(
     batch_dim: int | tuple[int, int] = 0,
     input_spec: TensorSpec | Sequence[TensorSpec] | None = None,
     output_spec: TensorSpec | Sequence[TensorSpec] | None = None,
+    pad: Padding | int | None = None,
     generative: bool = False,
     **batching: Any,
 ) -> F | Callable[[F], F]:
@@ -71,7 +76,9 @@ def method(
     ``max_latency_ms``, ``strategy``, ...): the decorator's layer of the config, which a
     config file's runner section and the Runner's arguments override. ``input_spec``
     declares each positional argument per item (dtype and shape without the batch axis):
-    a request that does not match fails alone at admission.
+    a request that does not match fails alone at admission. ``pad`` declares a ragged axis
+    (a :class:`~labserve.Padding`, or just its axis): requests of different lengths on it
+    share a batch, padded, and the model gets each row's true length (see Padding).
 
     ``generative=True`` marks a method that advances a batch of sequences by one step
     (continuous batching; see :mod:`labserve.runtime.generative`): it takes a
@@ -100,6 +107,7 @@ def method(
             batching=layer,
             input_spec=_specs(input_spec),
             output_spec=_specs(output_spec),
+            padding=_padding(pad),
             generation=generation,
         )
         setattr(f, _ATTR, spec)
@@ -117,6 +125,14 @@ def _specs(spec: TensorSpec | Sequence[TensorSpec] | None) -> tuple[TensorSpec, 
     if not all(isinstance(s, TensorSpec) for s in specs):
         raise TypeError(f"input_spec/output_spec must be TensorSpec(s), got {spec!r}")
     return specs
+
+
+def _padding(pad: Padding | int | None) -> Padding | None:
+    if pad is None or isinstance(pad, Padding):
+        return pad
+    if isinstance(pad, int) and not isinstance(pad, bool):
+        return Padding(axis=pad)
+    raise TypeError(f"pad must be a Padding, an axis (int) or None, got {pad!r}")
 
 
 class Runnable:

@@ -32,6 +32,18 @@ from labserve.runtime.scheduling import LoopScheduler
 __all__ = ["Runner", "RunnerMethod"]
 
 
+def _lengths_given(fn: Any, spec: MethodSpec) -> Any:
+    """A padded method's model, its lengths keyword given by each batch (not by callers).
+
+    A partial: its signature shows the keyword as given, so a call's inputs are checked
+    against the others, and the batch's lengths override the placeholder.
+    """
+    padding = spec.padding
+    if not spec.batchable or padding is None or padding.lengths_arg is None:
+        return fn
+    return functools.partial(fn, **{padding.lengths_arg: None})
+
+
 class RunnerMethod:
     """One served method: ``run`` (blocking) and ``async_run`` (awaitable).
 
@@ -43,14 +55,14 @@ class RunnerMethod:
         self.runner = runner
         self.spec = spec
         self.name = spec.name
-        self._fn = fn
+        self._fn = _lengths_given(fn, spec)
         self._lock = threading.Lock()
         self._driver: MethodDriver | None = None
         self._queue: BatchQueue | None = None
         self._plain_config = config  # a plain method's (unused) layers; a queue holds the rest
         self._fits: set[int] = set()  # numbers of arguments the model was checked to take
         if spec.batchable:
-            codec = Codec(spec.name, spec.batch_dim, spec.input_spec)
+            codec = Codec(spec.name, spec.batch_dim, spec.input_spec, spec.padding)
             self._queue = BatchQueue(spec.name, codec, config, runner=runner.name)
             self._new_request = self._queue.new_request  # per call: one lookup less
 
@@ -68,7 +80,11 @@ class RunnerMethod:
 
     @property
     def model_fn(self) -> Any:
-        """The bound model method itself (called with a whole batch when batchable)."""
+        """The bound model method (called with a whole batch when batchable).
+
+        For a method with a ragged axis whose model takes the lengths, a
+        ``functools.partial`` giving that keyword (each batch passes its own).
+        """
         return self._fn
 
     @property

@@ -87,9 +87,18 @@ def simulate(
     items_per_request: int = 1,
     handoff_ms: float = 0.0,
     label: str = "",
+    input_len: Any = None,
+    pad: Any = None,
     **batching: Any,
 ) -> RunResult:
     """Run a trace through the batching core on virtual time; return its RunResult.
+
+    ``input_len`` (a length distribution or its string, ``"lognormal:16:128"``; see
+    :mod:`labserve.base.lengths`) simulates a method with a ragged axis: each arrival draws
+    its length, batches pad (``pad``: a Padding, default axis 1), ``batching`` may set
+    ``max_batch_tokens``, ``length_buckets`` and ``padding``, and ``cost`` takes
+    ``(items, padded_tokens)`` (a :class:`~labserve.lab.surface.TokenCost` or a profiled
+    surface; see :mod:`labserve.sim.ragged`).
 
     ``arrivals`` is a sorted sequence of arrival times (seconds), or anything with a
     ``times(duration_s, seed=...)`` method (an arrival process: then ``duration_s`` is
@@ -125,9 +134,40 @@ def simulate(
     if not isinstance(handoff_ms, (int, float)) or not 0.0 <= handoff_ms < math.inf:
         raise ValueError(f"handoff_ms must be a finite number >= 0, got {handoff_ms!r}")
     config = BatchingConfig(**batching)
+    if input_len is not None:
+        return _simulate_ragged(times, duration_s, seed, cost, input_len, pad, config, label)
     cost_s = _cost_function(cost, seed)
     run = _Run(times, duration_s, cost_s, items_per_request, config, handoff_ms / 1000.0)
     return run.go(label)
+
+
+def _simulate_ragged(
+    times: np.ndarray,
+    duration_s: float,
+    seed: int,
+    cost: Any,
+    input_len: Any,
+    pad: Any,
+    config: BatchingConfig,
+    label: str,
+) -> RunResult:
+    """simulate() for a padded method: one drawn length per arrival (sim/ragged.py)."""
+    from labserve.base.lengths import parse_length
+    from labserve.sim.ragged import simulate_ragged
+
+    if isinstance(input_len, (list, tuple, np.ndarray)):
+        lengths = np.asarray(input_len, dtype=np.int64)
+    else:
+        dist = parse_length(input_len, name="input_len")
+        lengths = dist.sample(np.random.default_rng([seed, 2]), len(times))
+    if isinstance(cost, (tuple, LinearCost)) or not callable(cost):
+        raise TypeError(
+            "with input_len, cost must price (items, padded_tokens): a TokenCost"
+            f" (labserve.lab.surface) or a profiled CostSurface, got {cost!r}"
+        )
+    return simulate_ragged(
+        times, lengths, cost=cost, config=config, padding=pad, duration_s=duration_s, label=label
+    )
 
 
 class _Run:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from labserve.base.errors import InputError, OutputError
+from labserve.base.ragged import RaggedRows
 
 __all__ = ["JSON", "NPY", "decode", "dumps", "encode", "jsonable", "load_json"]
 
@@ -121,12 +122,17 @@ def _npy(body: bytes) -> np.ndarray:
     return arr
 
 
-def _array(value: Any, where: str) -> np.ndarray:
+def _array(value: Any, where: str) -> np.ndarray | RaggedRows:
     if not isinstance(value, list):
         raise InputError(f"{where} must be an array, got {type(value).__name__}")
     try:
         arr = np.asarray(value)
     except (ValueError, OverflowError, RecursionError, MemoryError) as exc:
+        # Rows of different lengths: a method with a ragged axis pads them (any other
+        # refuses them at admission, naming its missing pad=).
+        rows = RaggedRows.parse(value)
+        if rows is not None:
+            return rows
         raise InputError(f"{where} is not a rectangular array of numbers: {exc}") from exc
     if arr.dtype.kind not in "biuf":
         raise InputError(f"{where} must hold numbers, got {arr.dtype.name} values")

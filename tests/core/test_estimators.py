@@ -234,3 +234,65 @@ def test_bulk_arrivals_fold_in_order_to_the_same_bits_as_one_at_a_time(fold_ever
             bulk.observe(chunk[-1], 4, 2)
         assert bulk.rates(chunk[-1] + 0.001) == one.rates(chunk[-1] + 0.001)
     assert RateEstimator(fold_every=None).rates(1.0) == (0.0, 0.0)
+
+
+# -- a per-token term (a method with a ragged axis) --------------------------------------
+
+
+def _padded_batches(model, n=64, seed=0, widths=(4, 16, 64, 128)):
+    rng = np.random.default_rng(seed)
+    cost = CostModel(window=n)
+    for _ in range(n):
+        items = int(rng.integers(1, 33))
+        width = int(rng.choice(widths))
+        cost.observe(items, model(items, items * width), items * width)
+    return cost
+
+
+def test_the_fit_recovers_a_per_token_cost_beside_the_per_item_one():
+    fit = _padded_batches(lambda n, t: 0.002 + 0.0001 * n + 0.00001 * t).fit
+    assert fit.a_s == pytest.approx(0.002, rel=1e-6)
+    assert fit.b_s == pytest.approx(0.0001, rel=1e-6)
+    assert fit.c_s == pytest.approx(0.00001, rel=1e-6)
+    # Asked about items alone, each item is priced at the mean width seen.
+    assert fit.width > 4
+    assert fit.predict_s(10) == pytest.approx(0.002 + 10 * (0.0001 + 0.00001 * fit.width))
+    assert fit.predict_s(10, 10 * 128) == pytest.approx(0.002 + 0.001 + 0.0128)
+
+
+def test_one_stalled_padded_batch_does_not_drag_the_token_fit():
+    def model(n, t):
+        return 0.002 + 0.00001 * t
+
+    cost = _padded_batches(model)
+    cost.observe(8, 5.0, 8 * 16)  # a 5 s stall
+    for _ in range(8):
+        cost.observe(8, model(8, 128), 128)
+    fit = cost.fit
+    assert fit.c_s == pytest.approx(0.00001, rel=1e-3)
+    assert fit.predict_s(8, 8 * 16) < 0.01
+
+
+def test_with_one_width_tokens_add_nothing_and_the_item_line_is_kept():
+    fit = _padded_batches(lambda n, t: 0.001 + 0.0004 * n, widths=(32,)).fit
+    assert (fit.c_s, fit.width) == (0.0, 32.0)
+    assert fit.b_s == pytest.approx(0.0004, rel=1e-6)
+
+
+def test_a_method_without_tokens_keeps_the_plain_fit():
+    cost = CostModel(refit_every=1)
+    for n in (1, 2, 4, 8, 16):
+        cost.observe(n, 0.001 + 0.0002 * n)
+    fit = cost.fit
+    assert (fit.c_s, fit.width) == (0.0, 0.0)
+    assert fit.item_s == fit.b_s == pytest.approx(0.0002)
+
+
+def test_old_padded_batches_leave_the_window():
+    cost = CostModel(window=8, refit_every=1)
+    for n in range(1, 9):
+        cost.observe(n, 0.001 + 0.00001 * n * 64, n * 64)
+    assert cost.fit.width == 64.0
+    for n in range(1, 9):
+        cost.observe(n, 0.001 + 0.0002 * n)  # the same method, no ragged axis now
+    assert (cost.fit.c_s, cost.fit.width) == (0.0, 0.0)
