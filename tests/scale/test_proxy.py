@@ -185,6 +185,9 @@ def test_a_v2_request_with_too_many_inputs_is_a_400_naming_the_method(app, http)
 
 
 @pytest.mark.parametrize("route", ["/runners/sleep/predict", "/v2/models/sleep/infer"])
+# On a busy CI machine a few sends of this 1 s run can fall behind and the generator says so;
+# what is tested here is the route through the proxy, not the machine's speed.
+@pytest.mark.filterwarnings("ignore::labserve.LoadWarning")
 def test_the_load_generator_drives_the_application_through_the_proxy(app, ray_cluster, route):
     result = labserve.load_test(
         ray_cluster.url(route),
