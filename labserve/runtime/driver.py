@@ -453,7 +453,7 @@ class MethodDriver:
         outcomes: list[Outcome] = []  # a stop's, under the model; the rest are answered at once
         ok = False
         try:
-            ok = await self._attempt_async(batch, outcomes)
+            ok = await self._attempt_async(batch)
         except asyncio.CancelledError:  # the loop is stopping under the model
             with self._lock:
                 stopped = RunnerStoppedError(self.queue.runner)
@@ -464,7 +464,7 @@ class MethodDriver:
                 self.queue.release(batch, self._now(), ok=ok)
             self._answer_on_loop(hand_out(outcomes, self._loop), False, batch)
 
-    async def _attempt_async(self, batch: Batch, outcomes: list[Outcome]) -> bool:
+    async def _attempt_async(self, batch: Batch) -> bool:
         """Run ``batch`` (bisecting on error if asked); True if it ran cleanly whole."""
         try:
             call = self._fn(*batch.stack(self.queue.codec))
@@ -474,7 +474,7 @@ class MethodDriver:
         except BaseException as exc:  # SystemExit too: it must not end labserve's loop
             if self._should_isolate(batch, exc):
                 for half in batch.halves():
-                    await self._attempt_async(half, outcomes)
+                    await self._attempt_async(half)
                 return False
             with self._lock:
                 done = self.queue.fail(batch, exc, self._now())

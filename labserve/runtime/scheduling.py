@@ -78,8 +78,8 @@ class LoopScheduler:
     def __init__(self, bg: BackgroundLoop, clock: Clock) -> None:
         self._bg = bg
         # Captured once: a late worker must not restart a loop that was stopped.
-        self.loop: asyncio.AbstractEventLoop | None = bg.loop
         self._loop = bg.loop
+        self.loop: asyncio.AbstractEventLoop | None = self._loop
         self._executor = bg.executor
         self.now = clock.now
 

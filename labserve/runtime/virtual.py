@@ -223,11 +223,6 @@ class VirtualScheduler:
         self.clock.advance_to(target)
         self.settle()
 
-    def next_timer_s(self) -> float | None:
-        """When the next live timer is due (None: none is armed)."""
-        live = [when for when, _, handle in self._timers if not handle.cancelled]
-        return min(live) if live else None
-
     def shutdown(self) -> None:
         """Refuse new callbacks and worker jobs (the loop is closing); settle what is there."""
         self.settle()

@@ -190,6 +190,19 @@ SERVER_SCRIPT = textwrap.dedent(
 )
 
 
+def end_server(proc):
+    """Close a server subprocess's stdin (it stops), wait for it, or kill it; close its pipes."""
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
 def cpu_s(pid):
     """User plus system CPU seconds of process ``pid``."""
     with open(f"/proc/{pid}/stat") as f:
@@ -245,13 +258,7 @@ def _flood_a_server_with_few_fds(err):
     finally:
         for hog in hogs:
             hog.close()
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        proc.stdout.close()
+        end_server(proc)
 
 
 IDLE_SERVER_SCRIPT = textwrap.dedent(
@@ -295,14 +302,7 @@ def test_idle_connections_past_the_fd_limit_do_not_keep_a_good_request_waiting()
     finally:
         for hog in hogs:
             hog.close()
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        end_server(proc)
 
 
 def test_clients_that_vanish_mid_body_leave_no_task_behind(runner):
