@@ -101,7 +101,8 @@ class OverloadError(LabServeError):
 
     Only with ``on_overload="reject"`` (BentoML's rule; the default, ``"wait"``, keeps it
     queued). Raised at admission when the cost model predicts it (``predicted_wait_s`` is
-    then the predicted wait, ``waited_s`` 0), else when its deadline passes in the queue.
+    then the predicted wait, ``waited_s`` 0), else once queued, as soon as the cost model
+    predicts it (a batch ahead ran late) or at the latest when its deadline passes.
     """
 
     status = 503
@@ -137,6 +138,11 @@ class OverloadError(LabServeError):
             said = (
                 f"the request would wait about {self.predicted_wait_s * 1000.0:.1f} ms for a "
                 "free batch slot, refused at once"
+            )
+        elif self.waited_s < self.max_latency_s:  # shed once the cost model saw it late
+            said = (
+                f"the request waited {self.waited_ms:.1f} ms and is predicted to find no free "
+                "batch slot in time"
             )
         else:
             said = f"the request waited {self.waited_ms:.1f} ms without a free batch slot"

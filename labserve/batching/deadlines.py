@@ -4,9 +4,10 @@ Three limits, each a scan over the queue's shape groups (FIFO, so a scan stops a
 request still in time) or its running batches:
 
 - **the wait cap under overload** (``on_overload="reject"``): a request that could not
-  start within ``max_latency_ms`` for want of a free batch slot is rejected
-  (:func:`expired`, :func:`overdue`), or refused at admission when the cost model predicts
-  it (:func:`admission_overload`);
+  start within ``max_latency_ms`` for want of a free batch slot is refused at admission
+  when the cost model predicts it (:func:`admission_overload`), rejected as soon as the
+  cost model predicts it once queued (:func:`predicted_late`), or at its deadline
+  (:func:`expired`, :func:`overdue`);
 - **the request timeout** (``request_timeout_ms``): a request past it, queued or running,
   times out, and a batch running past it is stuck (:func:`timeouts`).
 
@@ -16,6 +17,7 @@ them and hands their errors to its owner.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Collection, Iterable
 
@@ -31,6 +33,7 @@ __all__ = [
     "expired",
     "may_expire",
     "overdue",
+    "predicted_late",
     "timeouts",
 ]
 
@@ -50,28 +53,88 @@ def admission_overload(
     queued_items: int,
     target_s: float,
     now: float,
-) -> OverloadError | None:
-    """The error for a request arriving now that the cost model predicts cannot start in time.
+    margin_s: float = 0.0,
+) -> tuple[OverloadError | None, float]:
+    """Whether a request arriving now is predicted to start in time, and until when.
 
     Every slot is busy: it starts when the first running batch is due to end, plus one
     full batch's time (per slot) for each full batch of items queued ahead of it. "In time"
-    is within ``max_latency_ms`` and, with a latency target (``target_s`` > 0), early
-    enough to meet it. A wrong prediction errs both ways; the deadline check stays the
-    backstop. None: it is predicted to start in time (or there is no fit to predict with).
+    is within ``max_latency_ms`` less ``margin_s`` (how late such predictions have come true:
+    :mod:`.margin`) and, with a latency target (``target_s`` > 0), early enough to meet it.
+    A wrong prediction errs both ways; :func:`predicted_late` and the deadline check stay
+    the backstop.
+
+    Returns (the error, or None if it is predicted to start in time; the time from which,
+    were the running batch still running, :func:`predicted_late` would find it late).
+    The fit must be ready.
     """
-    if not fit.ready:
-        return None
     cap, slots = config.max_batch_size, config.max_concurrent_batches
     full_s = fit.predict_s(cap) / slots
     free_at = min(b.due_s for b in running)
-    wait = max(free_at - now, 0.0) + (queued_items // cap) * full_s
+    ahead_s = (queued_items // cap) * full_s
+    late_at = now + config.max_latency_s - ahead_s
+    wait = max(free_at - now, 0.0) + ahead_s
     limit = config.max_latency_s
     if target_s > 0.0:
         limit = min(limit, target_s - fit.predict_s(min(cap, queued_items % cap + 1)))
-    if wait <= limit:
-        return None
+    # At most what leaves one full batch's time of the limit: every arrival while the
+    # running batch ends is still let in, so the next batch still fills.
+    margin_s = min(margin_s, max(limit - full_s, 0.0))
+    if wait <= limit - margin_s:
+        return None, late_at
     drain = max(free_at - now, 0.0) + (queued_items / cap) * full_s
-    return OverloadError(label, 0.0, limit, max(drain, 0.001), predicted_wait_s=wait)
+    error = OverloadError(label, 0.0, limit, max(drain, 0.001), predicted_wait_s=wait)
+    return error, late_at
+
+
+def predicted_late(
+    groups: Collection[ShapeGroup],
+    free_at: float,
+    now: float,
+    full_s: float,
+    cap: int,
+    wait_s: float,
+) -> tuple[list[Request], float | None]:
+    """Queued requests not yet started that the cost model now predicts cannot start in time.
+
+    Every slot is busy; the next frees at ``free_at`` (or after now, if that is past: the
+    batch runs late), and each full batch of ``cap`` items queued ahead takes ``full_s``
+    more, as admission predicts. A request predicted to start after its deadline (arrival
+    + ``wait_s``) leaves (the ones behind it move up), as does one whose deadline came
+    while every slot stayed busy; the rest keep their place. Returns them, in queue order,
+    and the earliest time another would be predicted late if the running batch runs on
+    past ``free_at`` (None: no request waits to start).
+    """
+    # A batch past its due time is still running: the next starts after now, not at it.
+    overrun = free_at <= now
+    base = now if overrun else free_at
+    late: list[Request] = []
+    wake: float | None = None
+    ahead = 0  # items queued ahead of the request, of those staying
+    queue: Iterable[Request]
+    if len(groups) == 1:
+        queue = next(iter(groups)).queue
+    else:  # batches are taken group by group; in arrival order is what admission assumed
+        queue = heapq.merge(*(g.queue for g in groups), key=_arrival)
+    for r in queue:
+        if r.state is _DONE:
+            continue
+        if r.start_s is None:
+            chunk_s = (ahead // cap) * full_s
+            deadline = r.arrival_s + wait_s
+            start = base + chunk_s
+            if start > deadline or (overrun and start >= deadline):
+                late.append(r)
+                continue
+            at = deadline - chunk_s  # from then on, a batch still running makes it late
+            if at > now and (wake is None or at < wake):
+                wake = at
+        ahead += r.items - r.offset
+    return late, wake
+
+
+def _arrival(r: Request) -> float:
+    return r.arrival_s
 
 
 def may_expire(groups: Collection[ShapeGroup], now: float, wait_s: float) -> bool:

@@ -38,6 +38,7 @@ from labserve.batching.budget import LatencyBudget
 from labserve.batching.containers import Codec
 from labserve.batching.estimators import CostFit, CostModel, RateEstimator
 from labserve.batching.groups import Part, ShapeGroup
+from labserve.batching.margin import OverloadMargin
 from labserve.batching.policy import Decision, Fire, HeadView, decide
 from labserve.batching.requests import Batch, Outcome, Request, RequestState, Step
 from labserve.config.batching import BatchingConfig
@@ -87,6 +88,7 @@ class BatchQueue:
         self._config = config
         self._pending_config: BatchingConfig | None = None
         self._budget = LatencyBudget()
+        self._margin = OverloadMargin()  # how late admission's predicted starts come true
         self._use(config)
         self._recorder: Recorder | None = None
         if record:
@@ -108,6 +110,10 @@ class BatchQueue:
         self._stuck: set[int] = set()  # running batches past the request timeout
         # The earliest time a request can time out or a batch become stuck (inf: none can).
         self._timeout_check_s = math.inf
+        # When queued requests' predicted starts are next checked (reject mode, every slot
+        # busy): -inf once a batch fired (the next poll that fires nothing checks), else
+        # when a batch running past its due time would make one late (inf: none can).
+        self._late_check_s = math.inf
 
     # -- config -----------------------------------------------------------------------
 
@@ -229,8 +235,12 @@ class BatchQueue:
         return ModelStuckError(self.label, len(self._stuck), now - oldest)
 
     def _overload_at(self, now: float, queued_items: int) -> OverloadError | None:
-        """The OverloadError for an arrival at ``now`` behind ``queued_items`` (None: in time)."""
-        return deadlines.admission_overload(
+        """The OverloadError for an arrival at ``now`` behind ``queued_items`` (None: in time).
+
+        One predicted in time brings the next check of predicted starts (:meth:`_check_predicted`)
+        forward to when a running batch that has not ended would make it late.
+        """
+        refusal, late_at = deadlines.admission_overload(
             self.label,
             self._config,
             self.cost_model.fit,
@@ -238,7 +248,11 @@ class BatchQueue:
             queued_items,
             self._budget.target_s,
             now,
+            self._margin.margin_s,
         )
+        if refusal is None and late_at < self._late_check_s:
+            self._late_check_s = late_at
+        return refusal
 
     def _refuse(self, now: float) -> None:
         if self._recorder is not None:
@@ -409,6 +423,8 @@ class BatchQueue:
             self._expire_while_busy(now)
         duration = now - batch.start_s
         if ok:
+            if batch.due_s:  # reject mode: how far admission's prediction of its end was off
+                self._observe_lateness(now - batch.due_s)
             self.cost_model.observe(batch.items, duration, batch.tokens)
         if self._recorder is not None:
             tokens = batch.tokens
@@ -440,6 +456,7 @@ class BatchQueue:
         if self._pending_config is not None:
             self._use(self._pending_config)
             self._pending_config = None
+            self._late_check_s = -math.inf  # new caps: predict the queued starts anew
         step = Step()
         if self._expired:
             step.rejected, self._expired = self._expired, []
@@ -460,7 +477,10 @@ class BatchQueue:
         if self._in_flight < cfg.max_concurrent_batches:
             self._fill_slots(now, now if due_s is None or due_s < now else due_s, step)
         if self._in_flight >= cfg.max_concurrent_batches and cfg.on_overload == "reject":
-            self._wait_for_slot(now, step)
+            if self._admission()[1]:
+                self._check_predicted(now, step)
+            else:
+                self._wait_for_slot(now, step)
         return step
 
     def _fill_slots(self, now: float, at: float, step: Step) -> None:
@@ -509,8 +529,11 @@ class BatchQueue:
                     batch.width, batch.true_tokens = self.codec.measure(
                         [(r.lengths, a, b) for r, a, b in parts]
                     )
-                if cfg.on_overload == "reject":  # admission predicts with it
-                    batch.due_s = now + self.cost_model.fit.predict_s(total)
+                if cfg.on_overload == "reject":
+                    fitted = self.cost_model.fit
+                    if fitted.ready:  # admission predicts with it
+                        batch.due_s = now + fitted.predict_s(total)
+                        self._late_check_s = -math.inf
                 self._running[batch.id] = batch
                 step.fire.append(batch)
                 continue
@@ -584,14 +607,57 @@ class BatchQueue:
 
     # -- deadlines (the scans are in .deadlines) --------------------------------------
 
-    def _wait_for_slot(self, now: float, step: Step) -> None:
-        """Every slot is busy (reject mode): reject what can no longer start in time.
+    def _observe_lateness(self, late_s: float) -> None:
+        """A batch ended ``late_s`` after its due time: teach the admission margin.
 
-        And wake at the next deadline. Not while each arrival is judged at admission: the
-        queued ones were predicted to start in time, and :meth:`release` rejects those a
-        wrong prediction let through.
+        A prediction spans the batches that end before the latest start admission allows:
+        the running one and each full batch queued ahead within ``max_latency_ms``.
         """
-        if not self._queued_requests or self._admission()[1]:
+        cfg = self._config
+        full_s = self.cost_model.fit.predict_s(cfg.max_batch_size) / cfg.max_concurrent_batches
+        spans = int(cfg.max_latency_s // full_s) + 1 if full_s > 0.0 else 1
+        self._margin.observe(late_s, spans)
+
+    def _check_predicted(self, now: float, step: Step) -> None:
+        """Every slot is busy and arrivals are judged: reject what is now predicted late.
+
+        A queued request was predicted at admission to start in time; when a batch starts
+        (and the running one is due at a new time), or the running one runs past the time
+        at which some request could still start in time, the prediction is made again with
+        the live cost model and those that can no longer start in time are rejected at
+        once, not when their deadline comes. Made at the first poll after a batch fired
+        that fires nothing itself, so that the check never delays a batch's start (a
+        worker thread starting the next batch at once polls first).
+        """
+        if not self._queued_requests:
+            self._late_check_s = math.inf
+            return
+        if step.fire or now < self._late_check_s:
+            if now < self._late_check_s < math.inf:  # (-inf: due at the next poll)
+                step.wake_s = _earliest(step.wake_s, self._late_check_s)
+            return
+        cfg = self._config
+        fit = self.cost_model.fit
+        late, wake = deadlines.predicted_late(
+            self._groups.values(),
+            min(b.due_s for b in self._running.values()),
+            now,
+            fit.predict_s(cfg.max_batch_size) / cfg.max_concurrent_batches,
+            cfg.max_batch_size,
+            cfg.max_latency_s,
+        )
+        if late:
+            self._reject(late, now, step)
+        self._late_check_s = math.inf if wake is None else wake
+        if wake is not None:
+            step.wake_s = _earliest(step.wake_s, wake)
+
+    def _wait_for_slot(self, now: float, step: Step) -> None:
+        """Every slot is busy (reject mode, no fit yet): reject what can no longer start in time.
+
+        And wake at the next deadline.
+        """
+        if not self._queued_requests:
             return
         late, next_deadline = deadlines.expired(
             self._groups.values(), now, self._config.max_latency_s

@@ -83,7 +83,7 @@ class Batch:
     parts: list[tuple[Request, int, int]]
     items: int
     due_s: float = 0.0
-    """When the cost model expects it to end (set only when admission predicts overload)."""
+    """When the cost model expects it to end (reject mode, once the model is fitted; else 0)."""
     width: int = 0
     """A padded batch's width on the ragged axis (0: the method has none)."""
     true_tokens: int = 0

@@ -987,6 +987,52 @@ def test_reject_never_serves_a_request_past_its_cap_after_a_late_poll():
     assert [b.reason for b in f.poll(0.0205).fire] == ["timeout"]
 
 
+def test_reject_sheds_a_queued_request_once_the_running_batch_makes_it_late():
+    q = make_queue(strategy="greedy", max_batch_size=4, max_latency_ms=5, on_overload="reject")
+    now = warm(q)  # a batch of 4 is fitted at 2.4 ms
+    q.admit((rows(4),), now=now)
+    (running,) = q.poll(now).fire  # due 2.4 ms from now
+    queued = [q.admit((rows(1),), now=now) for _ in range(8)]  # to start at 2.4 and 4.8 ms
+    step = q.poll(now)
+    # Should the running batch still run 2.6 ms from now, the second four start too late.
+    assert step.rejected == [] and step.wake_s == pytest.approx(now + 2.6 * MS)
+    assert q.poll(now + 2.5 * MS).rejected == []
+    step = q.poll(now + 2.7 * MS)
+    assert [r for r, _, _ in step.rejected] == queued[4:]  # 2.3 ms before their deadline
+    for _, _, err in step.rejected:
+        assert isinstance(err, OverloadError) and err.waited_s == pytest.approx(2.7 * MS)
+        assert "waited 2.7 ms and is predicted to find no free batch slot in time" in str(err)
+    assert step.wake_s == pytest.approx(now + 5 * MS)  # the first four's deadline
+    run(q, running, now + 3 * MS)
+    (batch,) = q.poll(now + 3 * MS).fire
+    assert part_ids(batch) == [r.id for r in queued[:4]]
+    assert q.snapshot(now + 3 * MS).rejected == 4
+
+
+def test_reject_refuses_at_admission_within_how_late_batches_ran():
+    def admitted_behind_a_running_batch(late_ms):
+        q = make_queue(strategy="greedy", max_batch_size=4, max_latency_ms=6, on_overload="reject")
+        now = warm(q)  # a batch of 4 is fitted at 2.4 ms
+        for _ in range(6):  # then batches end late_ms past their due time
+            q.admit((rows(4),), now=now)
+            (batch,) = q.poll(now).fire
+            now = batch.due_s + late_ms * MS
+            run(q, batch, now)
+        q.admit((rows(4),), now=now)
+        q.poll(now)  # every slot busy from here: each arrival is judged
+        for admitted in range(20):
+            try:
+                q.admit((rows(1),), now=now)
+            except OverloadError:
+                return admitted
+        raise AssertionError("never refused")
+
+    # On time: two full batches fit within the 6 ms cap (starts predicted at 2.4 and 4.8 ms).
+    assert admitted_behind_a_running_batch(0.0) == 8
+    # 1 ms late each, three batches a prediction spans: 3 ms kept in hand, 4.8 ms refused.
+    assert admitted_behind_a_running_batch(1.0) == 4
+
+
 # -- admission of one loop iteration's arrivals together (admit_all) -----------------
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import labserve
-from labserve.base.vocabulary import OUTCOMES, REASONS
+from labserve.base.vocabulary import OUTCOMES, REASONS, REFUSED, REJECTED
 from labserve.sim import LinearCost, simulate
 from labserve.testing import assert_slo
 
@@ -66,6 +66,30 @@ def test_every_request_gets_exactly_one_outcome_under_overload():
     assert served >= 0.9 * capacity * busy_s
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_overload_is_shed_at_admission_when_model_time_varies(seed):
+    # Reject mode at 8,000 req/s offered, each batch's time off its fit by up to 5%: what
+    # cannot start within the cap is refused at the call, not left to wait and be shed
+    # later (11-14% of what was shed, before the margin and the re-check), and throughput
+    # stays at the model's capacity with every served wait within the cap.
+    r = simulate(
+        labserve.PoissonArrivals(8000),
+        duration_s=5,
+        seed=seed,
+        cost=LinearCost(2.0, 0.1, jitter=0.05),
+        strategy="greedy",
+        max_batch_size=64,
+        max_latency_ms=20,
+        on_overload="reject",
+    )
+    refused = int((r.outcome == REFUSED).sum())
+    shed_late = int((r.outcome == REJECTED).sum())
+    assert refused > 0.03 * len(r.outcome)  # about 5% must go: 8,000 offered, 7,619 capacity
+    assert shed_late < 0.01 * (refused + shed_late)
+    assert r.served.sum() / 5 >= 0.97 * 64 / ((2.0 + 0.1 * 64) * MS)
+    assert r.queue_wait_s.max() <= 20 * MS + 1e-12
+
+
 def test_simulates_an_arrival_process_with_a_duration():
     class Every:
         def times(self, duration_s, seed=0):
@@ -108,7 +132,7 @@ def reference(times, cost_s, items=1, **settings):
     """The plainest driver of the real queue: one admit and one poll per arrival."""
     import heapq
 
-    from labserve.base.errors import QueueFullError
+    from labserve.base.errors import OverloadError, QueueFullError
     from labserve.batching.containers import Codec
     from labserve.batching.queue import BatchQueue
     from labserve.config.batching import BatchingConfig
@@ -134,7 +158,7 @@ def reference(times, cost_s, items=1, **settings):
             i += 1
             try:
                 q.admit(q.new_request(([None] * items,), handle=i - 1), now)
-            except QueueFullError:
+            except (QueueFullError, OverloadError):
                 continue  # refused: no poll, as the simulator does
         step = q.poll(now)
         for batch in step.fire:
@@ -173,6 +197,9 @@ def test_bulk_admission_decides_exactly_as_a_poll_after_every_arrival(strategy, 
         ("fixed", 4000, 1, {"max_concurrent_batches": 2}),
         ("greedy", 20000, 1, {"on_overload": "wait"}),
         ("adaptive", 20000, 1, {"on_overload": "wait"}),
+        ("greedy", 20000, 1, {"on_overload": "reject"}),
+        ("fixed", 6000, 1, {"on_overload": "reject", "max_concurrent_batches": 2}),
+        ("adaptive", 20000, 3, {"on_overload": "reject", "latency_slo_ms": 4}),
         ("greedy", 2000, 3, {}),
         ("adaptive", 3000, 5, {}),
         ("fixed", 3000, 20, {}),  # larger than the cap: requests split across batches
