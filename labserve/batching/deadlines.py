@@ -24,11 +24,13 @@ from collections.abc import Collection, Iterable
 from labserve.base.errors import OverloadError
 from labserve.batching.estimators import CostFit
 from labserve.batching.groups import ShapeGroup
+from labserve.batching.margin import OverloadMargin
 from labserve.batching.requests import Batch, Request, RequestState
 from labserve.config.batching import BatchingConfig
 
 __all__ = [
     "OVERDUE_GRACE_S",
+    "RECHECK_S",
     "admission_overload",
     "expired",
     "may_expire",
@@ -36,6 +38,10 @@ __all__ = [
     "predicted_late",
     "timeouts",
 ]
+
+RECHECK_S = 0.001
+"""While a batch runs late, the least time between two checks of the queued requests'
+predicted starts (:func:`predicted_late`): each walks the queue."""
 
 OVERDUE_GRACE_S = 0.002
 """A request this far past its wait cap when a free slot is finally polled is rejected
@@ -49,18 +55,20 @@ def admission_overload(
     label: str,
     config: BatchingConfig,
     fit: CostFit,
-    running: Iterable[Batch],
+    free_at: float,
     queued_items: int,
     target_s: float,
     now: float,
-    margin_s: float = 0.0,
+    margin: OverloadMargin | None = None,
 ) -> tuple[OverloadError | None, float]:
     """Whether a request arriving now is predicted to start in time, and until when.
 
-    Every slot is busy: it starts when the first running batch is due to end, plus one
-    full batch's time (per slot) for each full batch of items queued ahead of it. "In time"
-    is within ``max_latency_ms`` less ``margin_s`` (how late such predictions have come true:
-    :mod:`.margin`) and, with a latency target (``target_s`` > 0), early enough to meet it.
+    It starts when the next batch slot frees (``free_at``: the first running batch's due
+    time, or now if a slot is free), plus one full batch's time (per slot) for each full
+    batch of the ``queued_items`` ahead of it. "In time"
+    is within ``max_latency_ms`` less the ``margin`` for as many batches ahead (how late such
+    predictions have come true: :mod:`.margin`) and, with a latency target (``target_s`` >
+    0), early enough to meet it.
     A wrong prediction errs both ways; :func:`predicted_late` and the deadline check stay
     the backstop.
 
@@ -70,13 +78,14 @@ def admission_overload(
     """
     cap, slots = config.max_batch_size, config.max_concurrent_batches
     full_s = fit.predict_s(cap) / slots
-    free_at = min(b.due_s for b in running)
-    ahead_s = (queued_items // cap) * full_s
+    ahead = queued_items // cap
+    ahead_s = ahead * full_s
     late_at = now + config.max_latency_s - ahead_s
     wait = max(free_at - now, 0.0) + ahead_s
     limit = config.max_latency_s
     if target_s > 0.0:
         limit = min(limit, target_s - fit.predict_s(min(cap, queued_items % cap + 1)))
+    margin_s = 0.0 if margin is None else margin.margin_s(ahead)
     # At most what leaves one full batch's time of the limit: every arrival while the
     # running batch ends is still let in, so the next batch still fills.
     margin_s = min(margin_s, max(limit - full_s, 0.0))

@@ -1,4 +1,4 @@
-"""How far overload predictions run late: the margin admission keeps in reject mode.
+"""How far overload predictions run late: the margins admission keeps in reject mode.
 
 With ``on_overload="reject"`` and every batch slot busy, admission predicts when each
 arrival would start (:func:`.deadlines.admission_overload`): when the running batch is due
@@ -11,13 +11,16 @@ CPU), and the requests admitted at the edge of the cap, two or three batches ahe
 the ones that pay: measured at 8,000 req/s offered, 15-25% of what was shed.
 
 :class:`OverloadMargin` learns how late: each batch's end against its due time, summed over
-as many consecutive batches as a prediction spans, and admission refuses what is predicted
-to start within that margin of the cap. It is a high quantile (:data:`QUANTILE`) of those
-sums over the last :data:`WINDOW` batches. Batch ends are measured, not the starts of the
-requests that were served, since those are what remains after the late ones were shed.
-Refusing a little early costs no throughput while the queue still holds a full batch when
-the slot frees, and admission caps the margin so that it does. Sans-IO like the queue that
-owns it: durations are given.
+consecutive batches. A request predicted to start ``j`` full batches after the running one
+ends is late by the sum of ``j + 1`` such errors, so admission refuses what is predicted to
+start within :meth:`OverloadMargin.margin_s` of the cap for its ``j``: a high quantile
+(:data:`QUANTILE`) of the sums of ``j + 1`` consecutive errors over the last :data:`WINDOW`
+batches. Batch ends are measured, not the starts of the requests that were served, since
+those are what remains after the late ones were shed. Refusing a little early costs no
+throughput while the queue still holds a full batch when the slot frees: the next batch's
+requests (``j = 0``) need the smallest margin, so the batch that matters for throughput
+fills, and it is the deeper ones that are refused early. Sans-IO like the queue that owns
+it: durations are given.
 """
 
 from __future__ import annotations
@@ -25,49 +28,60 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
-__all__ = ["QUANTILE", "WINDOW", "OverloadMargin"]
+__all__ = ["MAX_SPANS", "QUANTILE", "WINDOW", "OverloadMargin"]
 
 WINDOW = 128
 """Batches whose errors are kept (about a second at 8 ms a batch)."""
 QUANTILE = 0.98
-"""Which of the summed errors sets the margin: the 3rd largest of 128."""
+"""Which of the summed errors sets a margin: the 3rd largest of 128."""
+MAX_SPANS = 8
+"""The longest run of batches whose summed errors are kept; a prediction spanning more is
+given that margin scaled up in proportion (errors add up at worst linearly)."""
 
 
 class OverloadMargin:
-    """How late predictions of a start come true: a high quantile of recent errors, seconds.
+    """How late predicted starts come true: high quantiles of recent errors, in seconds.
 
     >>> margin = OverloadMargin()
-    >>> for late_s in [0.0001] * 60 + [0.0009] * 4:  # one batch end each, 2 spanned
-    ...     margin.observe(late_s, spans=2)
-    >>> round(margin.margin_s, 6)  # the largest sums of two, but for the top 2%
+    >>> for late_s in [0.0001] * 60 + [0.0009] * 4:  # batch ends against their due times
+    ...     margin.observe(late_s)
+    >>> round(margin.margin_s(0), 6)  # the next batch: the largest but for the top 2%
+    0.0009
+    >>> round(margin.margin_s(1), 6)  # one more full batch ahead: two errors add up
     0.0018
     >>> for late_s in [-0.001] * 128:  # every batch early: no margin
-    ...     margin.observe(late_s, spans=2)
-    >>> margin.margin_s
+    ...     margin.observe(late_s)
+    >>> margin.margin_s(2)
     0.0
     """
 
-    __slots__ = ("_last", "_order", "_sums", "margin_s")
+    __slots__ = ("_last", "_margins", "_order", "_sums")
 
     def __init__(self) -> None:
-        self._last: deque[float] = deque()  # the latest batches' errors, newest last
-        self._sums: deque[float] = deque()  # summed errors, oldest first
-        self._order: list[float] = []  # the same sums, sorted
-        self.margin_s = 0.0
-        """The summed error not exceeded by :data:`QUANTILE` of recent batches (0 if
-        negative), in seconds."""
+        self._last: deque[float] = deque(maxlen=MAX_SPANS)  # the latest errors, newest last
+        # For each run length n (1..MAX_SPANS): the sums of n consecutive errors, oldest
+        # first, and the same sorted.
+        self._sums: list[deque[float]] = [deque() for _ in range(MAX_SPANS)]
+        self._order: list[list[float]] = [[] for _ in range(MAX_SPANS)]
+        self._margins = [0.0] * MAX_SPANS
 
-    def observe(self, late_s: float, spans: int) -> None:
-        """A batch ended ``late_s`` after its due time; a prediction spans ``spans`` batches."""
+    def observe(self, late_s: float) -> None:
+        """A batch ended ``late_s`` after its due time (negative: early). O(MAX_SPANS)."""
         last = self._last
         last.append(late_s)
-        while len(last) > spans:
-            last.popleft()
-        total = sum(last)
-        sums, order = self._sums, self._order
-        sums.append(total)
-        bisect.insort(order, total)
-        if len(sums) > WINDOW:
-            del order[bisect.bisect_left(order, sums.popleft())]
-        k = min(int(QUANTILE * len(order)), len(order) - 1)
-        self.margin_s = max(order[k], 0.0)
+        total = 0.0
+        for n, error in enumerate(reversed(last)):  # the sums ending with this batch
+            total += error
+            sums, order = self._sums[n], self._order[n]
+            sums.append(total)
+            bisect.insort(order, total)
+            if len(sums) > WINDOW:
+                del order[bisect.bisect_left(order, sums.popleft())]
+            k = min(int(QUANTILE * len(order)), len(order) - 1)
+            self._margins[n] = max(order[k], 0.0)
+
+    def margin_s(self, ahead: int) -> float:
+        """The margin for a start predicted ``ahead`` full batches after the running one."""
+        if ahead < MAX_SPANS:
+            return self._margins[ahead]
+        return self._margins[-1] * (ahead + 1) / MAX_SPANS

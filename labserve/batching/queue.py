@@ -152,9 +152,9 @@ class BatchQueue:
         """Queue a request (or raw call arguments); raises if it is refused.
 
         Raises InputError (bad arguments), QueueFullError, RunnerStoppedError,
-        ModelStuckError, or OverloadError when ``on_overload="reject"``, every slot is
-        busy and the cost model predicts it cannot start in time. A refused request is
-        never admitted and gets no other outcome.
+        ModelStuckError, or OverloadError when ``on_overload="reject"``, it cannot start
+        in a batch a free slot would start now and the cost model predicts it cannot start
+        in time. A refused request is never admitted and gets no other outcome.
         """
         if not isinstance(request, Request):
             request = self.new_request(request)
@@ -164,7 +164,7 @@ class BatchQueue:
         room, judged = self._admission()
         if not room:
             refusal = self._refusal(now)
-        elif judged:
+        elif judged or self._past_free_slots(request.items):
             refusal = self._overload_at(now, self._queued_items)
         if refusal is not None:
             self._refuse(now)
@@ -185,8 +185,11 @@ class BatchQueue:
         room, judged = self._admission()
         budget = self._padding is not None and self._config.max_batch_tokens
         if len(requests) <= room and not judged and not budget:
-            self._enqueue(requests, now)
-            return []
+            # In reject mode, a burst larger than the free slots start now (a loop that
+            # stalled, catching up) is judged one by one: it must not queue unbounded.
+            if not self._past_free_slots(sum(r.items for r in requests)):
+                self._enqueue(requests, now)
+                return []
         refused: list[Outcome] = []
         for request in requests:
             try:
@@ -224,6 +227,17 @@ class BatchQueue:
         free = cfg.max_queue_size - self._queued_requests
         return (free if free > 0 else 0), judged
 
+    def _past_free_slots(self, items: int) -> bool:
+        """True if ``items`` more would not all start in the batches free slots start now.
+
+        Then, in reject mode with a fitted model, each arrival is judged at admission too.
+        """
+        cfg = self._config
+        if cfg.on_overload != "reject" or not self.cost_model.fit.ready:
+            return False
+        free = cfg.max_concurrent_batches - self._in_flight
+        return self._queued_items + items > free * cfg.max_batch_size
+
     def _refusal(self, now: float) -> LabServeError:
         """Why a request arriving at ``now`` finds no room (:meth:`_admission` says 0)."""
         cfg = self._config
@@ -240,15 +254,22 @@ class BatchQueue:
         One predicted in time brings the next check of predicted starts (:meth:`_check_predicted`)
         forward to when a running batch that has not ended would make it late.
         """
+        cfg = self._config
+        free = cfg.max_concurrent_batches - self._in_flight
+        if free > 0:  # the queue starts now, in the free slots' batches
+            free_at = now
+            queued_items = max(queued_items - (free - 1) * cfg.max_batch_size, 0)
+        else:
+            free_at = min(b.due_s for b in self._running.values())
         refusal, late_at = deadlines.admission_overload(
             self.label,
-            self._config,
+            cfg,
             self.cost_model.fit,
-            self._running.values(),
+            free_at,
             queued_items,
             self._budget.target_s,
             now,
-            self._margin.margin_s,
+            self._margin,
         )
         if refusal is None and late_at < self._late_check_s:
             self._late_check_s = late_at
@@ -424,7 +445,7 @@ class BatchQueue:
         duration = now - batch.start_s
         if ok:
             if batch.due_s:  # reject mode: how far admission's prediction of its end was off
-                self._observe_lateness(now - batch.due_s)
+                self._margin.observe(now - batch.due_s)
             self.cost_model.observe(batch.items, duration, batch.tokens)
         if self._recorder is not None:
             tokens = batch.tokens
@@ -607,17 +628,6 @@ class BatchQueue:
 
     # -- deadlines (the scans are in .deadlines) --------------------------------------
 
-    def _observe_lateness(self, late_s: float) -> None:
-        """A batch ended ``late_s`` after its due time: teach the admission margin.
-
-        A prediction spans the batches that end before the latest start admission allows:
-        the running one and each full batch queued ahead within ``max_latency_ms``.
-        """
-        cfg = self._config
-        full_s = self.cost_model.fit.predict_s(cfg.max_batch_size) / cfg.max_concurrent_batches
-        spans = int(cfg.max_latency_s // full_s) + 1 if full_s > 0.0 else 1
-        self._margin.observe(late_s, spans)
-
     def _check_predicted(self, now: float, step: Step) -> None:
         """Every slot is busy and arrivals are judged: reject what is now predicted late.
 
@@ -648,9 +658,12 @@ class BatchQueue:
         )
         if late:
             self._reject(late, now, step)
-        self._late_check_s = math.inf if wake is None else wake
-        if wake is not None:
-            step.wake_s = _earliest(step.wake_s, wake)
+        if wake is None:
+            self._late_check_s = math.inf
+            return
+        # Each check walks the queue: while a batch runs late, at most one a RECHECK_S.
+        self._late_check_s = max(wake, now + deadlines.RECHECK_S)
+        step.wake_s = _earliest(step.wake_s, self._late_check_s)
 
     def _wait_for_slot(self, now: float, step: Step) -> None:
         """Every slot is busy (reject mode, no fit yet): reject what can no longer start in time.
@@ -809,7 +822,7 @@ class BulkQueue(BatchQueue):
         """
         room, judged = self._admission()
         n = k = len(times)
-        if judged:
+        if judged or self._past_free_slots(n * request.items):
             # Each arrival is judged as admit() judges it, behind the ones before it; the
             # first predicted late ends the call.
             for i, t in enumerate(times):

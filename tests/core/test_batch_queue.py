@@ -1009,6 +1009,20 @@ def test_reject_sheds_a_queued_request_once_the_running_batch_makes_it_late():
     assert q.snapshot(now + 3 * MS).rejected == 4
 
 
+def test_reject_judges_a_burst_larger_than_the_free_slot_starts():
+    # A loop that stalled catches up: a burst arrives while the slot is free. Four start
+    # now, two more batches by 4.8 ms; the rest could not start within 5 ms, and used to
+    # be queued all the same (to be shed at their deadlines, a long queue to walk).
+    q = make_queue(strategy="greedy", max_batch_size=4, max_latency_ms=5, on_overload="reject")
+    now = warm(q)  # a batch of 4 is fitted at 2.4 ms
+    refused = q.admit_all([q.new_request((rows(1),), i) for i in range(20)], now)
+    assert [r.handle for r, _, _ in refused] == list(range(12, 20))
+    for _, _, err in refused:
+        assert isinstance(err, OverloadError) and err.predicted_wait_s == pytest.approx(7.2 * MS)
+    assert q.snapshot(now).queue_requests == 12
+    assert [b.items for b in q.poll(now).fire] == [4]
+
+
 def test_reject_refuses_at_admission_within_how_late_batches_ran():
     def admitted_behind_a_running_batch(late_ms):
         q = make_queue(strategy="greedy", max_batch_size=4, max_latency_ms=6, on_overload="reject")
@@ -1029,7 +1043,8 @@ def test_reject_refuses_at_admission_within_how_late_batches_ran():
 
     # On time: two full batches fit within the 6 ms cap (starts predicted at 2.4 and 4.8 ms).
     assert admitted_behind_a_running_batch(0.0) == 8
-    # 1 ms late each, three batches a prediction spans: 3 ms kept in hand, 4.8 ms refused.
+    # Batches 1 ms late: a start one full batch further on keeps two of them (2 ms) in hand,
+    # so 4.8 ms is refused; the next batch (2.4 ms, 1 ms in hand) still fills.
     assert admitted_behind_a_running_batch(1.0) == 4
 
 

@@ -1,39 +1,41 @@
 import pytest
 
-from labserve.batching.margin import QUANTILE, WINDOW, OverloadMargin
+from labserve.batching.margin import MAX_SPANS, QUANTILE, WINDOW, OverloadMargin
 
 MS = 1e-3
 
 
 def test_no_batches_seen_means_no_margin():
-    assert OverloadMargin().margin_s == 0.0
+    assert OverloadMargin().margin_s(0) == 0.0
 
 
-def test_the_margin_is_a_high_quantile_of_the_errors_summed_over_the_spans():
+def test_a_start_further_ahead_keeps_the_errors_of_every_batch_before_it():
     margin = OverloadMargin()
     for _ in range(WINDOW):
-        margin.observe(0.1 * MS, spans=3)
-    assert margin.margin_s == pytest.approx(0.3 * MS)  # three batches, each 0.1 ms late
-    margin.observe(-0.4 * MS, spans=3)  # an early batch pulls its sums down, not the margin
-    assert margin.margin_s == pytest.approx(0.3 * MS)
+        margin.observe(0.1 * MS)
+    assert [margin.margin_s(j) for j in range(3)] == pytest.approx([0.1 * MS, 0.2 * MS, 0.3 * MS])
+    # Past the longest run kept, the margin grows in proportion.
+    assert margin.margin_s(2 * MAX_SPANS - 1) == pytest.approx(2 * MAX_SPANS * 0.1 * MS)
+    margin.observe(-0.4 * MS)  # an early batch lowers only the sums it is in
+    assert margin.margin_s(0) == pytest.approx(0.1 * MS)
 
 
 def test_the_rarest_errors_are_left_out_and_old_ones_forgotten():
     margin = OverloadMargin()
     for _ in range(WINDOW - 1):
-        margin.observe(0.0, spans=1)
-    margin.observe(5 * MS, spans=1)  # one stall in the window: above the quantile
-    assert 1 < (1 - QUANTILE) * WINDOW and margin.margin_s == 0.0
+        margin.observe(0.0)
+    margin.observe(5 * MS)  # one stall in the window: above the quantile
+    assert 1 < (1 - QUANTILE) * WINDOW and margin.margin_s(0) == 0.0
     for _ in range(4):
-        margin.observe(2 * MS, spans=1)
-    assert margin.margin_s == pytest.approx(2 * MS)
+        margin.observe(2 * MS)
+    assert margin.margin_s(0) == pytest.approx(2 * MS)
     for _ in range(WINDOW):
-        margin.observe(0.5 * MS, spans=1)
-    assert margin.margin_s == pytest.approx(0.5 * MS)  # the window moved on
+        margin.observe(0.5 * MS)
+    assert margin.margin_s(0) == pytest.approx(0.5 * MS)  # the window moved on
 
 
 def test_batches_that_end_early_need_no_margin():
     margin = OverloadMargin()
     for _ in range(10):
-        margin.observe(-1 * MS, spans=2)
-    assert margin.margin_s == 0.0
+        margin.observe(-1 * MS)
+    assert margin.margin_s(0) == margin.margin_s(1) == 0.0
