@@ -4,6 +4,7 @@ Run from the repository root (needs the ray extra, and Debian's `wrk` for the pr
 
     .venv/bin/python benchmarks/ray_bench.py            # all three
     .venv/bin/python benchmarks/ray_bench.py proxy      # or: strategies, handle, sweep
+    .venv/bin/python benchmarks/ray_bench.py alternate 5 2   # 5 rounds each, 2 replicas each
 
 One local Ray (`ray.init(num_cpus=2)`), Serve's proxy on 127.0.0.1:8123.
 
@@ -12,7 +13,8 @@ One local Ray (`ray.init(num_cpus=2)`), Serve's proxy on 127.0.0.1:8123.
   Ray Serve deployment with @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.02) doing
   the same sleep; both with max_ongoing_requests 128 and half a CPU per replica.
   `strategies` adds labserve on `fixed` (waits like @serve.batch) and alternates adaptive,
-  fixed, plain, plain, fixed, adaptive.
+  fixed, plain, plain, fixed, adaptive. `alternate N R`: labserve's default and plain, N
+  rounds each (labserve, plain, plain, labserve, ...), R replicas each, and the medians.
 - handle: 64 closed-loop callers on a DeploymentHandle for 10 s; sleep model 20 ms + 1 ms x
   items, cap 8 (one replica's capacity: 8 / 28 ms = 285 req/s); one replica, then two.
 - sweep: a 1,000-point simulated grid of 10 s Poisson traces, serial, then as Ray tasks.
@@ -70,7 +72,7 @@ class PlainBatch:
         return [await self.predict(body[0])]
 
 
-def labserve_round(strategy: str = "adaptive") -> str:
+def labserve_round(strategy: str = "adaptive", replicas: int = 1) -> str:
     app = labserve.ray.deploy(
         functools.partial(SleepModel, 2.0, 0.1),
         name="m",
@@ -78,17 +80,25 @@ def labserve_round(strategy: str = "adaptive") -> str:
         max_latency_ms=20,
         max_ongoing_requests=128,
         strategy=strategy,
+        num_replicas=replicas,
     )
     try:
         warm("/runners/m/predict")
         time.sleep(0.6)
-        before = app.snapshots()[0]
+        before = app.snapshots()
         rps, status, latency = wrk("/runners/m/predict")
         time.sleep(0.6)
-        after = app.snapshots()[0]
-        batches = after.batches - before.batches
-        mean = (after.served - before.served) / batches if batches else float("nan")
-        reasons = {k: v - before.fire_reasons.get(k, 0) for k, v in after.fire_reasons.items()}
+        after = app.snapshots()
+        batches = sum(a.batches - b.batches for a, b in zip(after, before, strict=True))
+        served = sum(a.served - b.served for a, b in zip(after, before, strict=True))
+        mean = served / batches if batches else float("nan")
+        reasons = {
+            k: sum(
+                a.fire_reasons.get(k, 0) - b.fire_reasons.get(k, 0)
+                for a, b in zip(after, before, strict=True)
+            )
+            for k in after[0].fire_reasons
+        }
         fired = ", ".join(f"{k} {v}" for k, v in reasons.items() if v)
         label = f"labserve on Ray Serve, {strategy}"
         return f"| {label} | {rps:,.0f} | {latency} | {status} | {mean:.1f} | {fired} |"
@@ -96,8 +106,8 @@ def labserve_round(strategy: str = "adaptive") -> str:
         app.stop()
 
 
-def plain_round() -> str:
-    serve.run(PlainBatch.bind(), name="plain", route_prefix="/")
+def plain_round(replicas: int = 1) -> str:
+    serve.run(PlainBatch.options(num_replicas=replicas).bind(), name="plain", route_prefix="/")
     try:
         warm("/")
         rps, status, latency = wrk("/")
@@ -123,6 +133,39 @@ def proxy(strategies: bool = False) -> None:
     for run in rounds:
         print(run(), flush=True)
     print()
+
+
+def alternate(rounds: int, replicas: int) -> None:
+    """labserve's default and plain @serve.batch, ``rounds`` each, alternating; the medians."""
+    print(
+        f"## Through Ray's proxy: wrk -t1 -c64 -d{SECONDS}s, {replicas} replica(s) each, "
+        f"{rounds} alternating rounds\n"
+    )
+    print("| deployment | req/s | latency p50 / p99 | replies | mean batch | fired by |")
+    print("|---|---:|---:|---|---:|---|")
+    order = [("labserve", "plain"), ("plain", "labserve")]
+    runs: dict[str, list[str]] = {"labserve": [], "plain": []}
+    for i in range(rounds):
+        for kind in order[i % 2]:
+            row = (
+                labserve_round("adaptive", replicas)
+                if kind == "labserve"
+                else plain_round(replicas)
+            )
+            runs[kind].append(row)
+            print(row, flush=True)
+    rps = {k: [float(r.split("|")[2].replace(",", "")) for r in rows] for k, rows in runs.items()}
+    p99 = {
+        k: [float(r.split("|")[3].split("/")[1].split()[0]) for r in rows]
+        for k, rows in runs.items()
+    }
+    med = {k: float(np.median(v)) for k, v in rps.items()}
+    medp = {k: float(np.median(v)) for k, v in p99.items()}
+    print(
+        f"\nmedians: labserve {med['labserve']:.0f} req/s (p99 {medp['labserve']:.0f} ms), "
+        f"plain {med['plain']:.0f} req/s (p99 {medp['plain']:.0f} ms): "
+        f"labserve / plain = {med['labserve'] / med['plain']:.2f}\n"
+    )
 
 
 async def closed_loop(handle: Any, callers: int, seconds: float) -> int:
@@ -220,11 +263,15 @@ def main() -> None:
     parts = sys.argv[1:] or ["proxy", "handle", "sweep"]
     temp = tempfile.mkdtemp(prefix="lsbench", dir="/tmp")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
-    if {"proxy", "strategies", "handle"} & set(
+    if {"proxy", "strategies", "handle", "alternate"} & set(
         parts
     ):  # the sweep needs no Serve (its controller costs CPU)
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     try:
+        if parts[0] == "alternate":
+            numbers = [int(p) for p in parts[1:]] + [5, 1][len(parts) - 1 :]
+            alternate(numbers[0], numbers[1])
+            return
         for part in parts:
             {
                 "proxy": proxy,
