@@ -187,7 +187,9 @@ class BatchQueue:
         if len(requests) <= room and not judged and not budget:
             # In reject mode, a burst larger than the free slots start now (a loop that
             # stalled, catching up) is judged one by one: it must not queue unbounded.
-            if not self._past_free_slots(sum(r.items for r in requests)):
+            if self._config.on_overload != "reject" or not self._past_free_slots(
+                sum(r.items for r in requests)
+            ):
                 self._enqueue(requests, now)
                 return []
         refused: list[Outcome] = []

@@ -1,13 +1,22 @@
 """One Ray Serve replica: a labserve Runner inside, fed by the proxy and by handles.
 
 Each replica batches with labserve's own queue, strategies, caps, latency target and
-overload rule (a :class:`labserve.Runner` on the replica's own background loop), takes
-live config through Ray Serve's ``reconfigure(user_config)`` (so a replica restarted by
-Ray gets the config in force), and reports its snapshots to the application's stats board.
+overload rule (a :class:`labserve.Runner`), takes live config through Ray Serve's
+``reconfigure(user_config)`` (so a replica restarted by Ray gets the config in force), and
+reports its snapshots to the application's stats board.
+
+The Runner's drivers live on the event loop Ray Serve runs the replica's code on (the one
+that builds it and answers its requests), not on a loop thread of labserve's own: a request
+goes straight into the batch queue and its caller is answered there, with no hand-off
+between two loop threads either way (py-spy behind Ray's proxy, 2026-12-02: that hop was the
+largest item of labserve's own code in the replica). A synchronous model still runs in a
+worker thread, as ``@serve.batch``'s ``asyncio.to_thread`` does.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -24,6 +33,7 @@ from labserve.base.errors import LabServeError, ServerError
 from labserve.metrics.snapshot import Snapshot
 from labserve.ray.http import BoardBackend, Routes
 from labserve.ray.spec import BOARD_NAMESPACE, ReplicaSpec, board_name
+from labserve.runtime.loop import BackgroundLoop
 from labserve.runtime.runner import Runner
 from labserve.server.core import HttpCore
 from labserve.server.exchange import typed_call
@@ -37,6 +47,54 @@ _IN_FORCE_WAIT_S = 1.0
 """How long reconfigure waits for a new config to be in force before reporting anyway."""
 
 
+class _HostLoop(BackgroundLoop):
+    """The running event loop of the thread that builds it, with worker threads of its own.
+
+    A BackgroundLoop that owns no thread: :meth:`start` has nothing to start and
+    :meth:`stop` runs the shutdown hooks (from another thread) and joins the workers, but
+    never stops the loop, which is Ray Serve's. Thread-safe as BackgroundLoop is.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self._loop = asyncio.get_running_loop()
+        self._host = threading.current_thread()
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            4, thread_name_prefix=f"{name}-worker"
+        )
+
+    @property
+    def running(self) -> bool:
+        """True while the host loop runs."""
+        return self._loop is not None and self._loop.is_running()
+
+    def in_loop_thread(self) -> bool:
+        """True when called from the host loop's thread."""
+        return threading.current_thread() is self._host
+
+    def start(self) -> None:
+        """Nothing to start: the host loop runs already."""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Drain (shutdown hooks) and join the workers; the host loop keeps running."""
+        with self._lock:
+            loop, executor = self._loop, self._executor
+            hooks, self._shutdown_hooks = list(self._shutdown_hooks), []
+            self.closing = True
+        if loop is not None and hooks and not self.in_loop_thread() and loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(_drain(hooks), loop).result(timeout)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                pass  # stop anyway, as BackgroundLoop.stop does
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+
+async def _drain(hooks: list[Any]) -> None:
+    for hook in hooks:
+        await hook()
+
+
 class Replica:
     """The deployment's class; :func:`replica_class` adds one method per Runnable method.
 
@@ -46,7 +104,10 @@ class Replica:
 
     def __init__(self, spec: ReplicaSpec) -> None:
         self.spec = spec
-        self.runner = Runner(spec.make(), name=spec.runner)
+        # Ray Serve builds the replica on the loop that runs its requests: the drivers too.
+        self._host = _HostLoop(f"labserve-ray-{spec.runner}")
+        self._closing: asyncio.Task[None] | None = None
+        self.runner = Runner(spec.make(), name=spec.runner, loop=self._host)
         for m in self.runner.methods.values():
             if m.batchable:
                 m.start()  # the loop and drivers now, not in the first request's latency
@@ -158,13 +219,20 @@ class Replica:
 
     def __del__(self) -> None:
         # Ray Serve's documented shutdown hook for a replica (it calls __del__ on a
-        # graceful stop): drain the queue, stop reporting.
+        # graceful stop, on the replica's loop, once its requests are done): drain the
+        # queue, stop reporting.
         stop = getattr(self, "_stop", None)
         if stop is not None:
             stop.set()
-        runner = getattr(self, "runner", None)
-        if runner is not None:
-            runner.stop(timeout=5.0)
+        runner, host = getattr(self, "runner", None), getattr(self, "_host", None)
+        if runner is None or host is None:
+            return
+        if host.in_loop_thread():  # the drivers live here: drain without blocking it
+            if host.running and self._closing is None:
+                self._closing = asyncio.ensure_future(runner.aclose(), loop=host.loop)
+            return
+        runner.stop(timeout=5.0)
+        host.stop(timeout=5.0)
 
 
 def replica_class(methods: tuple[str, ...]) -> type[Replica]:
