@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from labserve.base.errors import LengthLimitError
+from labserve.base.errors import LengthLimitError, QueueFullError
 from labserve.base.lengths import LengthDist, parse_length
 from labserve.generation.config import GenerationConfig
 from labserve.generation.results import GenerationResult
@@ -97,6 +97,9 @@ def simulate_generation(
         rate: Poisson arrivals per second; ``math.inf``: all at time 0 (saturation).
         seed: fixes arrivals and lengths.
         max_model_len: the model's context (0: no limit); longer requests are refused.
+
+    Requests refused at admission (too long for the context, or ``max_queue_size`` already
+    waiting) are counted in the result's ``refused``, as a live method refuses them.
     """
     if isinstance(n_requests, bool) or not isinstance(n_requests, int) or n_requests < 0:
         raise ValueError(f"n_requests must be an integer >= 0, got {n_requests!r}")
@@ -129,8 +132,8 @@ def _run(
         while i < n and arrival_list[i] <= now:
             try:
                 sched.add(i, prompt_list[i], output_list[i], arrival_list[i])
-            except LengthLimitError:
-                refused += 1
+            except (LengthLimitError, QueueFullError):
+                refused += 1  # as a live method refuses it at admission
             i += 1
         if not sched.has_work:
             if i >= n:

@@ -103,6 +103,14 @@ def test_requests_over_the_context_are_refused_and_counted():
     assert (r.prompt_len == 10).all()
 
 
+def test_a_full_waiting_queue_refuses_and_counts_the_overflow():
+    # Ten arrive at once, before the first step: three wait, the other seven are refused.
+    config = CFG.replace(max_num_seqs=2, max_queue_size=3)
+    r = simulate_generation(config, StepCost(5.0), n_requests=10, input_len=4, output_len=3)
+    assert r.refused == 7
+    assert len(r) == 3 and r.served.all()
+
+
 def test_goodput_counts_requests_meeting_both_targets():
     r = simulate_generation(CFG, StepCost(5.0), n_requests=40, input_len=8, output_len=10)
     span = r.span_s
