@@ -36,8 +36,8 @@ from labserve.base.errors import (
     UnauthorizedError,
     UnsupportedMediaTypeError,
 )
+from labserve.generation.api import Generator
 from labserve.runtime.runner import RunnerMethod
-from labserve.server.generators import Generator
 from labserve.server.state import ServerState
 from labserve.wire.codec import JSON
 
@@ -173,15 +173,25 @@ class Backend:
         self._generators: Mapping[str, Generator] = dict(generators or {})
 
     def generators(self) -> Mapping[str, Generator]:
-        """The generative models the OpenAI-compatible routes serve, by model name."""
-        # Given explicitly for now: the runner's generative methods join here once the
-        # runtime serves them (the continuous-batching engine).
-        return self._generators
+        """The generative models the OpenAI-compatible routes serve, by model name.
+
+        A runner's generative method is the model named after the runner (``runner.method``
+        when the runner has several), beside those given explicitly.
+        """
+        served: dict[str, Generator] = dict(self._generators)
+        for name, runner in self.state.runners.items():
+            gens = runner.generators
+            for method, gen in gens.items():
+                served[name if len(gens) == 1 else f"{name}.{method}"] = gen
+        return served
 
     async def stats(self) -> dict[str, Any]:
-        """``/stats``: every batchable method's snapshot as a dict, by runner and method."""
+        """``/stats``: every method's snapshot as a dict, by runner and method."""
         return {
-            name: {s.method: s.as_dict() for s in runner.snapshots()}
+            name: {
+                **{s.method: s.as_dict() for s in runner.snapshots()},
+                **{s.method: s.as_dict() for s in runner.generation_snapshots()},
+            }
             for name, runner in self.state.runners.items()
         }
 

@@ -19,7 +19,7 @@ from labserve.runtime.loop import background_loop
 from labserve.server.app import make_app
 from labserve.server.core import HttpCore
 from labserve.server.exchange import Backend
-from labserve.server.generators import Finish
+from labserve.generation.api import Finish
 from labserve.server.openai import chat_prompt
 from labserve.server.state import ServerState
 
