@@ -173,8 +173,9 @@ class SequenceSampler:
                     return self._let_out(held[:at]), True
             if not last:
                 keep = _longest_stop_prefix(held, stops)
+                out = self._let_out(held[: len(held) - keep])
                 self._held = held[len(held) - keep :] if keep else ""
-                return self._let_out(held[: len(held) - keep]), False
+                return out, False
         if last:
             held += self._text.flush()
         self._held = ""
