@@ -16,13 +16,29 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from labserve.generation.config import GenerationConfig
 from labserve.generation.results import GenerationResult, StepSeries
 from labserve.generation.sequence import SEQ_OUTCOMES, Finished, SeqOutcome, StepRecord
+from labserve.metrics.histogram import LogHistogram
+from labserve.metrics.recorder import LATENCY_BOUNDS_S
 
-__all__ = ["GenerationRecorder", "GenerationSnapshot"]
+__all__ = ["ITERATION_TOKEN_BOUNDS", "GenerationRecorder", "GenerationSnapshot", "Histogram"]
 
 _METRICS = ("ttft", "itl", "tpot", "e2e")
+_TIMED = ("ttft", "itl", "e2e")  # the latencies kept as histograms since the last reset
+ITERATION_TOKEN_BOUNDS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+"""Bucket bounds of the tokens computed per step (vLLM's ``iteration_tokens_total``)."""
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A Prometheus histogram's content: cumulative (bound, count) pairs, the sum, the count."""
+
+    buckets: tuple[tuple[float, int], ...]
+    sum: float
+    count: int
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,9 @@ class GenerationSnapshot:
     """Served sequences per second in the window meeting both targets (0: no target)."""
     steps: StepSeries
     """The last steps (up to the recorder's ``steps_kept``), oldest first: what charts draw."""
+    histograms: dict[str, Histogram]
+    """Since the last reset, in seconds: ``ttft``, ``itl``, ``e2e`` of served sequences, and
+    ``iteration_tokens`` (tokens computed per step), for ``/metrics``."""
 
     @property
     def kv_cache_usage(self) -> float:
@@ -133,6 +152,10 @@ class GenerationRecorder:
         """Forget everything recorded; counts start again at ``now``."""
         self._finished.clear()
         self._steps.clear()
+        self._hists = {name: LogHistogram() for name in _TIMED}
+        self._sums = dict.fromkeys(_TIMED, 0.0)
+        self._step_tokens: dict[int, int] = {}
+        self._step_tokens_sum = 0
         self._counts: dict[str, int] = dict.fromkeys((*SEQ_OUTCOMES, "refused"), 0)
         self._preemptions = 0
         self._prompt_tokens = 0
@@ -144,7 +167,17 @@ class GenerationRecorder:
         self._finished.append(done)
         self._counts[done.outcome] += 1
         self._prompt_tokens += done.prompt_len
-        self._output_tokens += len(done.token_times_s)
+        times = done.token_times_s
+        self._output_tokens += len(times)
+        if done.outcome == "served" and times:
+            values = {
+                "ttft": np.array([times[0] - done.arrival_s]),
+                "itl": np.diff(np.asarray(times)),
+                "e2e": np.array([done.end_s - done.arrival_s]),
+            }
+            for name, v in values.items():
+                self._hists[name].add_many(v)
+                self._sums[name] += float(v.sum())
 
     def refused(self) -> None:
         """Count one sequence refused at admission."""
@@ -154,6 +187,9 @@ class GenerationRecorder:
         """File one step."""
         self._steps.append(record)
         self._preemptions += record.num_preempted
+        tokens = record.num_prefill_tokens + record.num_decode_tokens
+        self._step_tokens[tokens] = self._step_tokens.get(tokens, 0) + 1
+        self._step_tokens_sum += tokens
 
     def count(self, outcome: SeqOutcome | str) -> int:
         """Sequences ended with ``outcome`` (or ``refused``) since the last reset."""
@@ -197,4 +233,24 @@ class GenerationRecorder:
             requests_per_s=float(served.sum()) / span,
             goodput=meets / span,
             steps=StepSeries.from_records(list(self._steps)),
+            histograms=self._histograms(),
         )
+
+    def _histograms(self) -> dict[str, Histogram]:
+        out = {}
+        for name in _TIMED:
+            hist = self._hists[name]
+            counts = hist.cumulative(LATENCY_BOUNDS_S)
+            out[name] = Histogram(
+                tuple(zip(LATENCY_BOUNDS_S, counts, strict=True)), self._sums[name], hist.total
+            )
+        steps = self._step_tokens
+        out["iteration_tokens"] = Histogram(
+            tuple(
+                (float(b), sum(c for t, c in steps.items() if t <= b))
+                for b in ITERATION_TOKEN_BOUNDS
+            ),
+            float(self._step_tokens_sum),
+            sum(steps.values()),
+        )
+        return out

@@ -199,6 +199,10 @@ class Backend:
         """The snapshots ``/metrics`` shows."""
         return [s for runner in self.state.runners.values() for s in runner.snapshots()]
 
+    async def generation_snapshots(self) -> list[Any]:
+        """The generative methods' snapshots ``/metrics`` shows."""
+        return [s for runner in self.state.runners.values() for s in runner.generation_snapshots()]
+
     async def configure(self, changes: list[tuple[RunnerMethod, dict[str, Any]]]) -> dict[str, Any]:
         """Apply validated ``changes`` (each method's settings); return ``GET /config``'s body."""
         for method, settings in changes:

@@ -20,6 +20,7 @@ from labserve.base.errors import (
     ModelError,
     NotFoundError,
 )
+from labserve.generation.prometheus import GenerationCollector
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.runtime.runner import RunnerMethod
 from labserve.server.exchange import Exchange, Reply, configs, json_reply
@@ -142,8 +143,10 @@ async def _stats(ex: Exchange) -> Reply:
 
 async def _metrics(ex: Exchange) -> Reply:
     snapshots = await ex.backend.snapshots()
+    generating = await ex.backend.generation_snapshots()
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: snapshots))
+    registry.register(GenerationCollector(lambda: generating))
     return Reply(200, generate_latest(registry), {"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import labserve
 from labserve.lab.demo import TinyLM
@@ -110,3 +112,27 @@ def test_a_client_that_leaves_mid_stream_frees_its_sequence(served):
     while runner.instance.num_cached_sequences:  # its KV state is dropped, not leaked
         assert time.monotonic() < deadline, "the sequence's model state was never freed"
         time.sleep(0.02)
+
+
+def test_metrics_show_the_generator_as_vllm_names_it(served):
+    runner, server = served
+    runner.generate.run("metrics", max_tokens=4, temperature=0)
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    mine = {"runner": "tinylm", "method": "generate"}
+    samples = {
+        (s.name, s.labels.get("outcome"), s.labels.get("le")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if all(s.labels.get(k) == v for k, v in mine.items())
+    }
+    snap = runner.generate.stats()
+    assert samples[("labserve_num_requests_running", None, None)] == snap.num_running
+    assert samples[("labserve_num_requests_waiting", None, None)] == snap.num_waiting
+    served_count = samples[("labserve_sequences_total", "served", None)]
+    assert served_count == snap.outcomes["served"] >= 1
+    assert samples[("labserve_time_to_first_token_seconds_count", None, None)] == served_count
+    assert samples[("labserve_time_to_first_token_seconds_bucket", None, "+Inf")] == served_count
+    assert samples[("labserve_generation_tokens_total", None, None)] == snap.output_tokens
+    assert ("labserve_inter_token_latency_seconds_sum", None, None) in samples
+    assert samples[("labserve_iteration_tokens_count", None, None)] >= 1
