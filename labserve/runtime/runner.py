@@ -59,6 +59,8 @@ class RunnerMethod:
     background loop; others are plain calls.
     """
 
+    generative = False
+
     def __init__(self, runner: Runner, spec: MethodSpec, fn: Any, config: BatchingConfig) -> None:
         self.runner = runner
         self.spec = spec

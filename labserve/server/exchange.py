@@ -211,9 +211,12 @@ class Backend:
 
 
 def configs(state: ServerState) -> dict[str, Any]:
-    """``GET /config``: every batchable method's config in force, by runner and method."""
+    """``GET /config``: every batchable and generative method's config, by runner and method."""
     return {
-        name: {m.name: m.config.as_dict() for m in runner.methods.values() if m.batchable}
+        name: {
+            **{m.name: m.config.as_dict() for m in runner.methods.values() if m.batchable},
+            **{g.name: g.config.as_dict() for g in runner.generators.values()},
+        }
         for name, runner in state.runners.items()
     }
 

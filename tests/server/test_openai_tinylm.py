@@ -8,7 +8,9 @@ the tokens its prompt gets alone, with ``usage`` counting them.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -136,3 +138,23 @@ def test_metrics_show_the_generator_as_vllm_names_it(served):
     assert samples[("labserve_generation_tokens_total", None, None)] == snap.output_tokens
     assert ("labserve_inter_token_latency_seconds_sum", None, None) in samples
     assert samples[("labserve_iteration_tokens_count", None, None)] >= 1
+
+
+def test_the_scheduler_knobs_change_live_over_patch_config(served):
+    runner, server = served
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {server.token}"}
+
+    def call(method, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{server.url}/config", data, headers, method=method)
+        with urllib.request.urlopen(req, timeout=10) as reply:
+            return json.loads(reply.read())
+
+    assert call("GET")["tinylm"]["generate"]["max_num_seqs"] == 8
+    after = call("PATCH", {"tinylm": {"generate": {"max_num_seqs": 4, "strategy": "static"}}})
+    assert after["tinylm"]["generate"]["max_num_seqs"] == 4
+    assert runner.generate.config.strategy == "static"
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        call("PATCH", {"tinylm": {"generate": {"max_num_seqs": 0}}})
+    assert bad.value.code == 422 and "max_num_seqs" in bad.value.read().decode()
+    call("PATCH", {"tinylm": {"generate": {"max_num_seqs": 8, "strategy": "continuous"}}})
