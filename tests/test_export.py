@@ -331,3 +331,13 @@ def test_cli_refuses_settings_of_the_other_kind_in_one_line(argv, words, capsys)
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
+
+
+def test_a_generative_runner_method_exports_its_live_config():
+    from labserve.lab.demo import TinyLM
+
+    with labserve.Runner(TinyLM(d_model=32, n_layers=1, d_ff=64), name="lm") as lm:
+        lm.generate.configure(max_num_seqs=7, max_num_batched_tokens=96)
+        flags = _flags(export_config(lm.generate, "vllm"))
+    assert flags["--max-num-seqs"] == "7"
+    assert flags["--max-num-batched-tokens"] == "96"

@@ -18,6 +18,7 @@ import yaml
 from labserve.config.batching import BatchingConfig
 from labserve.generation.config import GenerationConfig
 from labserve.lab.engines import ENGINE_FORMATS, export_engine
+from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.runner import RunnerMethod
 
 __all__ = ["BATCHING_FORMATS", "FORMATS", "export_config"]
@@ -299,7 +300,7 @@ def _number(value: float) -> str:
 
 
 def export_config(
-    source: RunnerMethod | BatchingConfig | GenerationConfig,
+    source: RunnerMethod | GenerativeMethod | BatchingConfig | GenerationConfig,
     fmt: str = "labserve",
     *,
     runner: str | None = None,
@@ -310,7 +311,8 @@ def export_config(
     Args:
         source: a batchable runner method (``runner.predict``: its current config, with
             live changes), a :class:`BatchingConfig`, or a generative method's
-            :class:`GenerationConfig` (or a runner method whose ``config`` is one).
+            :class:`GenerationConfig`, or a generative runner method (``runner.generate``:
+            its current GenerationConfig).
         fmt: for batching, ``"labserve"`` (a YAML file that :func:`labserve.load_config_file`
             and ``Runner(config=...)`` read, in BentoML's shape), ``"ray"`` (an
             ``@serve.batch`` decorator), ``"triton"`` (a ``config.pbtxt`` fragment) or
@@ -337,7 +339,7 @@ def export_config(
     if method is not None and not method.isidentifier():
         raise ValueError(f"method must be a Python identifier, got {method!r}")
     generation = source if isinstance(source, GenerationConfig) else None
-    if isinstance(source, RunnerMethod) and isinstance(source.config, GenerationConfig):
+    if isinstance(source, GenerativeMethod):
         generation = source.config
     if generation is not None:
         if fmt not in ENGINE_FORMATS:
