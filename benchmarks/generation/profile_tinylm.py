@@ -4,8 +4,9 @@ Times one step of ``TinyLM()`` (its default size) per shape of labserve.lab.step
 DEFAULT_SHAPES (sequences x new tokens x cached context), and fits a StepCost the way the
 tokens surface is fitted. OpenBLAS is held to one thread (TinyLM is sized for one core;
 with OpenBLAS's default threads on this shared 2-core machine a 32-sequence step swung
-from 11 to 470 ms). Run:
-    .venv/bin/python benchmarks/generation/profile_tinylm.py [--repeats 7] [--out PATH]
+from 11 to 470 ms). Each step is timed in CPU time by default, the model's own work on one
+core: at load 5-6 on this machine two wall-time profiles differed by 50%. Run:
+    .venv/bin/python benchmarks/generation/profile_tinylm.py [--repeats 7] [--timer cpu|wall]
 """
 
 from __future__ import annotations
@@ -31,9 +32,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default=str(HERE / "tinylm_step_cost.json"))
+    parser.add_argument(
+        "--timer",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="cpu: the process's CPU time (one core's work, steady on a shared machine);"
+        " wall: perf_counter (what a live run on this machine sees, waits for a core included)",
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
-    prof = profile_steps(TinyLM(), repeats=args.repeats, warmup=2)
+    timer = time.process_time if args.timer == "cpu" else time.perf_counter
+    prof = profile_steps(TinyLM(), repeats=args.repeats, warmup=2, timer=timer)
     print(prof.table())
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
@@ -44,6 +53,8 @@ def main() -> None:
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
         "openblas_threads": os.environ["OPENBLAS_NUM_THREADS"],
+        "timer": args.timer,
+        "repeats": args.repeats,
         "fit": dataclasses.asdict(prof.fit),
         "points": [{**dataclasses.asdict(p), "fit_s": prof.predicted_s(p)} for p in prof.points],
     }

@@ -107,3 +107,16 @@ def test_a_model_without_the_hooks_is_refused():
 
     with pytest.raises(TypeError, match="free_sequences"):
         profile_steps(NoHooks())
+
+
+def test_the_shipped_tinylm_step_cost_is_the_recorded_profiles_fit():
+    import dataclasses
+    import json
+    import pathlib
+
+    from labserve.lab.demo import TINYLM_STEP_COST
+
+    recorded = pathlib.Path(__file__).parents[2] / "benchmarks/generation/tinylm_step_cost.json"
+    fit = json.loads(recorded.read_text())["fit"]
+    shipped = dataclasses.asdict(TINYLM_STEP_COST)
+    assert shipped == pytest.approx(fit, rel=1e-3)
