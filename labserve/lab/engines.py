@@ -55,6 +55,17 @@ def _common_notes(cfg: GenerationConfig, engine: str) -> list[str]:
     return notes
 
 
+def _unmapped_limits(cfg: GenerationConfig, engine: str, why: str = "") -> str:
+    """The note for labserve's admission limits that an engine has no flag for."""
+    limits = f"max_queue_size={cfg.max_queue_size}"
+    if cfg.request_timeout_ms:
+        limits += f" and request_timeout_ms={cfg.request_timeout_ms:g}"
+    return (
+        f"{limits}: {engine} has no engine flag for this{f' ({why})' if why else ''};"
+        " refuse or time out in a proxy or the client."
+    )
+
+
 def _vllm(cfg: GenerationConfig) -> str:
     notes = _common_notes(cfg, "vLLM")
     flags: list[tuple[str, object]] = [
@@ -93,11 +104,7 @@ def _vllm(cfg: GenerationConfig) -> str:
             " --gpu-memory-utilization, and preempts (recomputes) when it runs out, as"
             " labserve does with a budget."
         )
-    notes.append(
-        f"max_queue_size={cfg.max_queue_size} and request_timeout_ms="
-        f"{cfg.request_timeout_ms:g} have no vLLM engine flag (its queue is unbounded; time"
-        " out in the client or a proxy)."
-    )
+    notes.append(_unmapped_limits(cfg, "vLLM", "its queue is unbounded"))
     return _engine_text(
         "vLLM engine arguments (vllm serve)", notes, _command("vllm serve MODEL", flags)
     )
@@ -145,10 +152,7 @@ def _sglang(cfg: GenerationConfig) -> str:
             " of --page-size); when it runs out SGLang retracts running requests and"
             " recomputes them, as labserve preempts."
         )
-    notes.append(
-        f"max_queue_size={cfg.max_queue_size} and request_timeout_ms="
-        f"{cfg.request_timeout_ms:g}: no SGLang server flag counts the same."
-    )
+    notes.append(_unmapped_limits(cfg, "SGLang"))
     return _engine_text(
         "SGLang server arguments",
         notes,
