@@ -56,8 +56,7 @@ class HFDecoder(Runnable):
         return list(self.tokenizer.encode(text))
 
     def decode(self, ids: Sequence[int]) -> str:
-        """The text of ``ids`` (labserve gives out what each new token adds); none without a
-        tokenizer."""
+        """The text of ``ids``, or none without a tokenizer (labserve shows what each adds)."""
         return str(self.tokenizer.decode(list(ids))) if self.tokenizer is not None else ""
 
     # -- the step --------------------------------------------------------------------------------
