@@ -69,6 +69,8 @@ from labserve.load.arrivals import (
     TraceArrivals,
     arrivals,
 )
+from labserve.load.gen_result import GenerationLoadResult
+from labserve.load.generation import GenerationLoadRun, start_generation_load
 from labserve.load.generator import LoadRun, load_test, start_load
 from labserve.load.presets import LOAD_PRESETS, preset_arrivals
 from labserve.metrics.prometheus import SnapshotCollector
@@ -105,6 +107,8 @@ __all__ = [
     "ConstantArrivals",
     "CostCurve",
     "CostFitView",
+    "GenerationLoadResult",
+    "GenerationLoadRun",
     "HostError",
     "HttpSource",
     "InputError",
@@ -166,6 +170,7 @@ __all__ = [
     "serve",
     "simulate",
     "snapshot_from_dict",
+    "start_generation_load",
     "start_load",
     "sweep",
 ]

@@ -59,6 +59,8 @@ class GenerationLoadResult:
     server: dict[str, Any] | None = None
     """Against labserve: its ``/stats`` for the model over the run (see gen_server_view)."""
     label: str = ""
+    clock_t0_s: float = 0.0
+    """The run's time 0 on ``time.monotonic`` (to line its times up with a server's)."""
 
     def __len__(self) -> int:
         return len(self.outcome)

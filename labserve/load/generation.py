@@ -36,6 +36,7 @@ from labserve.load.gen_stream import CompletionStream, GenRecord
 from labserve.load.goodput import parse_goodput
 from labserve.load.http import HttpTarget
 from labserve.load.http_conn import request_bytes
+from labserve.load.loop import load_loop
 from labserve.load.prompts import CHAT_PATH, COMPLETIONS_PATH, GenerationMix
 from labserve.load.records import Control, clock_s
 from labserve.load.stream_conn import StreamHandler, StreamPool
@@ -43,6 +44,7 @@ from labserve.runtime.loop import BackgroundLoop
 
 __all__ = [
     "GenerationLoadRun",
+    "build_result",
     "generation_load_test",
     "is_generation_url",
     "start_generation_load",
@@ -157,8 +159,6 @@ def start_generation_load(
         connections=connections or concurrency or _OPEN_LOOP_CONNECTIONS,
         timeout_s=float(timeout_s),
     )
-    from labserve.load.generator import load_loop  # the HTTP loads' loop (lazily: no cycle)
-
     bg = load_loop()
     control = Control()
     if arrivals is not None:
@@ -568,4 +568,5 @@ def build_result(
         errors=dict(sorted(rec.errors.items(), key=lambda kv: -kv[1])),
         server=server,
         label=label,
+        clock_t0_s=t0,
     )
