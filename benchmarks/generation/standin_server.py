@@ -17,11 +17,11 @@ import threading
 import tornado.httpserver
 import tornado.netutil
 
+from labserve.generation.api import Finish
 from labserve.runtime.loop import BackgroundLoop
 from labserve.server.app import make_app
 from labserve.server.core import HttpCore
 from labserve.server.exchange import Backend
-from labserve.server.generators import Finish
 from labserve.server.state import ServerState
 
 

@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from labserve.base.vocabulary import OUTCOMES, SERVED
 from labserve.generation.results import GenerationResult
-from labserve.load.gen_server_view import server_percentile_ms
+from labserve.load.gen_server_view import server_percentile_key, server_percentile_ms
 
 __all__ = ["GenerationLoadResult"]
 
@@ -185,21 +185,55 @@ class GenerationLoadResult:
         view = self.server
         if view is None:
             return ["server        its own view: not seen (no /stats entry for the model)"]
-        lines = [f"server        its /stats for {view['model']}:"]
-        pairs = []
-        for metric in ("ttft", "tpot"):
-            theirs = server_percentile_ms(view, metric)
-            if not math.isnan(theirs):
-                ours = self.percentiles_ms(metric)["p50"]
-                pairs.append(f"{metric.upper()} p50 {ours:.2f} ms here, {theirs:.2f} ms there")
-        if pairs:
-            lines.append("  " + "; ".join(pairs))
-        for key, value in view["over_run"].items():
-            lines.append(f"  {key:<34} +{value:,.6g} over the run")
+        lines = [f"server        its /stats for {view['model']}, beside this client's figures:"]
+        shown = self._server_latencies(view, lines)
+        grown = [f"{k} +{v:,.6g}" for k, v in view["over_run"].items() if v]
+        lines += _wrapped("  over the run: ", grown or ["no counter moved"])
+        groups: dict[str, list[str]] = {}
         for key, value in view["at_end"].items():
-            shown = f"{value:,.6g}" if isinstance(value, float) else str(value)
-            lines.append(f"  {key:<34} {shown}")
+            if key in shown or value is None:
+                continue
+            group, _, name = key.rpartition(".")
+            text = f"{value:,.6g}" if isinstance(value, float) else str(value)
+            groups.setdefault(group, []).append(f"{name} {text}")
+        for group, items in groups.items():
+            lines += _wrapped(f"  {group or 'at the end'}: ", items)
         return lines
+
+    def _server_latencies(self, view: dict[str, Any], lines: list[str]) -> set[str]:
+        """Add the client's and the server's percentiles side by side; the keys shown."""
+        shown: set[str] = set()
+        rows = []
+        for metric in _METRICS:
+            ours = self.percentiles_ms(metric)
+            cells = ""
+            for q in ("p50", "p90", "p99"):
+                key, theirs = server_percentile_key(view, metric, q)
+                if key:
+                    shown.add(key)
+                cells += f"{ours[q]:>9.2f}{theirs:>9.2f}"
+            if not all(math.isnan(server_percentile_ms(view, metric, q)) for q in ("p50", "p99")):
+                rows.append(f"  {metric.upper():<12}{cells}")
+        if rows:
+            window = view["at_end"].get("window_s")
+            over = ""
+            if isinstance(window, (int, float)):
+                over = f" (the server's: its last {window:g} s)"
+            head = "".join(f"{q + ' here':>9}{'there':>9}" for q in ("p50", "p90", "p99"))
+            lines += [f"{'latency (ms)':<14}{head}{over}", *rows]
+        return shown
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _wrapped(first: str, items: list[str], width: int = 96) -> list[str]:
+    """``items`` joined by commas into lines of at most ``width``, the first led by ``first``."""
+    lines, line = [], first
+    for item in items:
+        if len(line) + len(item) + 2 > width and line.strip():
+            lines.append(line.rstrip(", ").rstrip() + ",")
+            line = " " * len(first)
+        line += item + ", "
+    lines.append(line.rstrip(", "))
+    return lines

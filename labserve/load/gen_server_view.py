@@ -19,10 +19,25 @@ from typing import Any
 
 from labserve.base.vocabulary import OUTCOMES
 
-__all__ = ["find_model_stats", "generation_server_view", "server_percentile_ms"]
+__all__ = [
+    "find_model_stats",
+    "generation_server_view",
+    "server_percentile_key",
+    "server_percentile_ms",
+]
 
 _COUNTER_ENDS = ("_total", "_count", "_sum_s", "_sum_ms")
-_COUNTER_NAMES = frozenset(OUTCOMES) | {"requests", "steps", "batches", "preemptions"}
+# Besides the outcome words: counts since the last reset, as labserve's generator snapshot
+# names them (its tokens of ended sequences, its preemptions).
+_COUNTER_NAMES = frozenset(OUTCOMES) | {
+    "requests",
+    "steps",
+    "batches",
+    "preemptions",
+    "num_preemptions",
+    "prompt_tokens",
+    "output_tokens",
+}
 _DEPTH = 3  # nested objects flattened to dotted keys this deep; lists are left out
 
 
@@ -43,9 +58,12 @@ def find_model_stats(stats: Any, model: str) -> dict[str, Any] | None:
         found = entry.get(method)
         return dict(found) if isinstance(found, Mapping) else None
     nested = [v for v in entry.values() if isinstance(v, Mapping)]
-    if len(nested) == len(entry) and len(nested) == 1:  # {method: snapshot}: the only one
-        return dict(nested[0])
-    return dict(entry) if len(nested) < len(entry) else None
+    if len(nested) < len(entry):  # the entry is a snapshot itself
+        return dict(entry)
+    generators = [v for v in nested if v.get("kind") == "generation"]
+    if len(generators) == 1:  # a runner's one generative method (beside batchable ones)
+        return dict(generators[0])
+    return dict(nested[0]) if len(nested) == 1 else None
 
 
 def generation_server_view(
@@ -60,7 +78,7 @@ def generation_server_view(
     over_run: dict[str, float] = {}
     at_end: dict[str, Any] = {}
     for key, value in a.items():
-        if _is_counter(key) and isinstance(value, (int, float)):
+        if _is_counter(key) and isinstance(value, (int, float)) and not isinstance(value, bool):
             was = b.get(key, 0)
             over_run[key] = value - (was if isinstance(was, (int, float)) else 0)
         else:
@@ -71,18 +89,29 @@ def generation_server_view(
 def server_percentile_ms(view: Mapping[str, Any] | None, metric: str, q: str = "p50") -> float:
     """The server's ``q`` of ``metric`` (``ttft``, ``itl``, ``tpot``, ``e2e``) in ms, if it has one.
 
-    Looks for an end-of-run key naming both (``ttft_ms_window.p50``,
+    Looks for an end-of-run key naming both (``percentiles_ms.ttft.p50``,
     ``time_to_first_token_seconds_p50``...); a key in seconds (``_s``, ``seconds``) is
     converted. NaN when none is there.
     """
+    return server_percentile_key(view, metric, q)[1]
+
+
+def server_percentile_key(
+    view: Mapping[str, Any] | None, metric: str, q: str = "p50"
+) -> tuple[str, float]:
+    """The key :func:`server_percentile_ms` reads (``""`` if none) and its value in ms."""
     if view is None:
-        return math.nan
+        return "", math.nan
     for key, value in view.get("at_end", {}).items():
         low = key.lower()
-        if metric in low and q in low and isinstance(value, (int, float)):
+        if metric not in low or q not in low.replace("_", "."):
+            continue
+        if value is None:  # the server has no sample in its window
+            return key, math.nan
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             in_s = ("seconds" in low or "_s." in low or low.endswith("_s")) and "ms" not in low
-            return float(value) * (1000.0 if in_s else 1.0)
-    return math.nan
+            return key, float(value) * (1000.0 if in_s else 1.0)
+    return "", math.nan
 
 
 def _is_counter(key: str) -> bool:

@@ -25,6 +25,8 @@ import labserve
 from labserve.base.errors import InputError, LoadTargetError
 from labserve.base.vocabulary import OUTCOMES
 from labserve.cli import main
+from labserve.generation.api import Finish
+from labserve.lab.demo import TinyLM
 from labserve.load.arrivals import ConstantArrivals, PoissonArrivals
 from labserve.load.gen_server_view import find_model_stats, generation_server_view
 from labserve.load.gen_stream import CompletionStream, GenRecord
@@ -36,7 +38,6 @@ from labserve.runtime.loop import background_loop
 from labserve.server.app import make_app
 from labserve.server.core import HttpCore
 from labserve.server.exchange import Backend
-from labserve.server.generators import Finish
 from labserve.server.state import ServerState
 
 # A busy test machine may delay sends; what the warning says is not under test here.
@@ -104,7 +105,8 @@ class StatsBackend(Backend):
             "served": self.letters.finished,
             "generation_tokens_total": sum(len(t) for t in self.letters.yields.values()),
             "num_requests_running": 0,
-            "ttft_ms_window": {"p50": 1.5, "p99": 2.5},
+            "percentiles_ms": {"ttft": {"p50": 1.5, "p99": 2.5}, "tpot": {"p50": None}},
+            "window_s": 10.0,
             "config": {"max_num_seqs": 8, "policy": "fcfs"},
         }
         return {"tiny": {"generate": entry}}
@@ -407,10 +409,37 @@ def test_the_servers_view_shows_what_its_stats_hold(serve_letters):
     assert view is not None and view["model"] == "tiny.generate"
     assert view["over_run"]["served"] == len(r)
     assert view["over_run"]["generation_tokens_total"] == 128 * len(r)
-    assert view["at_end"]["ttft_ms_window.p50"] == 1.5
+    assert view["at_end"]["percentiles_ms.ttft.p50"] == 1.5
     assert view["at_end"]["config.policy"] == "fcfs"
     text = r.table()
-    assert "its /stats for tiny.generate" in text and "1.50 ms there" in text
+    assert "its /stats for tiny.generate" in text and "its last 10 s" in text
+    server_part = text[text.index("its /stats for") :]
+    (ttft,) = [line.split() for line in server_part.splitlines() if line.startswith("  TTFT")]
+    assert ttft[2] == "1.50" and ttft[-1] == "2.50"  # p50 and p99 there, beside here's
+    assert "config: max_num_seqs 8, policy fcfs" in text
+
+
+def test_against_labserve_serving_tinylm_the_server_counts_what_the_client_saw():
+    runner = labserve.Runner(TinyLM, name="tinylm", max_num_seqs=4)
+    server = labserve.serve(runner, port=0)
+    try:
+        r = generation_load_test(
+            f"{server.url}/v1/completions",
+            duration_s=0.3,
+            concurrency=3,
+            input_len="uniform:4:40",
+            output_len="uniform:1:16",
+        )
+    finally:
+        server.stop()
+        runner.stop()
+    assert kinds(r) == {"served": len(r)} and r.tokens_from_usage.all()
+    assert r.generation.num_output.tolist() == r.asked_output.tolist()  # ignore_eos held
+    assert r.generation.prompt_len.tolist() == r.asked_input.tolist()  # a byte is a token
+    grown = r.server["over_run"]
+    assert grown["outcomes.served"] == len(r)
+    assert grown["output_tokens"] == r.summary()["output_tokens"]
+    assert grown["prompt_tokens"] == r.summary()["input_tokens"]
 
 
 def test_another_server_has_no_view_and_says_so(raw_sse):
