@@ -418,20 +418,31 @@ _GENERATION_FLAGS = (
 
 def _export_engine(args: argparse.Namespace) -> None:
     """A generative method's knobs, from the flags, as an engine's flags."""
+    from labserve.base.errors import ConfigError
+    from labserve.config.file import load_config_file
     from labserve.generation.config import GenerationConfig
     from labserve.lab.export import export_config
 
-    if args.config or args.max_batch_size is not None or args.max_latency_ms is not None:
+    if args.max_batch_size is not None or args.max_latency_ms is not None:
         raise UsageError(
             f"{args.format} exports a generative method's settings: give them as"
-            " --max-num-seqs, --max-num-batched-tokens, ... (not --config, --max-batch-size"
+            " --max-num-seqs, --max-num-batched-tokens, ... (not --max-batch-size"
             " or --max-latency-ms)"
         )
+    cfg = GenerationConfig()
+    if args.config:
+        if not args.runner:
+            raise UsageError("--config with a generation format needs --runner (whose section)")
+        file = load_config_file(args.config)
+        try:
+            cfg = cfg.replace(**file.generation_for(args.runner))
+        except ConfigError as exc:
+            key = f"runners.{args.runner}.generation.{exc.key}"
+            raise ConfigError(key, exc.value, exc.rule, source=file.source) from None
     changes = {k: getattr(args, k) for k in _GENERATION_FLAGS if getattr(args, k) is not None}
     if args.strategy is not None:
         changes["strategy"] = args.strategy
-    cfg = GenerationConfig().replace(**changes)
-    print(export_config(cfg, args.format), end="")
+    print(export_config(cfg.replace(**changes), args.format), end="")
 
 
 def _export(args: argparse.Namespace) -> None:

@@ -322,6 +322,7 @@ def test_cli_exports_generation_flags(capsys):
     [
         (["export", "ray", "--max-num-seqs", "4"], "--max-num-seqs is a generation setting"),
         (["export", "vllm", "--max-batch-size", "4"], "--max-num-seqs, --max-num-batched-tokens"),
+        (["export", "vllm", "--config", "x.yaml"], "needs --runner"),
         (["export", "tgi", "--max-num-batched-tokens", "0"], "max_num_batched_tokens must be"),
     ],
 )
@@ -331,6 +332,27 @@ def test_cli_refuses_settings_of_the_other_kind_in_one_line(argv, words, capsys)
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
+
+
+def test_cli_reads_a_runners_generation_section_then_the_flags(tmp_path, capsys):
+    path = tmp_path / "labserve.yaml"
+    path.write_text(
+        "runners:\n  tinylm:\n    generation: {max_num_seqs: 64, max_num_batched_tokens: 1024}\n"
+    )
+    argv = ["export", "tgi", "--config", str(path), "--runner", "tinylm"]
+    assert main([*argv, "--max-num-batched-tokens", "512"]) == 0
+    flags = _flags(capsys.readouterr().out)
+    assert flags["--max-batch-size"] == "64"  # from the file
+    assert flags["--max-batch-prefill-tokens"] == "512"  # the flag wins
+
+
+def test_cli_names_the_file_and_key_of_a_bad_generation_value(tmp_path, capsys):
+    path = tmp_path / "labserve.yaml"
+    path.write_text("runners:\n  tinylm:\n    generation: {max_num_seqs: 0}\n")
+    with pytest.raises(SystemExit):
+        main(["export", "vllm", "--config", str(path), "--runner", "tinylm"])
+    err = capsys.readouterr().err
+    assert str(path) in err and "runners.tinylm.generation.max_num_seqs" in err
 
 
 def test_a_generative_runner_method_exports_its_live_config():
