@@ -122,6 +122,9 @@ def profile_steps(
 ) -> StepProfile:
     """Time one step of ``model``'s generative method per shape; fit a StepCost to them.
 
+    Profile an instance that is not serving: its step runs here, outside any scheduler
+    (the sequences profiled get negative ids, which a runner never gives).
+
     Args:
         model: a Runnable instance with a generative method taking a
             :class:`~labserve.generation.batch.SeqBatch`, and the hooks
@@ -157,7 +160,7 @@ def profile_steps(
     rng = np.random.default_rng(seed)
     points = []
     for n, new, start in shapes:
-        ids = tuple(range(1, n + 1))
+        ids = tuple(range(-1, -n - 1, -1))  # ids no runner gives a sequence
         tokens = [rng.integers(0, vocab, start + new, dtype=np.int64) for _ in ids]
         try:
             if start:  # the cached context, computed once and kept
