@@ -138,7 +138,8 @@ def profile_steps(
 
     Raises:
         TypeError: the model lacks the method or a hook.
-        ValueError: a shape, ``repeats`` or ``warmup`` out of range.
+        ValueError: a shape, ``repeats`` or ``warmup`` out of range, or a shape longer
+            than the model's ``max_model_len``.
     """
     step = getattr(model, method, None)
     if not callable(step):
@@ -156,6 +157,14 @@ def profile_steps(
         )
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    context = int(getattr(model, "max_model_len", 0) or 0)
+    if context:
+        longest = max(start + new for _, new, start in shapes)
+        if longest > context:
+            raise ValueError(
+                f"a shape needs {longest} tokens of context, over the model's max_model_len"
+                f" of {context}: pass shapes= that fit"
+            )
     vocab = int(getattr(model, "vocab_size", 256))
     rng = np.random.default_rng(seed)
     points = []

@@ -100,6 +100,13 @@ def test_bad_arguments_are_refused(kw, words):
         profile_steps(VirtualStepModel(), **kw)
 
 
+def test_shapes_past_the_models_context_are_refused_before_any_step():
+    lm = TinyLM(d_model=32, n_layers=1, d_ff=64, max_model_len=64)
+    with pytest.raises(ValueError, match="needs 80 tokens of context, over the model's"):
+        profile_steps(lm, shapes=[(1, 1, 8), (1, 16, 64)])
+    assert lm.num_cached_sequences == 0
+
+
 def test_a_model_without_the_hooks_is_refused():
     class NoHooks:
         def generate(self, batch):
