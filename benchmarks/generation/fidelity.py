@@ -58,7 +58,11 @@ def live(runner: labserve.Runner, rate: float, seconds: float, output: int, seed
             *(one(start + t, p) for t, p in zip(offsets.tolist(), prompts, strict=True))
         )
 
+    cpu0, wall0 = time.process_time(), time.monotonic()
     counts = asyncio.run(main())
+    # The process's CPU time over the run's wall time: how much of a core it was given (the
+    # loop, the driver and the model; 1.0 = a whole core).
+    cpu_share = (time.process_time() - cpu0) / (time.monotonic() - wall0)
     snap = runner.generate.stats()
     steps = snap.steps
     durations = steps.end_s - steps.start_s
@@ -66,6 +70,7 @@ def live(runner: labserve.Runner, rate: float, seconds: float, output: int, seed
     return {
         "offsets": offsets,
         "tokens": counts,
+        "cpu_share": cpu_share,
         "ttft_p50_ms": snap.percentiles_ms["ttft"]["p50"],
         "tpot_p50_ms": snap.percentiles_ms["tpot"]["p50"],
         "window_s": snap.window_s,
@@ -115,6 +120,7 @@ def main() -> None:
                     "gap_ms_median": got["gap_ms_median"],
                     "busy_gap_ms_mean": got["busy_gap_ms_mean"],
                 },
+                "cpu_share": got["cpu_share"],
             }
             for name, cost in (("cpu profile", TINYLM_STEP_COST), ("wall profile", wall)):
                 sim = replay_generation(
@@ -141,7 +147,7 @@ def main() -> None:
                 f"{rate:g} req/s ({n} requests): live TTFT p50 {lv['ttft_p50_ms']:.2f} ms, TPOT"
                 f" p50 {lv['tpot_p50_ms']:.2f} ms; steps {row['live_steps']['mean_ms']:.2f} ms"
                 f" mean at {row['live_steps']['mean_seqs']:.1f} seqs, gap between busy steps"
-                f" {row['live_steps']['busy_gap_ms_mean']:.2f} ms"
+                f" {row['live_steps']['busy_gap_ms_mean']:.2f} ms; CPU/wall {got['cpu_share']:.2f}"
             )
             for name in ("cpu profile", "wall profile"):
                 s = row[name]
