@@ -38,6 +38,17 @@ HERE = pathlib.Path(__file__).resolve().parent
 PROMPT_LEN = 32
 
 
+def _run_delay_s() -> float:
+    """Seconds this process's threads have waited, runnable, for a core (Linux schedstat)."""
+    total = 0
+    for task in pathlib.Path("/proc/self/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile, or no schedstat here
+    return total / 1e9
+
+
 def live(runner: labserve.Runner, rate: float, seconds: float, output: int, seed: int) -> dict:
     """Send a Poisson trace in process; the runner's own figures and the trace."""
     rng = np.random.default_rng(seed)
@@ -58,11 +69,13 @@ def live(runner: labserve.Runner, rate: float, seconds: float, output: int, seed
             *(one(start + t, p) for t, p in zip(offsets.tolist(), prompts, strict=True))
         )
 
-    cpu0, wall0 = time.process_time(), time.monotonic()
+    cpu0, wait0, wall0 = time.process_time(), _run_delay_s(), time.monotonic()
     counts = asyncio.run(main())
-    # The process's CPU time over the run's wall time: how much of a core it was given (the
-    # loop, the driver and the model; 1.0 = a whole core).
-    cpu_share = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+    wall = time.monotonic() - wall0
+    # CPU time used, and time spent runnable but waiting for a core (another process had
+    # it): a live run that waited long was starved by the machine, not mispredicted.
+    cpu_share = (time.process_time() - cpu0) / wall
+    waited_share = (_run_delay_s() - wait0) / wall
     snap = runner.generate.stats()
     steps = snap.steps
     durations = steps.end_s - steps.start_s
@@ -71,6 +84,7 @@ def live(runner: labserve.Runner, rate: float, seconds: float, output: int, seed
         "offsets": offsets,
         "tokens": counts,
         "cpu_share": cpu_share,
+        "waited_share": waited_share,
         "ttft_p50_ms": snap.percentiles_ms["ttft"]["p50"],
         "tpot_p50_ms": snap.percentiles_ms["tpot"]["p50"],
         "window_s": snap.window_s,
@@ -121,6 +135,7 @@ def main() -> None:
                     "busy_gap_ms_mean": got["busy_gap_ms_mean"],
                 },
                 "cpu_share": got["cpu_share"],
+                "waited_share": got["waited_share"],
             }
             for name, cost in (("cpu profile", TINYLM_STEP_COST), ("wall profile", wall)):
                 sim = replay_generation(
@@ -147,7 +162,8 @@ def main() -> None:
                 f"{rate:g} req/s ({n} requests): live TTFT p50 {lv['ttft_p50_ms']:.2f} ms, TPOT"
                 f" p50 {lv['tpot_p50_ms']:.2f} ms; steps {row['live_steps']['mean_ms']:.2f} ms"
                 f" mean at {row['live_steps']['mean_seqs']:.1f} seqs, gap between busy steps"
-                f" {row['live_steps']['busy_gap_ms_mean']:.2f} ms; CPU/wall {got['cpu_share']:.2f}"
+                f" {row['live_steps']['busy_gap_ms_mean']:.2f} ms; CPU/wall {got['cpu_share']:.2f},"
+                f" waited for a core {got['waited_share']:.2f} of the wall time"
             )
             for name in ("cpu profile", "wall profile"):
                 s = row[name]
