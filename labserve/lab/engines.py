@@ -83,7 +83,8 @@ def _vllm(cfg: GenerationConfig) -> str:
             "chunked prefill off: vLLM V1 lets later, shorter prompts pass a prompt that does"
             " not fit the step; labserve keeps the queue's order (a long prompt waits at the"
             " head until a step has room), so under load vLLM serves short prompts sooner and"
-            " the long one later."
+            " the long one later. vLLM also refuses to start unless --max-num-batched-tokens is"
+            " at least --max-model-len then; labserve refuses a longer prompt at admission."
         )
     if cfg.long_prefill_token_threshold:
         flags.append(("--long-prefill-token-threshold", cfg.long_prefill_token_threshold))
