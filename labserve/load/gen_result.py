@@ -142,7 +142,8 @@ class GenerationLoadResult:
         """The summary as a readable block: counts, rates, a latency table, the server's view."""
         s = self.summary()
         served = s["served"]
-        outcomes = ", ".join(f"{k} {v}" for k, v in s["outcomes"].items()) or "none"
+        others = {k: v for k, v in s["outcomes"].items() if k != "served"}
+        outcomes = f" (not served: {', '.join(f'{k} {v}' for k, v in others.items())})"
         source = (
             "usage"
             if s["tokens_from_usage"] == served
@@ -150,7 +151,7 @@ class GenerationLoadResult:
         )
         lines = [self.label] if self.label else []
         lines += [
-            f"requests      {s['requests']:,} sent, {served:,} served ({outcomes})",
+            f"requests      {s['requests']:,} sent, {served:,} served{outcomes if others else ''}",
             f"tokens        {s['input_tokens']:,} in, {s['output_tokens']:,} out "
             f"(counted from {source})",
             f"throughput    {s['served_rps']:,.2f} req/s, {s['output_tokens_per_s']:,.1f} "
@@ -200,6 +201,24 @@ class GenerationLoadResult:
             lines += _wrapped(f"  {group or 'at the end'}: ", items)
         return lines
 
+    def _window_note(self, view: dict[str, Any]) -> str:
+        """What the server's percentiles cover: its window, and whether it began before the run."""
+        window = view["at_end"].get("window_s")
+        if not isinstance(window, (int, float)) or isinstance(window, bool):
+            return ""
+        span = self.generation.span_s
+        if window - span > 0.05:
+            return (
+                f" (the server's: its last {window:g} s, from {window - span:.1f} s before"
+                " this run: what it served then counts there too)"
+            )
+        if span - window > 0.05:
+            return (
+                f" (the server's: its last {window:g} s, the end of this {span:.1f} s run:"
+                " the sequences that ended before are not there)"
+            )
+        return f" (the server's: its last {window:g} s)"
+
     def _server_latencies(self, view: dict[str, Any], lines: list[str]) -> set[str]:
         """Add the client's and the server's percentiles side by side; the keys shown."""
         shown: set[str] = set()
@@ -215,10 +234,7 @@ class GenerationLoadResult:
             if not all(math.isnan(server_percentile_ms(view, metric, q)) for q in ("p50", "p99")):
                 rows.append(f"  {metric.upper():<12}{cells}")
         if rows:
-            window = view["at_end"].get("window_s")
-            over = ""
-            if isinstance(window, (int, float)):
-                over = f" (the server's: its last {window:g} s)"
+            over = self._window_note(view)
             head = "".join(f"{q + ' here':>9}{'there':>9}" for q in ("p50", "p90", "p99"))
             lines += [f"{'latency (ms)':<14}{head}{over}", *rows]
         return shown
