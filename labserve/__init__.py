@@ -48,6 +48,11 @@ from labserve.base.vocabulary import OUTCOMES, REASONS, STRATEGIES
 from labserve.batching.containers import Padding, TensorSpec
 from labserve.config.batching import BatchingConfig
 from labserve.config.file import ConfigFile, load_config_file
+from labserve.generation.api import Completion, Finish, GenerateRequest
+from labserve.generation.batch import SeqBatch
+from labserve.generation.config import GenerationConfig
+from labserve.generation.sampling import SamplingParams
+from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.export import export_config
 from labserve.lab.profiling import CostCurve, profile
 from labserve.lab.sources import (
@@ -82,9 +87,11 @@ from labserve.metrics.snapshot import (
     Snapshot,
     snapshot_from_dict,
 )
+from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import Runnable, method
 from labserve.runtime.runner import Runner, RunnerMethod
+from labserve.runtime.token_streams import AsyncTokenStream, TokenStream
 from labserve.server import Server, serve
 from labserve.sim import LinearCost, simulate
 
@@ -95,6 +102,7 @@ __all__ = [
     "REASONS",
     "STRATEGIES",
     "Arrivals",
+    "AsyncTokenStream",
     "BackgroundLoop",
     "BatchRecord",
     "BatchSizeMismatchError",
@@ -102,13 +110,19 @@ __all__ = [
     "BurstArrivals",
     "CancelledRequestError",
     "Clock",
+    "Completion",
     "ConfigError",
     "ConfigFile",
     "ConstantArrivals",
     "CostCurve",
     "CostFitView",
+    "Finish",
+    "GenerateRequest",
+    "GenerationConfig",
     "GenerationLoadResult",
     "GenerationLoadRun",
+    "GenerationSnapshot",
+    "GenerativeMethod",
     "HostError",
     "HttpSource",
     "InputError",
@@ -144,6 +158,8 @@ __all__ = [
     "RunnerMethod",
     "RunnerSource",
     "RunnerStoppedError",
+    "SamplingParams",
+    "SeqBatch",
     "Server",
     "ServerError",
     "SimClock",
@@ -154,6 +170,7 @@ __all__ = [
     "StopTimeoutError",
     "TensorSpec",
     "TokenBudgetError",
+    "TokenStream",
     "TraceArrivals",
     "UnauthorizedError",
     "UnsupportedMediaTypeError",
