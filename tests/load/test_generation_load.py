@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import subprocess
+import sys
 import threading
 import time
 
@@ -660,3 +662,62 @@ def test_a_run_without_requests_has_no_latencies():
     r = build_result(GenRecord(), 1.0)
     assert len(r) == 0 and math.isnan(r.percentiles_ms("ttft")["p50"])
     assert r.summary()["served_rps"] == 0.0 and "0 sent" in r.table()
+
+
+INTERRUPTED = """
+import _thread, json, threading, time, warnings
+import labserve
+from labserve.lab.demo import TinyLM
+
+warnings.simplefilter("ignore", labserve.LoadWarning)
+runner = labserve.Runner(TinyLM, name="tinylm")
+server = labserve.serve(runner, port=0)
+run = labserve.start_generation_load(
+    f"{server.url}/v1/completions", duration_s=60, concurrency=4, output_len=200
+)
+
+def interrupt_when_busy():
+    while run.sent < 8:
+        time.sleep(0.005)
+    _thread.interrupt_main()
+
+threading.Thread(target=interrupt_when_busy, daemon=True).start()
+try:
+    run.result()
+    out = {"interrupted": False}
+except labserve.LoadInterrupted as exc:
+    sent = exc.sent
+    time.sleep(0.5)  # a load still running would send more meanwhile
+    r = exc.result
+    out = {
+        "interrupted": True,
+        "sent": sent,
+        "sent_later": run.sent,
+        "recorded": len(r),
+        "outcomes": sorted(r.summary()["outcomes"]),
+    }
+server.stop()
+runner.stop()
+print(json.dumps(out))
+"""
+
+
+def test_an_interrupt_stops_the_load_and_gives_up_the_streams_in_flight():
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "never retrieved" not in proc.stderr, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["interrupted"] and out["sent"] == out["sent_later"] == out["recorded"]
+    assert "cancelled" in out["outcomes"] and set(out["outcomes"]) <= {"served", "cancelled"}
+
+
+def test_the_cli_sends_bursts(serve_letters, capsys):
+    letters = Letters()
+    url = serve_letters(letters) + "/v1/completions"
+    argv = ["load", url, "--rate", "5", "--burst", "100:0.3:0.1", "--duration", "0.6"]
+    assert main([*argv, "--output-len", "2", "--loop", "asyncio"]) == 0
+    out = capsys.readouterr().out
+    assert "burst 5 req/s, 100 req/s for 0.1 s every 0.3 s" in out
+    assert len(letters.requests) > 6  # the two bursts' 20 or so, with the calm between
