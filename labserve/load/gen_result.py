@@ -22,11 +22,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from labserve.base.vocabulary import OUTCOMES, SERVED
-from labserve.generation.results import GenerationResult
+from labserve.base.vocabulary import CANCELLED, OUTCOMES, SERVED, TIMEOUT
+from labserve.generation.results import GenerationResult, StepSeries
+from labserve.generation.sequence import SEQ_OUTCOMES, SeqOutcome
 from labserve.load.gen_server_view import server_percentile_key, server_percentile_ms
+from labserve.load.gen_stream import GenRecord
 
-__all__ = ["GenerationLoadResult"]
+__all__ = ["GenerationLoadResult", "build_result"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -253,3 +255,56 @@ def _wrapped(first: str, items: list[str], width: int = 96) -> list[str]:
         line += item + ", "
     lines.append(line.rstrip(", "))
     return lines
+
+
+# How the client's outcomes map onto a sequence's (the shared result type's vocabulary).
+_SEQ: dict[int, SeqOutcome] = {SERVED: "served", CANCELLED: "cancelled", TIMEOUT: "timeout"}
+
+
+def build_result(
+    rec: GenRecord,
+    duration_s: float,
+    *,
+    goodput_ms: dict[str, float] | None = None,
+    server: dict[str, Any] | None = None,
+    label: str = "",
+) -> GenerationLoadResult:
+    """The result of a run's records (times become seconds from the run's start)."""
+    n = len(rec.arrival)
+    t0 = rec.t0
+    end = np.asarray(rec.end, dtype=float) - t0
+    if n and np.isnan(end).any():  # given up in flight: it ended when the run did
+        last = float(np.nanmax(end)) if not np.isnan(end).all() else float(duration_s)
+        end = np.where(np.isnan(end), last, end)
+    first = np.fromiter((c[0] - t0 if c else math.nan for c in rec.chunks), float, n)
+    gaps = [np.diff(np.asarray(c, dtype=float)) for c in rec.chunks]
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum([len(g) for g in gaps], out=offsets[1:])
+    seq_codes = {name: i for i, name in enumerate(SEQ_OUTCOMES)}
+    seq_outcome = np.fromiter((seq_codes[_SEQ.get(o, "failed")] for o in rec.outcome), np.int64, n)
+    generation = GenerationResult(
+        arrival_s=np.asarray(rec.arrival, dtype=float),
+        first_token_s=first,
+        end_s=end,
+        prompt_len=np.asarray(rec.prompt_tokens, dtype=np.int64),
+        num_output=np.asarray(rec.out_tokens, dtype=np.int64),
+        outcome=seq_outcome,
+        num_preemptions=np.zeros(n, np.int64),
+        itl_s=np.concatenate(gaps) if gaps else np.zeros(0),
+        itl_offsets=offsets,
+        steps=StepSeries.from_records([]),
+    )
+    return GenerationLoadResult(
+        generation=generation,
+        outcome=np.asarray(rec.outcome, dtype=np.int64),
+        tokens_from_usage=np.asarray(rec.from_usage, dtype=bool),
+        asked_input=np.asarray(rec.asked_input, dtype=np.int64),
+        asked_output=np.asarray(rec.asked_output, dtype=np.int64),
+        duration_s=float(duration_s),
+        goodput_ms=dict(goodput_ms or {}),
+        send_lag_s=np.asarray(rec.lag, dtype=float) if rec.lag else None,
+        errors=dict(sorted(rec.errors.items(), key=lambda kv: -kv[1])),
+        server=server,
+        label=label,
+        clock_t0_s=t0,
+    )

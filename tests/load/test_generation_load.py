@@ -30,9 +30,10 @@ from labserve.cli import main
 from labserve.generation.api import Finish
 from labserve.lab.demo import TinyLM
 from labserve.load.arrivals import ConstantArrivals, PoissonArrivals
+from labserve.load.gen_result import build_result
 from labserve.load.gen_server_view import find_model_stats, generation_server_view
 from labserve.load.gen_stream import CompletionStream, GenRecord
-from labserve.load.generation import build_result, generation_load_test, start_generation_load
+from labserve.load.generation import generation_load_test, start_generation_load
 from labserve.load.goodput import parse_goodput
 from labserve.load.prompts import GenerationMix
 from labserve.load.sse import SseParser
