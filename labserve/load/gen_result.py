@@ -15,6 +15,7 @@ content chunks (a chunk that carries several tokens then counts as one, as it do
 from __future__ import annotations
 
 import math
+import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,7 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 _METRICS = ("ttft", "itl", "tpot", "e2e")
 _QS = (50.0, 90.0, 95.0, 99.0)
+_SIDE_BY_SIDE = ("p50", "p90", "p95", "p99")  # the client's and the server's, in the summary
 
 
 @dataclass(frozen=True)
@@ -204,22 +206,18 @@ class GenerationLoadResult:
         return lines
 
     def _window_note(self, view: dict[str, Any]) -> str:
-        """What the server's percentiles cover: its window, and whether it began before the run."""
+        """What the server's percentiles cover: its window, and how it differs from the run."""
         window = view["at_end"].get("window_s")
         if not isinstance(window, (int, float)) or isinstance(window, bool):
-            return ""
+            return "(the server's percentiles: over what its /stats holds)"
         span = self.generation.span_s
+        note = f"(the server's percentiles: its last {window:g} s"
         if window - span > 0.05:
-            return (
-                f" (the server's: its last {window:g} s, from {window - span:.1f} s before"
-                " this run: what it served then counts there too)"
-            )
+            before = window - span
+            return f"{note}, from {before:.1f} s before this run: what it served then counts too)"
         if span - window > 0.05:
-            return (
-                f" (the server's: its last {window:g} s, the end of this {span:.1f} s run:"
-                " the sequences that ended before are not there)"
-            )
-        return f" (the server's: its last {window:g} s)"
+            return f"{note}, the end of this {span:.1f} s run: what ended before is not there)"
+        return note + ")"
 
     def _server_latencies(self, view: dict[str, Any], lines: list[str]) -> set[str]:
         """Add the client's and the server's percentiles side by side; the keys shown."""
@@ -228,7 +226,7 @@ class GenerationLoadResult:
         for metric in _METRICS:
             ours = self.percentiles_ms(metric)
             cells = ""
-            for q in ("p50", "p90", "p99"):
+            for q in _SIDE_BY_SIDE:
                 key, theirs = server_percentile_key(view, metric, q)
                 if key:
                     shown.add(key)
@@ -236,9 +234,11 @@ class GenerationLoadResult:
             if not all(math.isnan(server_percentile_ms(view, metric, q)) for q in ("p50", "p99")):
                 rows.append(f"  {metric.upper():<12}{cells}")
         if rows:
-            over = self._window_note(view)
-            head = "".join(f"{q + ' here':>9}{'there':>9}" for q in ("p50", "p90", "p99"))
-            lines += [f"{'latency (ms)':<14}{head}{over}", *rows]
+            head = "".join(f"{q + ' here':>9}{'there':>9}" for q in _SIDE_BY_SIDE)
+            lines += [f"{'latency (ms)':<14}{head}", *rows]
+            lines += textwrap.wrap(
+                self._window_note(view), 96, initial_indent="  ", subsequent_indent="   "
+            )
         return shown
 
     def __str__(self) -> str:
