@@ -148,11 +148,14 @@ class GenerationLoadResult:
         served = s["served"]
         others = {k: v for k, v in s["outcomes"].items() if k != "served"}
         outcomes = f" (not served: {', '.join(f'{k} {v}' for k, v in others.items())})"
-        source = (
-            "usage"
-            if s["tokens_from_usage"] == served
-            else f"usage for {s['tokens_from_usage']} of {served}, chunks for the rest"
-        )
+        if not served:
+            source = "the served requests: none"
+        elif s["tokens_from_usage"] == served:
+            source = "usage"
+        elif s["tokens_from_usage"] == 0:
+            source = "chunks: the stream carried no usage"
+        else:
+            source = f"usage for {s['tokens_from_usage']} of {served}, chunks for the rest"
         lines = [self.label] if self.label else []
         lines += [
             f"requests      {s['requests']:,} sent, {served:,} served{outcomes if others else ''}",
