@@ -37,6 +37,7 @@ from labserve.load.generation import generation_load_test, start_generation_load
 from labserve.load.goodput import parse_goodput
 from labserve.load.prompts import GenerationMix
 from labserve.load.sse import SseParser
+from labserve.load.stream_conn import StreamHandler, _StreamConnection
 from labserve.runtime.loop import background_loop
 from labserve.server.app import make_app
 from labserve.server.core import HttpCore
@@ -722,3 +723,75 @@ def test_the_cli_sends_bursts(serve_letters, capsys):
     out = capsys.readouterr().out
     assert "burst 5 req/s, 100 req/s for 0.1 s every 0.3 s" in out
     assert len(letters.requests) > 6  # the two bursts' 20 or so, with the calm between
+
+
+class _Transport:
+    def __init__(self):
+        self.written = b""
+        self.aborted = False
+
+    def write(self, data):
+        self.written += data
+
+    def abort(self):
+        self.aborted = True
+
+    def is_closing(self):
+        return self.aborted
+
+
+class _Collected(StreamHandler):
+    def __init__(self):
+        self.status, self.data, self.ends = 0, b"", []
+
+    def head(self, status, content_type, now):
+        self.status = status
+
+    def body(self, data, now):
+        self.data += data
+
+    def ended(self, outcome, detail, now):
+        self.ends.append(outcome)
+
+
+@pytest.mark.parametrize(
+    ("reply", "body"),
+    [
+        (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\nhello\r\n1;ext=1\r\n \r\n5\r\nworld\r\n0\r\nX-Trailer: 1\r\n\r\n",
+            b"hello world",
+        ),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", b"hello"),
+    ],
+)
+def test_a_reply_split_anywhere_reads_whole(reply, body):
+    async def read(pieces):
+        conn = _StreamConnection()
+        conn.connection_made(_Transport())
+        handler = _Collected()
+        done = conn.send(b"GET / HTTP/1.1\r\n\r\n", handler)
+        for piece in pieces:
+            conn.data_received(piece)
+        await done
+        return handler, conn
+
+    for cut in range(1, len(reply)):
+        handler, conn = asyncio.run(read([reply[:cut], reply[cut:]]))
+        assert (handler.status, handler.data, handler.ends) == (200, body, [None]), cut
+        assert conn.reusable
+    handler, _ = asyncio.run(read([reply[i : i + 1] for i in range(len(reply))]))
+    assert handler.data == body and handler.ends == [None]
+
+
+def test_requests_past_the_connections_wait_and_the_run_says_so(serve_letters):
+    letters = Letters()
+    url = serve_letters(letters) + "/v1/completions"
+    with pytest.warns(labserve.LoadWarning, match="found all 1 connections streaming"):
+        r = generation_load_test(
+            url, duration_s=0.1, arrivals=ConstantArrivals(50.0), output_len=40, connections=1
+        )
+    assert kinds(r) == {"served": 5}
+    # Each stream takes 40 tokens 1 ms apart at least: the fifth (due at 80 ms) went out
+    # after four of them, at 160 ms or later.
+    assert r.send_lag_s.max() >= 4 * 0.040 - 4 / 50.0
