@@ -118,13 +118,13 @@ class StatsBackend(Backend):
 
 @pytest.fixture
 def serve_letters():
-    """``serve_letters(letters, names=("letters",), stats=False)``: the server's base URL."""
+    """``serve_letters(letters, names=..., stats=..., token_everywhere=...)``: its base URL."""
     bg = background_loop()
     servers = []
 
-    def start(letters, *, names=("letters",), stats=False):
+    def start(letters, *, names=("letters",), stats=False, token_everywhere=False):
         state = ServerState(
-            runners={}, token="sesame", token_everywhere=False, max_body_bytes=65536
+            runners={}, token="sesame", token_everywhere=token_everywhere, max_body_bytes=65536
         )
         generators = dict.fromkeys(names, letters)
         backend = StatsBackend(state, generators, letters) if stats else Backend(state, generators)
@@ -795,3 +795,13 @@ def test_requests_past_the_connections_wait_and_the_run_says_so(serve_letters):
     # Each stream takes 40 tokens 1 ms apart at least: the fifth (due at 80 ms) went out
     # after four of them, at 160 ms or later.
     assert r.send_lag_s.max() >= 4 * 0.040 - 4 / 50.0
+
+
+def test_the_token_goes_with_every_request(serve_letters):
+    base = serve_letters(Letters(), token_everywhere=True)
+    with pytest.raises(LoadTargetError, match="unauthorized: give the server's token"):
+        generation_load_test(base + "/v1/completions", duration_s=0.1, concurrency=1)
+    r = generation_load_test(
+        base + "/v1/completions", duration_s=0.1, concurrency=1, token="sesame", output_len=2
+    )
+    assert kinds(r) == {"served": len(r)}
