@@ -54,6 +54,7 @@ from labserve.generation.config import GenerationConfig
 from labserve.generation.sampling import SamplingParams
 from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.export import export_config
+from labserve.lab.generation_sweep import sweep_generation
 from labserve.lab.profiling import CostCurve, profile
 from labserve.lab.sources import (
     HttpSource,
@@ -62,6 +63,7 @@ from labserve.lab.sources import (
     SourceView,
     method_sources,
 )
+from labserve.lab.steps import profile_steps
 from labserve.lab.sweep import sweep
 from labserve.load.arrivals import (
     ARRIVAL_KINDS,
@@ -94,6 +96,7 @@ from labserve.runtime.runner import Runner, RunnerMethod
 from labserve.runtime.token_streams import AsyncTokenStream, TokenStream
 from labserve.server import Server, serve
 from labserve.sim import LinearCost, simulate
+from labserve.sim.generation import StepCost, replay_generation, simulate_generation
 
 __all__ = [
     "ARRIVAL_KINDS",
@@ -167,6 +170,7 @@ __all__ = [
     "SnapshotCollector",
     "SourceView",
     "StepArrivals",
+    "StepCost",
     "StopTimeoutError",
     "TensorSpec",
     "TokenBudgetError",
@@ -184,10 +188,14 @@ __all__ = [
     "method_sources",
     "preset_arrivals",
     "profile",
+    "profile_steps",
+    "replay_generation",
     "serve",
     "simulate",
+    "simulate_generation",
     "snapshot_from_dict",
     "start_generation_load",
     "start_load",
     "sweep",
+    "sweep_generation",
 ]
