@@ -42,6 +42,14 @@ _TICK_ROLLOVER = 1500
 _FIT_POINTS = 256
 """Recent batches shown against the fitted cost line."""
 _COLORS = Category10[10]
+_THROUGHPUT = (
+    ("served_rps", _COLORS[2], "served"),
+    # Each kind of request that got no result, as RunResult.summary() and /metrics count them.
+    ("refused_rps", _COLORS[1], "refused (queue full)"),
+    ("rejected_rps", _COLORS[3], "rejected (deadline)"),
+    ("timeout_rps", _COLORS[5], "timed out"),
+    ("failed_rps", _COLORS[4], "failed"),
+)
 _REASON_COLORS = {
     "full": _COLORS[2],
     "timeout": _COLORS[3],
@@ -136,12 +144,8 @@ class Charts:
                      line_dash="dashed", legend_label="target", mode="after")  # fmt: skip
 
         throughput = timeline(f"Throughput (last {window})", "requests / s",
-                              ["served_rps", "rejected_rps", "failed_rps"])  # fmt: skip
-        for column, color, name in (
-            ("served_rps", _COLORS[2], "served"),
-            ("rejected_rps", _COLORS[3], "rejected"),
-            ("failed_rps", _COLORS[4], "failed"),
-        ):
+                              [c for c, _, _ in _THROUGHPUT])  # fmt: skip
+        for column, color, name in _THROUGHPUT:
             throughput.line("t", column, source=self.ticks, color=color, legend_label=name,
                             line_width=2)  # fmt: skip
 

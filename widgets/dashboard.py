@@ -237,11 +237,16 @@ def _numbers(snap: labserve.Snapshot, recent: Recent | None) -> str:
     served = recent.served_rps if recent else nan
     mean = recent.mean_batch if recent else nan
     rejected = recent.rejected_pct if recent else nan
+    refused = recent.refused_pct if recent else nan
+    failed = recent.failed_pct if recent else nan
+    timeout = recent.timeout_pct if recent else nan
     busy = recent.busy_pct if recent else nan
     window = f"{recent.span_s:.1f} s" if recent else "1 s"
     return (
         f"<b>{_fmt(served, ',.0f')}</b> req/s served · mean batch <b>{_fmt(mean, '.1f')}</b> "
-        f"of {cfg.max_batch_size} · rejected <b>{_fmt(rejected, '.1f', '%')}</b> · model busy "
+        f"of {cfg.max_batch_size} · rejected <b>{_fmt(rejected, '.1f', '%')}</b> (refused at "
+        f"admission {_fmt(refused, '.1f', '%')}) · timed out <b>{_fmt(timeout, '.1f', '%')}</b> · "
+        f"failed <b>{_fmt(failed, '.1f', '%')}</b> · model busy "
         f"<b>{_fmt(busy, '.0f', '%')}</b> <i>(last {window})</i> · p50 "
         f"<b>{_fmt(lat.p50, '.1f')}</b> / p99 <b>{_fmt(lat.p99, '.1f')}</b> ms, wait cap "
         f"{cfg.max_latency_ms:g} ms <i>(last {snap.window_s:g} s)</i> · queue "
