@@ -83,6 +83,7 @@ from labserve.metrics.snapshot import (
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import Runnable, method
 from labserve.runtime.runner import Runner, RunnerMethod
+from labserve.runtime.session import stop_all, track
 from labserve.server import Server, serve
 from labserve.sim import LinearCost, simulate
 
@@ -167,5 +168,7 @@ __all__ = [
     "simulate",
     "snapshot_from_dict",
     "start_load",
+    "stop_all",
     "sweep",
+    "track",
 ]

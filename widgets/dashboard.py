@@ -81,6 +81,7 @@ class Dashboard:
     ) -> None:
         self.methods, first = _methods(target, token)
         self._views: list[ChartWidget] = []
+        self._boxes: list[w.VBox] = []
         self._flow_history: deque[tuple[float, int, int]] = deque()
         self._status_at = -math.inf
         self.charts = Charts(follow_s=follow_s, hz=hz)
@@ -113,6 +114,16 @@ class Dashboard:
             start=False,  # _on_tick reads self.pump
         )
         self.pump.start()
+        # A re-run cell's dashboard on the same methods replaces this one; a new runner of
+        # the name it watches in this process ends it too. labserve.stop_all() closes it.
+        needs = [
+            ("runner", m.runner)
+            for m in self.methods.values()
+            if isinstance(m, labserve.RunnerSource)
+        ]
+        self._untrack = labserve.track(
+            self, "dashboard", ",".join(self.methods), self.close, needs=needs
+        )
 
     @property
     def method(self) -> labserve.MethodSource:
@@ -134,7 +145,9 @@ class Dashboard:
         with self.pump.lock:
             charts = ChartWidget(self.charts.layout, lock=self.pump.lock)
         self._views.append(charts)
-        return w.VBox([self.panel, self.status, self.replicas, charts])
+        box = w.VBox([self.panel, self.status, self.replicas, charts])
+        self._boxes.append(box)
+        return box
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel.
@@ -155,9 +168,21 @@ class Dashboard:
             f.write(page)
 
     def close(self) -> None:
-        """Stop the load and the pump, close the widgets. Idempotent."""
+        """Stop the load and the pump; each view says it is closed. Idempotent.
+
+        A view left on the page reads as closed, with the charts' last frame gone and no
+        control that looks alive but does nothing.
+        """
         self.load.stop()
         self.pump.stop()
+        self._untrack()
+        note = w.HTML(
+            f"<code>dashboard on {html.escape(', '.join(self.methods))} closed: its controls"
+            " and charts stopped. Create a new Dashboard to watch again.</code>"
+        )
+        for box in self._boxes:
+            box.children = (note,)
+        self._boxes.clear()
         for view in self._views:
             view.close()
         self._views.clear()

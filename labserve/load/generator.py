@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import itertools
 import math
 import threading
 import time
@@ -38,6 +39,7 @@ from labserve.load.http import HttpSender
 from labserve.load.mix import LengthMix
 from labserve.load.records import Control, Record, Sender, clock_s
 from labserve.metrics.results import RunResult
+from labserve.runtime import session
 from labserve.runtime.loop import BackgroundLoop
 from labserve.runtime.runner import RunnerMethod
 
@@ -203,7 +205,22 @@ def start_load(
     else:
         assert concurrency is not None
         future = bg.submit(_closed_loop(sender, concurrency, think_s, duration_s, control))
-    return LoadRun(bg, future, control, sender, float(duration_s), batches_before, label)
+    run = LoadRun(bg, future, control, sender, float(duration_s), batches_before, label)
+    return _tracked(run, target, future)
+
+
+def _tracked(
+    run: LoadRun, target: RunnerMethod | str, future: concurrent.futures.Future[Any]
+) -> LoadRun:
+    """Recorded until it ends: stop_all() stops it; so does replacing the runner it loads."""
+    where = target if isinstance(target, str) else f"{target.runner.name}.{target.name}"
+    needs = [] if isinstance(target, str) else [("runner", target.runner.name)]
+    session.track(run, "load", f"{where} #{next(_load_ids)}", run.stop, needs=needs)
+    future.add_done_callback(lambda _: session.forget(run))
+    return run
+
+
+_load_ids = itertools.count(1)
 
 
 def _length_mix(input_len: Any, example: Any, seed: int) -> LengthMix | None:

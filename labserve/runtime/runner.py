@@ -13,6 +13,7 @@ from typing import Any
 
 from labserve.base.clock import Clock, MonotonicClock
 from labserve.base.errors import (
+    ConfigError,
     InputError,
     LoopThreadError,
     RunnerStoppedError,
@@ -24,6 +25,7 @@ from labserve.batching.requests import Request
 from labserve.config.batching import BatchingConfig, BatchingLayer
 from labserve.config.file import load_config_file
 from labserve.metrics.snapshot import BatchRecord, Snapshot
+from labserve.runtime import session
 from labserve.runtime.driver import MethodDriver
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import MethodSpec, Runnable
@@ -376,6 +378,8 @@ class Runner:
             # The runner's own names win, as they do with __getattr__.
             if not hasattr(Runner, method_name) and method_name not in self.__dict__:
                 self.__dict__[method_name] = served
+        # A re-run cell's Runner of the same name replaces this one (and its server, load).
+        session.track(self, "runner", self.name, self.stop)
 
     @property
     def bg(self) -> BackgroundLoop:
@@ -408,6 +412,12 @@ class Runner:
 
         >>> runner.configure("predict", max_batch_size=64, strategy="fixed")  # doctest: +SKIP
         """
+        if method not in self.methods:
+            raise ConfigError(
+                "method",
+                method,
+                f"a method of runner {self.name!r} (it has: {', '.join(self.methods)})",
+            )
         return self._method(method).configure(**changes)
 
     def stats(self, method: str) -> Snapshot:
@@ -444,6 +454,7 @@ class Runner:
                 return
             self._stopped = True
             hooked = self._hooked
+        session.forget(self)
         if hooked and self.bg.running:
             self.bg.remove_shutdown_hook(self._aclose)
             try:
@@ -461,6 +472,7 @@ class Runner:
     async def aclose(self) -> None:
         """Like :meth:`stop`, awaitable from any running event loop."""
         self._stopped = True
+        session.forget(self)
         if self._hooked:
             self.bg.remove_shutdown_hook(self._aclose)
             if self.bg.in_loop_thread():
