@@ -379,7 +379,7 @@ def _load(args: argparse.Namespace) -> None:
             print(f"interrupted: the load stopped after {exc.sent} requests")
             raise
     print(result.table())
-    print(_verdict(result, caught, load_loop()))
+    print(_verdict(result, caught, load_loop(), None if args.concurrency else args.rate))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"summary": result.summary(), "server": result.server}, f, indent=1)
@@ -409,14 +409,19 @@ def _loop_choice(kind: str) -> Iterator[None]:
             os.environ["LABSERVE_LOOP"] = before
 
 
-def _verdict(result: Any, caught: list[warnings.WarningMessage], bg: BackgroundLoop) -> str:
+def _verdict(
+    result: Any,
+    caught: list[warnings.WarningMessage],
+    bg: BackgroundLoop,
+    asked_rps: float | None = None,
+) -> str:
     """One honest line: did the generator keep the schedule, and whose batching is shown."""
     s = result.summary()
     lines = []
     if "send_lag_p99_ms" in s:
         kept = "kept" if not caught else "could NOT keep"
         lines.append(
-            f"schedule: {kept} {s['offered_rps']:,.0f} req/s (send lag p99 "
+            f"schedule: {kept} {asked_rps or s['offered_rps']:,.0f} req/s (send lag p99 "
             f"{s['send_lag_p99_ms']:.2f} ms, max {s['send_lag_max_ms']:.2f} ms)"
         )
         lines += [f"  {w.message}" for w in caught]

@@ -42,15 +42,17 @@ from labserve.metrics.results import RunResult
 from labserve.runtime import session
 from labserve.runtime.loop import BackgroundLoop
 from labserve.runtime.runner import RunnerMethod
+from labserve.server.listener import default_max_connections
 
 __all__ = ["LoadRun", "load_loop", "load_test", "start_load"]
 
 # Behind schedule by more than this (p99), the run says it could not keep the rate.
 _LAG_LIMIT_S = 0.005
-# An open-loop HTTP run's keep-alive pool, unless told (wrk's -c64), all opened before the
-# clock starts. Requests beyond it wait for a connection (the wait counts in their latency
-# and their send lag). A larger pool measured worse here: once behind, a burst of due
-# requests opened connections mid-run, and the handshakes pushed it further behind.
+# An open-loop HTTP run opens this many keep-alive connections before the clock starts
+# (wrk's -c64), and more as requests find them all busy, up to the limit below: a fixed 64
+# cannot carry 2,500 req/s at a server latency of 25 ms, and the sends fell seconds behind.
+# At the limit, requests wait for a connection (the wait counts in their latency and their
+# send lag) and the run says so.
 _OPEN_LOOP_CONNECTIONS = 64
 # How often a blocking wait wakes to let Ctrl-C in (a lock wait is not interruptible).
 _WAKE_S = 0.05
@@ -106,7 +108,8 @@ def load_test(
     of the run (batches, mean batch, fire reasons, queue waits, from ``GET /stats``
     before and after) and the summary shows it. HTTP options: ``binary`` (v2 binary
     tensors; ``.npy`` on the simple route), ``token`` (sent as ``Authorization: Bearer``),
-    ``connections`` (the keep-alive pool: default ``concurrency``, or 64 in open loop),
+    ``connections`` (the keep-alive pool's limit: default ``concurrency``; in open loop,
+    64 opened ahead and more as needed, up to a limit from ``ulimit -n``, at most 512),
     ``timeout_s`` (per request; a request past it is a ``timeout``). Every HTTP failure
     is an outcome of its own kind (``RunResult.summary()["outcomes"]``).
 
@@ -175,13 +178,14 @@ def start_load(
     sender: Sender
     mix = _length_mix(input_len, example, seed)
     if isinstance(target, str):
-        pool = connections or concurrency or _OPEN_LOOP_CONNECTIONS
+        pool = connections or concurrency or default_max_connections()
         sender = HttpSender(
             target,
             example,
             binary=binary,
             token=token,
             connections=pool,
+            prewarm=min(pool, _OPEN_LOOP_CONNECTIONS),
             timeout_s=timeout_s,
             mix=mix,
         )
@@ -206,6 +210,7 @@ def start_load(
         assert concurrency is not None
         future = bg.submit(_closed_loop(sender, concurrency, think_s, duration_s, control))
     run = LoadRun(bg, future, control, sender, float(duration_s), batches_before, label)
+    run.asked_rps = float(arrivals.mean_rate(duration_s)) if arrivals is not None else None
     return _tracked(run, target, future)
 
 
@@ -257,6 +262,8 @@ class LoadRun:
         self._batches_before = batches_before
         self._label = label
         self._result: RunResult | None = None
+        self.asked_rps: float | None = None
+        """The open loop's rate as asked (its arrivals' mean), which warnings quote."""
 
     @property
     def running(self) -> bool:
@@ -297,14 +304,20 @@ class LoadRun:
             raise TimeoutError(f"the load run is still going after {timeout} s") from None
         result = self._make_result(rec)
         if result.send_lag_s is not None and len(result.send_lag_s):
-            rate_rps = len(result.arrival_s) / result.duration_s
+            rate_rps = self.asked_rps or len(result.arrival_s) / result.duration_s
             why = ""
-            if isinstance(self._sender, HttpSender) and rec.waited_for_connection:
-                share = rec.waited_for_connection / len(result.arrival_s)
+            pool = self._sender.pool_seen if isinstance(self._sender, HttpSender) else None
+            if pool is not None and pool.waited_at_limit:
+                share = pool.waited_at_limit / len(result.arrival_s)
                 why = (
-                    f"; {share:.0%} of the requests found all {self._sender.connections} "
-                    "connections busy when due (the server answers slower than this rate "
-                    "needs: give it more in flight with connections=, --connections)"
+                    f"; {share:.1%} of the requests found all {pool.limit} connections (the "
+                    "limit) open and busy when due, and waited: the server answers slower "
+                    "than this rate needs; raise the limit with connections=, --connections"
+                )
+            elif pool is not None and rec.waited_for_connection:
+                why = (
+                    f"; connections opened as needed, {pool.most_open} at most (limit "
+                    f"{pool.limit}): the generator, not the pool, fell behind"
                 )
             _warn_if_behind(result.send_lag_s, rate_rps, stacklevel, why)
         self._result = result

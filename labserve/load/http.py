@@ -170,6 +170,8 @@ class HttpSender(Sender):
         self.request = b""
         self.items = 1
         self.pool: ConnectionPool | None = None
+        self.pool_seen: ConnectionPool | None = None
+        """The pool of the run once closed: how many connections it opened, who waited."""
         self._stats_before: dict[str, Any] | None = None
         self._stats_after: dict[str, Any] | None = None
 
@@ -200,6 +202,7 @@ class HttpSender(Sender):
         """Read /stats once more (if it answered before), then close the pool."""
         if self.pool is None:
             return
+        self.pool_seen = self.pool
         if self._stats_before is not None and self._stats_after is None:
             self._stats_after = await self._stats()
         pool, self.pool = self.pool, None

@@ -169,7 +169,9 @@ class RunResult:
         """The summary as a readable two-column table."""
         rows = []
         for key, value in self.summary().items():
-            if isinstance(value, float):
+            if isinstance(value, float) and math.isnan(value):
+                text = f"- ({self._no_figure(key)})"
+            elif isinstance(value, float):
                 text = f"{value:,.2f}"
             elif isinstance(value, dict):
                 text = ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
@@ -179,6 +181,16 @@ class RunResult:
         width = max(len(k) for k, _ in rows)
         head = f"{self.label}\n" if self.label else ""
         return head + "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+    def _no_figure(self, key: str) -> str:
+        """Why the summary has no figure (NaN) for ``key``: said instead of ``nan``."""
+        if key.startswith("model_") and not len(self.batch_duration_s):
+            return "not seen here: the batches ran in the server"
+        if key.startswith(("latency_", "queue_wait_", "slo_", "model_")) and not self.served.any():
+            return "nothing was served"
+        if key.startswith("queue_wait_"):
+            return "not seen: a client sees no queue waits"
+        return "no samples"
 
     def __str__(self) -> str:
         return self.table()
