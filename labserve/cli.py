@@ -619,7 +619,12 @@ def build_parser() -> argparse.ArgumentParser:
         " 64, uniform:1:512, lognormal:16:128, list:8,16,32 (simple route)",
     )
     load.add_argument("--token", help="sent as Authorization: Bearer (servers off loopback)")
-    load.add_argument("--connections", type=int, help="keep-alive pool (default: N clients, or 64)")
+    load.add_argument(
+        "--connections",
+        type=int,
+        help="most connections open at once (default: N clients; open loop: 64 opened "
+        "ahead, more as needed up to half of ulimit -n, at most 512)",
+    )
     load.add_argument("--timeout", type=float, default=10.0, help="per request, s (default 10)")
     load.add_argument("--json", help="also write the summary and the server's view to this file")
     load.add_argument(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import inspect
 import os
@@ -280,8 +281,13 @@ class RunnerMethod:
         if self._queue is None:
             raise TypeError(f"{self.runner.name}.{self.name} is not batchable: it has no queue")
         if self._driver is None:  # nothing ran yet; the time is the runner's clock
-            return self._queue.snapshot(self.runner.clock.now())
-        return self._driver.snapshot()
+            snap = self._queue.snapshot(self.runner.clock.now())
+        else:
+            snap = self._driver.snapshot()
+        asked = self.config  # read after: a change made meanwhile shows as pending
+        if snap.config != asked:  # configure()'s change waits for the next batch boundary
+            snap = dataclasses.replace(snap, config_asked=asked)
+        return snap
 
     def reset_stats(self) -> None:
         """Forget recorded traffic (counters, samples, batches). Thread-safe."""
