@@ -20,6 +20,7 @@ import math
 import threading
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from labserve.base.errors import (
 )
 from labserve.base.vocabulary import FAILED, REASONS, REFUSED, REJECTED, SERVED, TIMEOUT
 from labserve.load.arrivals import Arrivals
+from labserve.load.examples import ExampleMix
 from labserve.load.http import HttpSender
 from labserve.load.mix import LengthMix
 from labserve.load.records import Control, Record, Sender, clock_s
@@ -87,6 +89,7 @@ def load_test(
     connections: int | None = None,
     timeout_s: float = 10.0,
     input_len: Any = None,
+    examples: Sequence[Any] | Callable[[int], Any] | None = None,
 ) -> RunResult:
     """Drive ``target`` with ``example`` requests for ``duration_s``; return the RunResult.
 
@@ -118,6 +121,10 @@ def load_test(
     1 to its drawn length (or ``example(length)`` for a callable); the summary then shows
     tokens per batch and the padding share. Over HTTP, the simple route only.
 
+    ``examples`` (instead of ``example``): a sequence of requests, sent in turn (request k
+    is ``examples[k % len(examples)]``), or a function of the request index ``k``, so that
+    a realistic mix is load-tested. Over HTTP, the simple route only.
+
     Raises:
         LoadInterrupted: when interrupted (Ctrl-C); the load stopped at once, and its
             ``result`` holds what was measured so far.
@@ -141,6 +148,7 @@ def load_test(
         connections=connections,
         timeout_s=timeout_s,
         input_len=input_len,
+        examples=examples,
     )
     return run._wait(None, stacklevel=3)
 
@@ -160,6 +168,7 @@ def start_load(
     connections: int | None = None,
     timeout_s: float = 10.0,
     input_len: Any = None,
+    examples: Sequence[Any] | Callable[[int], Any] | None = None,
 ) -> LoadRun:
     """Start the load :func:`load_test` describes and return at once with its :class:`LoadRun`.
 
@@ -176,7 +185,7 @@ def start_load(
         if think_s < 0:
             raise ValueError(f"think_s must be >= 0, got {think_s!r}")
     sender: Sender
-    mix = _length_mix(input_len, example, seed)
+    mix, example = _mix(input_len, example, examples, seed)
     if isinstance(target, str):
         pool = connections or concurrency or default_max_connections()
         sender = HttpSender(
@@ -226,6 +235,18 @@ def _tracked(
 
 
 _load_ids = itertools.count(1)
+
+
+def _mix(
+    input_len: Any, example: Any, examples: Any, seed: int
+) -> tuple[LengthMix | ExampleMix | None, Any]:
+    """The mix of requests asked for (None: every request is ``example``), and request 0."""
+    if examples is None:
+        return _length_mix(input_len, example, seed), example
+    if example is not None or input_len is not None:
+        raise TypeError("give examples= alone (not with example= or input_len=)")
+    mix = ExampleMix(examples)
+    return mix, mix.payload(0)
 
 
 def _length_mix(input_len: Any, example: Any, seed: int) -> LengthMix | None:
@@ -352,7 +373,9 @@ def _wait_future(future: concurrent.futures.Future[Record], timeout: float | Non
 
 
 class _MethodSender(Sender):
-    def __init__(self, method: RunnerMethod, example: Any, mix: LengthMix | None = None) -> None:
+    def __init__(
+        self, method: RunnerMethod, example: Any, mix: LengthMix | ExampleMix | None = None
+    ) -> None:
         self.method = method
         self.example = example
         self.mix = mix
@@ -365,17 +388,23 @@ class _MethodSender(Sender):
         try:
             await future
             rec.outcome[k] = SERVED
-        except (QueueFullError, ModelStuckError):
-            rec.outcome[k] = REFUSED  # at admission: never queued
-        except OverloadError as exc:  # predicted at admission, or at its deadline in the queue
-            rec.outcome[k] = REJECTED if exc.predicted_wait_s is None else REFUSED
-        except RequestTimeoutError:
-            rec.outcome[k] = TIMEOUT
-        except LabServeError:
-            rec.outcome[k] = FAILED
+        except LabServeError as exc:
+            rec.outcome[k] = _outcome_of(exc)
+            rec.note_error(f"{type(exc).__name__}: {exc}")
         rec.finish[k] = clock_s() - rec.t0
         if request.start_s is not None:
             rec.start[k] = request.start_s - rec.t0
+
+
+def _outcome_of(exc: LabServeError) -> int:
+    """The outcome of a request its runner answered with ``exc``."""
+    if isinstance(exc, (QueueFullError, ModelStuckError)):
+        return REFUSED  # at admission: never queued
+    if isinstance(exc, OverloadError):  # predicted at admission, or at its deadline
+        return REJECTED if exc.predicted_wait_s is None else REFUSED
+    if isinstance(exc, RequestTimeoutError):
+        return TIMEOUT
+    return FAILED
 
 
 async def _send_on_schedule(
@@ -499,6 +528,7 @@ def _result(
         server=server,
         batch_tokens=np.asarray([b.tokens for b in held], dtype=np.int64),
         batch_padding_tokens=np.asarray([b.padding_tokens for b in held], dtype=np.int64),
+        errors=dict(rec.errors.most_common()),
     )
 
 
