@@ -48,6 +48,11 @@ from labserve.base.vocabulary import OUTCOMES, REASONS, STRATEGIES
 from labserve.batching.containers import Padding, TensorSpec
 from labserve.config.batching import BatchingConfig
 from labserve.config.file import ConfigFile, load_config_file
+from labserve.generation.api import Completion, Finish, GenerateRequest
+from labserve.generation.batch import SeqBatch
+from labserve.generation.config import GenerationConfig
+from labserve.generation.sampling import SamplingParams
+from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.export import export_config
 from labserve.lab.profiling import CostCurve, profile
 from labserve.lab.sources import (
@@ -80,10 +85,12 @@ from labserve.metrics.snapshot import (
     Snapshot,
     snapshot_from_dict,
 )
+from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import Runnable, method
 from labserve.runtime.runner import Runner, RunnerMethod
 from labserve.runtime.session import stop_all, track
+from labserve.runtime.token_streams import AsyncTokenStream, TokenStream
 from labserve.server import Server, serve
 from labserve.sim import LinearCost, simulate
 
@@ -94,6 +101,7 @@ __all__ = [
     "REASONS",
     "STRATEGIES",
     "Arrivals",
+    "AsyncTokenStream",
     "BackgroundLoop",
     "BatchRecord",
     "BatchSizeMismatchError",
@@ -101,11 +109,17 @@ __all__ = [
     "BurstArrivals",
     "CancelledRequestError",
     "Clock",
+    "Completion",
     "ConfigError",
     "ConfigFile",
     "ConstantArrivals",
     "CostCurve",
     "CostFitView",
+    "Finish",
+    "GenerateRequest",
+    "GenerationConfig",
+    "GenerationSnapshot",
+    "GenerativeMethod",
     "HostError",
     "HttpSource",
     "InputError",
@@ -141,6 +155,8 @@ __all__ = [
     "RunnerMethod",
     "RunnerSource",
     "RunnerStoppedError",
+    "SamplingParams",
+    "SeqBatch",
     "Server",
     "ServerError",
     "SimClock",
@@ -151,6 +167,7 @@ __all__ = [
     "StopTimeoutError",
     "TensorSpec",
     "TokenBudgetError",
+    "TokenStream",
     "TraceArrivals",
     "UnauthorizedError",
     "UnsupportedMediaTypeError",

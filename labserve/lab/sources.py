@@ -261,6 +261,11 @@ class HttpSource:
         return f"<HttpSource {self.name} at {self.url}>"
 
 
+def _generative_config(config: Any) -> bool:
+    """Whether a ``GET /config`` entry is a generative method's (its knobs are vLLM's)."""
+    return isinstance(config, dict) and "max_num_seqs" in config
+
+
 def method_sources(target: Any, *, token: str | None = None, **options: Any) -> list[MethodSource]:
     """The batchable methods of ``target`` as sources, one per method, in its order.
 
@@ -281,7 +286,8 @@ def method_sources(target: Any, *, token: str | None = None, **options: Any) -> 
         sources = [
             HttpSource(base, runner, method, token=token)
             for runner, methods in configs.items()
-            for method in methods
+            for method, config in methods.items()
+            if not _generative_config(config)
         ]
     elif isinstance(target, MethodSource):
         sources = [target]
