@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from labserve.base.descriptors import socket_budget
 from labserve.base.errors import (
     LabServeError,
     LoadInterrupted,
@@ -44,7 +45,6 @@ from labserve.metrics.results import RunResult
 from labserve.runtime import session
 from labserve.runtime.loop import BackgroundLoop
 from labserve.runtime.runner import RunnerMethod
-from labserve.server.listener import default_max_connections
 
 __all__ = ["LoadRun", "load_loop", "load_test", "start_load"]
 
@@ -187,7 +187,7 @@ def start_load(
     sender: Sender
     mix, example = _mix(input_len, example, examples, seed)
     if isinstance(target, str):
-        pool = connections or concurrency or default_max_connections()
+        pool = connections or concurrency or socket_budget()
         sender = HttpSender(
             target,
             example,

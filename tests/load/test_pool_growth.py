@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 import labserve
+from labserve.base.descriptors import socket_budget
 from labserve.load.http_conn import ConnectionPool, request_bytes
-from labserve.server.listener import default_max_connections
+
+# A busy test machine may delay sends; the warning is tested in test_generator.py.
+pytestmark = pytest.mark.filterwarnings("ignore::labserve.LoadWarning")
 
 REPLY = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
@@ -72,8 +76,7 @@ def test_an_open_loop_over_http_is_not_capped_at_its_first_64_connections():
     )
     run.result(timeout=30)
     sender = run._sender
-    assert sender.prewarm == 64 and sender.connections == default_max_connections()
-    assert default_max_connections() > 64 or default_max_connections() == sender.connections
+    assert sender.prewarm == 64 and sender.connections == socket_budget()
 
 
 def test_a_summary_row_without_a_figure_says_why_instead_of_nan():
