@@ -130,3 +130,21 @@ def test_the_throughput_chart_draws_each_kind():
     assert drawn == ["served_rps", "refused_rps", "rejected_rps", "timeout_rps", "failed_rps"]
     keys = [d.text for d in charts.layout.select({"type": Div})]
     assert any("refused (queue full)" in k and "timed out" in k for k in keys)
+
+
+def test_each_key_sits_under_its_own_chart():
+    charts = Charts()
+    for cell in charts.layout.children:
+        column = cell[0]
+        fig, key = column.children
+        assert fig in charts.figures.values() and isinstance(key, Div)
+
+
+def test_a_negative_fixed_cost_says_so_and_the_title_fits():
+    charts = Charts()
+    items = [2.0, 4.0, 8.0] * 20
+    ms = [0.5 * n for n in items]
+    ms[5] = 136.0
+    charts.show_fit(items, ms, -12.25, 1.1234, cap=64.0)
+    title = charts.figures["cost"].title.text
+    assert "(a < 0: for 2-8 only)" in title and len(title) <= 60
