@@ -82,6 +82,7 @@ class Dashboard:
         self.methods, first = _methods(target, token)
         self._views: list[ChartWidget] = []
         self._boxes: list[w.VBox] = []
+        self._carriers: list[Any] = []
         self._flow_history: deque[tuple[float, int, int]] = deque()
         self._status_at = -math.inf
         self.charts = Charts(follow_s=follow_s, hz=hz)
@@ -151,7 +152,11 @@ class Dashboard:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel.
-        display(bokehjs_widget())
+        # A new carrier per display: a page reloaded and Run All at once could not draw the
+        # kernel's one yet (see bokehjs_widget), and every chart then failed for want of it.
+        carrier = bokehjs_widget(fresh=True)
+        self._carriers.append(carrier)
+        display(carrier)
         bundle = self.view()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # the VBox's own text holds live numbers
             bundle["text/plain"] = repr(self)
@@ -186,6 +191,9 @@ class Dashboard:
         for view in self._views:
             view.close()
         self._views.clear()
+        for carrier in self._carriers:  # BokehJS stays in the pages that ran it
+            carrier.close()
+        self._carriers.clear()
 
     def __repr__(self) -> str:
         state = "live" if self.pump.running else "stopped"
@@ -254,6 +262,11 @@ def _fmt(x: float, spec: str, unit: str = "") -> str:
     return f"{x:{spec}}{unit}" if math.isfinite(x) else "-"
 
 
+def _share(kind: str, pct: float) -> str:
+    """`` · timed out 2.0%``, when some requests ended so (the line stays short otherwise)."""
+    return f" · {kind} <b>{pct:.1f}%</b>" if math.isfinite(pct) and pct > 0 else ""
+
+
 def _numbers(snap: labserve.Snapshot, recent: Recent | None) -> str:
     """The line a tuner reads: each number with the window it covers."""
     lat = snap.latency_ms_window
@@ -269,9 +282,12 @@ def _numbers(snap: labserve.Snapshot, recent: Recent | None) -> str:
     window = f"{recent.span_s:.1f} s" if recent else "1 s"
     return (
         f"<b>{_fmt(served, ',.0f')}</b> req/s served · mean batch <b>{_fmt(mean, '.1f')}</b> "
-        f"of {cfg.max_batch_size} · rejected <b>{_fmt(rejected, '.1f', '%')}</b> (refused at "
-        f"admission {_fmt(refused, '.1f', '%')}) · timed out <b>{_fmt(timeout, '.1f', '%')}</b> · "
-        f"failed <b>{_fmt(failed, '.1f', '%')}</b> · model busy "
+        f"of {cfg.max_batch_size} · rejected <b>{_fmt(rejected, '.1f', '%')}</b> "
+        f"(<span title='never admitted: the queue was full'>refused</span> "
+        f"{_fmt(refused, '.1f', '%')})"
+        + _share("timed out", timeout)
+        + _share("failed", failed)
+        + " · model busy "
         f"<b>{_fmt(busy, '.0f', '%')}</b> <i>(last {window})</i> · p50 "
         f"<b>{_fmt(lat.p50, '.1f')}</b> / p99 <b>{_fmt(lat.p99, '.1f')}</b> ms, wait cap "
         f"{cfg.max_latency_ms:g} ms <i>(last {snap.window_s:g} s)</i> · queue "
