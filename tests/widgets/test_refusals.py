@@ -149,3 +149,18 @@ def test_a_negative_fixed_cost_says_so_and_the_title_fits():
     charts.show_fit(items, ms, -12.25, 1.1234, cap=64.0)
     title = charts.figures["cost"].title.text
     assert "(a < 0: for 2-8 only)" in title and len(title) <= 60
+
+
+def test_a_long_refusal_wraps_instead_of_pushing_the_load_controls_away(gated):
+    from labserve.widgets import Dashboard
+    from labserve.widgets.controls import ERROR_WIDTH
+
+    runner, _ = gated
+    dash = Dashboard(runner, example=X, hz=20)
+    try:
+        dash.controls["max_batch_size_text"].value = "not a number at all " * 5
+        shown = dash.errors["max_batch_size"]
+        assert "max_batch_size must be" in shown.value
+        assert shown.layout.max_width == ERROR_WIDTH
+    finally:
+        dash.close()
