@@ -223,6 +223,16 @@ def rows(page: Any, column: str = "queue_requests") -> int:
     return max((s["rows"] for s in page.evaluate(READ_SOURCE, column)), default=0)
 
 
+def newest_rows(page: Any, column: str = "queue_requests") -> int:
+    """Rows in the newest data source holding ``column`` (the page's latest dashboard).
+
+    After a re-run the replaced dashboard's documents stay in the page, stopped, with all the
+    rows they had: the newest is the one that streams.
+    """
+    sources = page.evaluate(READ_SOURCE, column)
+    return int(sources[-1]["rows"]) if sources else 0
+
+
 def last_values(page: Any, column: str) -> list[float]:
     """``column``'s values in the page's largest data source holding it."""
     sources = page.evaluate(READ_SOURCE, column)
@@ -278,8 +288,8 @@ def assert_reload_keeps_live_charts(
 
     def live(what: str) -> None:
         _wait(lambda: page.locator(".bk-Figure, .bk-figure").count() >= 6, f"{what}: charts")
-        n = rows(page)
-        _wait(lambda: rows(page) > n + 5, f"{what}: rows streaming", timeout=30)
+        n = newest_rows(page)
+        _wait(lambda: newest_rows(page) > n + 5, f"{what}: rows streaming", timeout=30)
         assert page.get_by_text("Could not create a view").count() == 0, what
         errors = [m for m in console if m.startswith("error")]
         assert not errors, (what, errors)
@@ -510,8 +520,8 @@ def _live_charts(page: Any, console: list[str], what: str) -> None:
             button.click()
         print("\n".join(page.locator(".jp-OutputArea-output").all_inner_texts()))
         raise
-    n = rows(page)
-    _wait(lambda: rows(page) > n + 5, f"{what}: rows streaming", timeout=30)
+    n = newest_rows(page)
+    _wait(lambda: newest_rows(page) > n + 5, f"{what}: rows streaming", timeout=30)
     assert page.get_by_text("Could not create a view").count() == 0, what
     # A reloaded page asks the kernel for every widget it had; those the re-run closed
     # meanwhile (the replaced dashboard's) are "not found": the page says so and goes on.
