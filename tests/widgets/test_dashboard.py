@@ -29,7 +29,7 @@ from labserve.lab.demo import SleepModel
 X = np.ones((1, 4))
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
     """Poll a condition the pump or the loop will make true (not a timing assertion)."""
     end = time.monotonic() + timeout
     while not condition():
