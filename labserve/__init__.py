@@ -93,6 +93,7 @@ from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import Runnable, method
 from labserve.runtime.runner import Runner, RunnerMethod
+from labserve.runtime.session import stop_all, track
 from labserve.runtime.token_streams import AsyncTokenStream, TokenStream
 from labserve.server import Server, serve
 from labserve.sim import LinearCost, simulate
@@ -196,6 +197,8 @@ __all__ = [
     "snapshot_from_dict",
     "start_generation_load",
     "start_load",
+    "stop_all",
     "sweep",
     "sweep_generation",
+    "track",
 ]
