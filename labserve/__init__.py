@@ -44,11 +44,27 @@ from labserve.base.errors import (
     UnauthorizedError,
     UnsupportedMediaTypeError,
 )
+from labserve.base.lengths import parse_length
 from labserve.base.vocabulary import OUTCOMES, REASONS, STRATEGIES
 from labserve.batching.containers import Padding, TensorSpec
 from labserve.config.batching import BatchingConfig
 from labserve.config.file import ConfigFile, load_config_file
+from labserve.generation.config import (
+    GENERATION_STRATEGIES,
+    SCHEDULING_POLICIES,
+    GenerationConfig,
+)
+from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.export import export_config
+from labserve.lab.genload import UntilStopped
+from labserve.lab.gensources import (
+    GenerationSource,
+    GenerationView,
+    HttpGenerationSource,
+    RunnerGenerationSource,
+    generation_snapshot_from_dict,
+    generation_sources,
+)
 from labserve.lab.profiling import CostCurve, profile
 from labserve.lab.sources import (
     HttpSource,
@@ -80,6 +96,7 @@ from labserve.metrics.snapshot import (
     Snapshot,
     snapshot_from_dict,
 )
+from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import Runnable, method
 from labserve.runtime.runner import Runner, RunnerMethod
@@ -88,9 +105,11 @@ from labserve.sim import LinearCost, simulate
 
 __all__ = [
     "ARRIVAL_KINDS",
+    "GENERATION_STRATEGIES",
     "LOAD_PRESETS",
     "OUTCOMES",
     "REASONS",
+    "SCHEDULING_POLICIES",
     "STRATEGIES",
     "Arrivals",
     "BackgroundLoop",
@@ -105,7 +124,13 @@ __all__ = [
     "ConstantArrivals",
     "CostCurve",
     "CostFitView",
+    "GenerationConfig",
+    "GenerationSnapshot",
+    "GenerationSource",
+    "GenerationView",
+    "GenerativeMethod",
     "HostError",
+    "HttpGenerationSource",
     "HttpSource",
     "InputError",
     "LabServeError",
@@ -137,6 +162,7 @@ __all__ = [
     "RunResult",
     "Runnable",
     "Runner",
+    "RunnerGenerationSource",
     "RunnerMethod",
     "RunnerSource",
     "RunnerStoppedError",
@@ -153,14 +179,18 @@ __all__ = [
     "TraceArrivals",
     "UnauthorizedError",
     "UnsupportedMediaTypeError",
+    "UntilStopped",
     "__version__",
     "arrivals",
     "background_loop",
     "export_config",
+    "generation_snapshot_from_dict",
+    "generation_sources",
     "load_config_file",
     "load_test",
     "method",
     "method_sources",
+    "parse_length",
     "preset_arrivals",
     "profile",
     "serve",
