@@ -20,7 +20,7 @@ from bokeh.palettes import Category10
 from bokeh.plotting import figure
 
 from .axes import SteppedAxes
-from .charts import _KEY_STYLE, _key
+from .charts import KEY_STYLE, legend_key
 from .chartwidget import ACK_NAME
 from .genseries import GEN_COLUMNS, Rows
 
@@ -110,10 +110,10 @@ class GenerationCharts:
         self.figures = {"ttft": ttft, "itl": itl, "sequences": seqs, "tokens_per_step": step,
                         "kv": kv, "throughput": rate}  # fmt: skip
         cells = {}
-        key_style: dict[str, str | None] = dict(_KEY_STYLE)
+        key_style: dict[str, str | None] = dict(KEY_STYLE)
         for name, fig in self.figures.items():
             fig.xgrid.visible = False
-            cells[name] = stack(Div(text=_key(fig), styles=key_style), fig, spacing=0)
+            cells[name] = stack(Div(text=legend_key(fig), styles=key_style), fig, spacing=0)
         self.layout: LayoutDOM = gridplot(
             [
                 [cells["ttft"], cells["itl"]],

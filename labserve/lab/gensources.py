@@ -30,7 +30,7 @@ from labserve.generation.config import GENERATION_SETTINGS, GenerationConfig
 from labserve.generation.results import StepSeries
 from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.genload import LoadLike, start_runner_generation_load
-from labserve.lab.sources import _base_url, _generative_config, _request
+from labserve.lab.sources import base_url, is_generative_config, request_json
 from labserve.load.arrivals import Arrivals
 from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.runner import Runner
@@ -192,7 +192,7 @@ class HttpGenerationSource:
         token: str | None = None,
         timeout_s: float = 5.0,
     ) -> None:
-        self.url = _base_url(url)
+        self.url = base_url(url)
         self.runner = runner
         self.method = method
         self.name = f"{runner}.{method}"
@@ -211,7 +211,7 @@ class HttpGenerationSource:
         return True
 
     def _get(self, path: str) -> Any:
-        return _request(self.url, path, token=self.token, timeout_s=self.timeout_s)
+        return request_json(self.url, path, token=self.token, timeout_s=self.timeout_s)
 
     def _config_of(self, configs: Any) -> GenerationConfig:
         try:
@@ -225,7 +225,9 @@ class HttpGenerationSource:
     def configure(self, **changes: Any) -> GenerationConfig:
         """``PATCH /config`` with the token; the server's refusal comes back as RemoteError."""
         body = {"runner": self.runner, "method": self.method, **changes}
-        reply = _request(self.url, "/config", body=body, token=self.token, timeout_s=self.timeout_s)
+        reply = request_json(
+            self.url, "/config", body=body, token=self.token, timeout_s=self.timeout_s
+        )
         return self._config_of(reply)
 
     def view(self) -> GenerationView:
@@ -355,11 +357,11 @@ def generation_sources(target: Any, *, token: str | None = None) -> list[Generat
     """
     sources: list[GenerationSource]
     if isinstance(target, str):
-        base = _base_url(target)
-        configs = _request(base, "/config", token=token, timeout_s=5.0)
+        base = base_url(target)
+        configs = request_json(base, "/config", token=token, timeout_s=5.0)
         sources = []
         for runner, methods in configs.items():
-            gens = [m for m, config in methods.items() if _generative_config(config)]
+            gens = [m for m, config in methods.items() if is_generative_config(config)]
             for m in gens:  # the model's name, as the server lists it (/v1/models)
                 model = runner if len(gens) == 1 else f"{runner}.{m}"
                 sources.append(HttpGenerationSource(base, runner, m, model=model, token=token))
