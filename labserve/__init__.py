@@ -49,11 +49,14 @@ from labserve.base.vocabulary import OUTCOMES, REASONS, STRATEGIES
 from labserve.batching.containers import Padding, TensorSpec
 from labserve.config.batching import BatchingConfig
 from labserve.config.file import ConfigFile, load_config_file
+from labserve.generation.api import Completion, Finish, GenerateRequest
+from labserve.generation.batch import SeqBatch
 from labserve.generation.config import (
     GENERATION_STRATEGIES,
     SCHEDULING_POLICIES,
     GenerationConfig,
 )
+from labserve.generation.sampling import SamplingParams
 from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.export import export_config
 from labserve.lab.genload import UntilStopped
@@ -85,6 +88,8 @@ from labserve.load.arrivals import (
     TraceArrivals,
     arrivals,
 )
+from labserve.load.gen_result import GenerationLoadResult
+from labserve.load.generation import GenerationLoadRun, start_generation_load
 from labserve.load.generator import LoadRun, load_test, start_load
 from labserve.load.presets import LOAD_PRESETS, preset_arrivals
 from labserve.metrics.prometheus import SnapshotCollector
@@ -100,6 +105,7 @@ from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import Runnable, method
 from labserve.runtime.runner import Runner, RunnerMethod
+from labserve.runtime.token_streams import AsyncTokenStream, TokenStream
 from labserve.server import Server, serve
 from labserve.sim import LinearCost, simulate
 
@@ -112,6 +118,7 @@ __all__ = [
     "SCHEDULING_POLICIES",
     "STRATEGIES",
     "Arrivals",
+    "AsyncTokenStream",
     "BackgroundLoop",
     "BatchRecord",
     "BatchSizeMismatchError",
@@ -119,12 +126,17 @@ __all__ = [
     "BurstArrivals",
     "CancelledRequestError",
     "Clock",
+    "Completion",
     "ConfigError",
     "ConfigFile",
     "ConstantArrivals",
     "CostCurve",
     "CostFitView",
+    "Finish",
+    "GenerateRequest",
     "GenerationConfig",
+    "GenerationLoadResult",
+    "GenerationLoadRun",
     "GenerationSnapshot",
     "GenerationSource",
     "GenerationView",
@@ -166,6 +178,8 @@ __all__ = [
     "RunnerMethod",
     "RunnerSource",
     "RunnerStoppedError",
+    "SamplingParams",
+    "SeqBatch",
     "Server",
     "ServerError",
     "SimClock",
@@ -176,6 +190,7 @@ __all__ = [
     "StopTimeoutError",
     "TensorSpec",
     "TokenBudgetError",
+    "TokenStream",
     "TraceArrivals",
     "UnauthorizedError",
     "UnsupportedMediaTypeError",
@@ -196,6 +211,7 @@ __all__ = [
     "serve",
     "simulate",
     "snapshot_from_dict",
+    "start_generation_load",
     "start_load",
     "sweep",
 ]

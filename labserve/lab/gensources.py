@@ -16,7 +16,6 @@ runner's method in this process; :class:`HttpGenerationSource` a labserve server
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from labserve.base.errors import LoadTargetError, RemoteError
+from labserve.base.errors import RemoteError
 from labserve.base.lengths import LengthDist
 from labserve.generation.config import GENERATION_SETTINGS, GenerationConfig
 from labserve.generation.results import StepSeries
@@ -32,6 +31,7 @@ from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.genload import LoadLike, start_runner_generation_load
 from labserve.lab.sources import base_url, is_generative_config, request_json
 from labserve.load.arrivals import Arrivals
+from labserve.load.generation import start_generation_load
 from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.runner import Runner
 from labserve.server import Server
@@ -256,15 +256,7 @@ class HttpGenerationSource:
         seed: int = 0,
     ) -> LoadLike:
         """Streamed completions from ``/v1/completions`` (labserve's generation load generator)."""
-        try:  # the HTTP generation load generator (labserve.load.generation) may be absent
-            generation = importlib.import_module("labserve.load.generation")
-        except ImportError:
-            raise LoadTargetError(
-                f"{self.url}/v1/completions",
-                "this labserve has no HTTP load generator for generation "
-                "(labserve.load.generation)",
-            ) from None
-        run: LoadLike = generation.start_generation_load(
+        return start_generation_load(
             f"{self.url}/v1/completions",
             duration_s=duration_s,
             arrivals=arrivals,
@@ -274,7 +266,6 @@ class HttpGenerationSource:
             seed=seed,
             token=self.token,
         )
-        return run
 
     def __repr__(self) -> str:
         return f"<HttpGenerationSource {self.name} at {self.url}>"

@@ -279,11 +279,19 @@ class GenerationDriver:
         )
 
     def _run_step(self, plan: StepPlan, batch: SeqBatch, free: list[int]) -> None:
-        """In a worker: free, run the model, sample; then hand the step back to the loop."""
-        if free and self._model.free_sequences is not None:
-            self._model.free_sequences(free)
-        outputs, failed = self._attempt(batch)
-        result = self._sample(batch, outputs, failed)
+        """In a worker: free, run the model, sample; then hand the step back to the loop.
+
+        Whatever raises here (a model hook, its detokeniser) fails the step's sequences
+        with its message: the step always comes back, so no caller is left waiting.
+        """
+        try:
+            if free and self._model.free_sequences is not None:
+                self._model.free_sequences(free)
+            outputs, failed = self._attempt(batch)
+            result = self._sample(batch, outputs, failed)
+        except Exception as exc:
+            error = ModelError(f"{self.runner}.{self.method}", exc, len(batch))
+            result = _StepResult([], set(), dict.fromkeys(batch.seq_ids, error))
         try:
             self._rt.call_soon_threadsafe(self._step_done, plan, result)
         except RuntimeError:

@@ -330,3 +330,22 @@ def test_the_machine_finds_a_hung_step_whose_callers_wait_past_their_timeout(mon
                 report_multiple_bugs=False,
             ),
         )
+
+
+def test_a_hook_that_raises_in_the_worker_fails_the_step_instead_of_losing_it():
+    sched = VirtualScheduler()
+    model = StepModel()
+    driver = make(GenerationConfig(), model, sched)
+
+    def broken(token):
+        raise UnicodeError("the detokeniser broke")
+
+    stream = Recorded(clock=sched.clock)
+    sampler = SequenceSampler(SamplingParams(max_tokens=3, temperature=0), TextDecoder(broken))
+    driver.submit_threadsafe(driver.new_id(), LiveSequence([65, 66], sampler, stream, 0.0))
+    sched.settle()
+    assert isinstance(stream.ends[0].error, labserve.ModelError)
+    assert "the detokeniser broke" in str(stream.ends[0].error)
+    healthy = admit(driver, sched)
+    sched.settle()
+    assert healthy.ends[0].finish.reason == "length" and sched.errors == []

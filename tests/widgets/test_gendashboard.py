@@ -301,6 +301,17 @@ def test_by_url_the_dashboard_streams_configures_and_follows_patch_config(lm):
             wait_for(lambda: d.charts.ticks.data["max_num_seqs"][-1:] == [8.0])
             lm.generate.configure(max_num_batched_tokens=256)  # elsewhere: the slider follows
             wait_for(lambda: d.controls["max_num_batched_tokens"].value == 256)
+            # Load over /v1/completions (streamed), until stopped.
+            served = lm.generate.stats().outcomes["served"]
+            d.controls["input_len"].value, d.controls["output_len"].value = "8", "uniform:4:16"
+            d.controls["rate"].value = "20"
+            d.controls["start"].value = True
+            assert d.errors["load"].value == ""
+            run = d.load.run
+            wait_for(lambda: lm.generate.stats().outcomes["served"] >= served + 5)
+            d.controls["start"].value = False
+            assert run is not None
+            wait_for(lambda: not run.running)
         finally:
             d.close()
     finally:
