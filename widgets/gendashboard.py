@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import html
 import math
+import threading
 import time
+import weakref
 from typing import Any
 
 import ipywidgets as w
@@ -33,6 +35,10 @@ from .genloadpanel import GenerationLoadControls
 from .genpump import GenerationPump
 
 __all__ = ["GenerationDashboard"]
+
+_LIVE: weakref.WeakValueDictionary[str, GenerationDashboard] = weakref.WeakValueDictionary()
+"""The newest dashboard on each set of methods (by source kind and name)."""
+_LIVE_LOCK = threading.Lock()
 
 
 class GenerationDashboard:
@@ -95,6 +101,14 @@ class GenerationDashboard:
             start=False,  # _on_tick reads self.pump
         )
         self.pump.start()
+        # A re-run cell (Run All again) makes a new dashboard on the same methods: the old
+        # one stops, so its pump and its load do not live on unseen beside the new one.
+        key = ",".join(f"{type(s).__name__}:{s.name}" for s in sources)
+        with _LIVE_LOCK:
+            old = _LIVE.get(key)
+            _LIVE[key] = self
+        if old is not None:
+            old.close()
 
     @property
     def method(self) -> labserve.GenerationSource:
@@ -124,7 +138,10 @@ class GenerationDashboard:
         return bundle
 
     def close(self) -> None:
-        """Stop the load and the pump, close the widgets. Idempotent."""
+        """Stop the load and the pump, close the widgets. Idempotent.
+
+        A new dashboard on the same methods (a re-run cell) closes this one.
+        """
         self.load.stop()
         self.pump.stop()
         for view in self._views:
