@@ -82,11 +82,14 @@ class GenerationCharts:
                   legend_label="max_num_seqs")  # fmt: skip
         seqs.line("t", "preempted", source=src, color=_C[4], legend_label="preempted")
 
-        step = timeline("Tokens per step (steps since the last tick)", "tokens",
-                        ["prefill_per_step", "decode_per_step", "max_num_batched_tokens"],
-                        stacked=True)  # fmt: skip
-        step.varea_stack(["decode_per_step", "prefill_per_step"], x="t", source=src,
-                         color=[_C[0], _C[1]], legend_label=["decode", "prefill"])  # fmt: skip
+        # A bar per tick (a tick without steps has none). The y axis follows the tokens, not
+        # the budget: a step of a few decode tokens under a budget of thousands stays
+        # readable; the budget's line shows when the steps come near it.
+        step = timeline("Tokens per step (mean of each tick's steps)", "tokens",
+                        ["prefill_per_step", "decode_per_step"], stacked=True)  # fmt: skip
+        step.vbar_stack(["decode_per_step", "prefill_per_step"], x="t", width=0.8 / hz,
+                        source=src, color=[_C[0], _C[1]], line_width=0,
+                        legend_label=["decode", "prefill"])  # fmt: skip
         step.step("t", "max_num_batched_tokens", source=src, color=_C[3], mode="after",
                   line_dash="dashed", legend_label="max_num_batched_tokens")  # fmt: skip
 
