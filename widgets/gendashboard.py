@@ -88,7 +88,7 @@ class GenerationDashboard:
         """Where each group's refusals show."""
         self.status = w.HTML(
             value="<code>starting…</code>",
-            layout=w.Layout(height="5.4em", overflow="hidden", margin="4px 0"),
+            layout=w.Layout(height="6.4em", overflow="hidden", margin="4px 0"),
         )
         self.panel = w.HBox([self.scheduling.box, self.load.box])
         self.pump = GenerationPump(
