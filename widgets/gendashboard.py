@@ -96,7 +96,7 @@ class GenerationDashboard:
             self.doc,
             lambda: self.method,
             hz=hz,
-            alive=lambda: self.method.alive,
+            alive=self._alive,
             on_tick=self._on_tick,
             start=False,  # _on_tick reads self.pump
         )
@@ -114,6 +114,18 @@ class GenerationDashboard:
     def method(self) -> labserve.GenerationSource:
         """The source of the method the controls and charts follow."""
         return self.scheduling.method
+
+    def _alive(self) -> bool:
+        """On the pump thread: whether to go on; if not, the status line says why."""
+        if self.method.alive:
+            return True
+        self.load.stop()
+        self.status.value = (
+            f"<code><span style='color:#b60'>{html.escape(self.method.name)} stopped (its "
+            "runner or server stopped): the charts show its last figures, and nothing "
+            "moves any more.</span></code>"
+        )
+        return False
 
     def _on_method(self) -> None:
         self.load.stop()

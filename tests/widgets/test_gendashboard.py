@@ -356,3 +356,15 @@ def test_a_new_dashboard_on_the_same_method_ends_the_old_one(lm):
         assert new.pump.running
     finally:
         new.close()
+
+
+def test_a_stopped_runner_ends_the_pump_and_the_status_says_so():
+    lm = labserve.Runner(TinyLM(d_model=32, n_layers=1, d_ff=64, max_model_len=64), name="lm2")
+    d = GenerationDashboard(lm, hz=20)
+    try:
+        wait_for(lambda: len(d.charts.ticks.data["t"]) > 2)
+        lm.stop(timeout=10)
+        wait_for(lambda: not d.pump.running)
+        assert "lm2.generate stopped" in d.status.value
+    finally:
+        d.close()
