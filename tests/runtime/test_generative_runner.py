@@ -154,3 +154,18 @@ def test_stop_answers_a_running_generation_and_refuses_new_ones():
     assert 1 + len(rest) == 50
     with pytest.raises(labserve.RunnerStoppedError):
         runner.generate.stream("late")
+
+
+def test_a_config_files_generation_section_sets_the_knobs_and_names_a_bad_key(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("runners:\n  filed:\n    generation:\n      max_num_seqs: 3\n")
+    runner = labserve.Runner(TinyLM, name="filed", config=good, max_num_batched_tokens=128)
+    try:
+        assert runner.generate.config.max_num_seqs == 3  # the file, over the decorator's 32
+        assert runner.generate.config.max_num_batched_tokens == 128  # the arguments, over both
+    finally:
+        runner.stop()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("runners:\n  filed:\n    generation:\n      max_num_seqs: 0\n")
+    with pytest.raises(labserve.ConfigError, match=r"bad\.yaml: runners\.filed\.generation"):
+        labserve.Runner(TinyLM, name="filed", config=bad)
