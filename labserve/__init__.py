@@ -44,17 +44,31 @@ from labserve.base.errors import (
     UnauthorizedError,
     UnsupportedMediaTypeError,
 )
+from labserve.base.lengths import parse_length
 from labserve.base.vocabulary import OUTCOMES, REASONS, STRATEGIES
 from labserve.batching.containers import Padding, TensorSpec
 from labserve.config.batching import BatchingConfig
 from labserve.config.file import ConfigFile, load_config_file
 from labserve.generation.api import Completion, Finish, GenerateRequest
 from labserve.generation.batch import SeqBatch
-from labserve.generation.config import GenerationConfig
+from labserve.generation.config import (
+    GENERATION_STRATEGIES,
+    SCHEDULING_POLICIES,
+    GenerationConfig,
+)
 from labserve.generation.sampling import SamplingParams
 from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.export import export_config
 from labserve.lab.generation_sweep import sweep_generation
+from labserve.lab.genload import UntilStopped
+from labserve.lab.gensources import (
+    GenerationSource,
+    GenerationView,
+    HttpGenerationSource,
+    RunnerGenerationSource,
+    generation_snapshot_from_dict,
+    generation_sources,
+)
 from labserve.lab.profiling import CostCurve, profile
 from labserve.lab.sources import (
     HttpSource,
@@ -101,9 +115,11 @@ from labserve.sim.generation import StepCost, replay_generation, simulate_genera
 
 __all__ = [
     "ARRIVAL_KINDS",
+    "GENERATION_STRATEGIES",
     "LOAD_PRESETS",
     "OUTCOMES",
     "REASONS",
+    "SCHEDULING_POLICIES",
     "STRATEGIES",
     "Arrivals",
     "AsyncTokenStream",
@@ -126,8 +142,11 @@ __all__ = [
     "GenerationLoadResult",
     "GenerationLoadRun",
     "GenerationSnapshot",
+    "GenerationSource",
+    "GenerationView",
     "GenerativeMethod",
     "HostError",
+    "HttpGenerationSource",
     "HttpSource",
     "InputError",
     "LabServeError",
@@ -159,6 +178,7 @@ __all__ = [
     "RunResult",
     "Runnable",
     "Runner",
+    "RunnerGenerationSource",
     "RunnerMethod",
     "RunnerSource",
     "RunnerStoppedError",
@@ -179,14 +199,18 @@ __all__ = [
     "TraceArrivals",
     "UnauthorizedError",
     "UnsupportedMediaTypeError",
+    "UntilStopped",
     "__version__",
     "arrivals",
     "background_loop",
     "export_config",
+    "generation_snapshot_from_dict",
+    "generation_sources",
     "load_config_file",
     "load_test",
     "method",
     "method_sources",
+    "parse_length",
     "preset_arrivals",
     "profile",
     "profile_steps",

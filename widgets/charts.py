@@ -35,7 +35,7 @@ from .axes import SteppedAxes
 from .chartwidget import ACK_NAME, ChartWidget
 from .series import RATE_WINDOW_S, REASONS, TICK_COLUMNS, Rows, fit_cost, result_rows
 
-__all__ = ["Charts", "charts_for_result", "plot"]
+__all__ = ["KEY_STYLE", "Charts", "charts_for_result", "legend_key", "plot"]
 
 _TICK_ROLLOVER = 1500
 """Ticks kept without a time window (a finished run's charts)."""
@@ -190,7 +190,7 @@ class Charts:
         cells = {}
         for name, fig in self.figures.items():
             fig.xgrid.visible = False
-            cells[name] = stack(fig, Div(text=_key(fig), styles=_KEY_STYLE), spacing=0)
+            cells[name] = stack(fig, Div(text=legend_key(fig), styles=KEY_STYLE), spacing=0)
         self.layout: LayoutDOM = gridplot(
             [
                 [cells["queue"], cells["batch_size"]],
@@ -267,10 +267,10 @@ class Charts:
         self.show_fit([], [], math.nan, math.nan, math.nan)
 
 
-_KEY_STYLE = {"font-size": "11px", "padding-left": "50px", "white-space": "nowrap"}
+KEY_STYLE = {"font-size": "11px", "padding-left": "50px", "white-space": "nowrap"}
 
 
-def _key(fig: Any) -> str:
+def legend_key(fig: Any) -> str:
     """The figure's legend as one line of HTML (a coloured mark and a label per item)."""
     parts = []
     for legend in list(fig.select(type=Legend)):

@@ -44,7 +44,10 @@ def _methods(target: Any, token: str | None) -> tuple[dict[str, labserve.MethodS
         whole = target.runner if isinstance(target, labserve.RunnerMethod) else target
         sources = labserve.method_sources(whole, token=token)
     except ValueError as exc:
-        raise ValueError(f"Dashboard found no batchable method to show: {exc}") from None
+        hint = ""
+        if getattr(whole, "generators", None):  # generative methods have their own
+            hint = "; for a generative method use labserve.widgets.GenerationDashboard"
+        raise ValueError(f"Dashboard found no batchable method to show: {exc}{hint}") from None
     methods = {s.name: s for s in sources}
     first = sources[0].name
     if isinstance(target, labserve.RunnerMethod):
