@@ -23,6 +23,7 @@ import labserve
 from .charts import Charts
 from .chartwidget import one_patch_per_widget
 from .series import LiveSeries, Recent
+from .tokens import TokenSeries, TokensRecent
 
 __all__ = ["Pump"]
 
@@ -87,6 +88,7 @@ class Pump:
         self._alive = alive
         self._on_tick = on_tick
         self._series = LiveSeries()
+        self._tokens = TokenSeries()
         self._method: Any = None
         self._watched: labserve.MethodSource | None = None
         self._clear = False
@@ -103,6 +105,11 @@ class Pump:
     def recent(self) -> Recent | None:
         """What moved over the last second (rates, mean batch, rejected %, model busy %)."""
         return self._series.recent
+
+    @property
+    def tokens(self) -> TokensRecent | None:
+        """The last second's batches in tokens: per batch, and how much was padding."""
+        return self._tokens.recent
 
     @property
     def snapshot(self) -> labserve.Snapshot | None:
@@ -165,12 +172,14 @@ class Pump:
             )
             self._clear = False
             self._series = LiveSeries()
+            self._tokens = TokenSeries()
             self.view = None
             with self.lock:
                 self.charts.clear()
         view = self.view = watched.view()
         snap = view.snapshot
         tick = self._series.update(snap)
+        tick.update(self._tokens.update(snap))
         # The cost chart redraws whole: once a second is enough to watch the fit settle.
         refit = self.ticks % max(round(self.hz), 1) == 0
         recent = snap.recent_batches[-256:]
