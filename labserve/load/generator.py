@@ -13,10 +13,8 @@ what was measured so far.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
 import math
-import threading
 import time
 import warnings
 from typing import Any
@@ -34,7 +32,10 @@ from labserve.base.errors import (
 )
 from labserve.base.vocabulary import FAILED, REASONS, REFUSED, REJECTED, SERVED, TIMEOUT
 from labserve.load.arrivals import Arrivals
+from labserve.load.gen_result import GenerationLoadResult
+from labserve.load.generation import generation_load_test, is_generation_url
 from labserve.load.http import HttpSender
+from labserve.load.loop import load_loop  # re-exported: where it was first defined
 from labserve.load.mix import LengthMix
 from labserve.load.records import Control, Record, Sender, clock_s
 from labserve.metrics.results import RunResult
@@ -53,20 +54,6 @@ _OPEN_LOOP_CONNECTIONS = 64
 # How often a blocking wait wakes to let Ctrl-C in (a lock wait is not interruptible).
 _WAKE_S = 0.05
 
-_load_loop: BackgroundLoop | None = None
-_load_loop_lock = threading.Lock()
-
-
-def load_loop() -> BackgroundLoop:
-    """The event loop HTTP loads run on (its own thread, not labserve's). Thread-safe."""
-    global _load_loop
-    with _load_loop_lock:
-        if _load_loop is None:
-            _load_loop = BackgroundLoop("labserve-load")
-            atexit.register(_load_loop.stop)
-    _load_loop.start()
-    return _load_loop
-
 
 def load_test(
     target: RunnerMethod | str,
@@ -83,7 +70,10 @@ def load_test(
     connections: int | None = None,
     timeout_s: float = 10.0,
     input_len: Any = None,
-) -> RunResult:
+    output_len: Any = None,
+    model: str | None = None,
+    goodput: Any = None,
+) -> RunResult | GenerationLoadResult:
     """Drive ``target`` with ``example`` requests for ``duration_s``; return the RunResult.
 
     ``target`` is a runner method (in-process) or a URL: labserve's simple route
@@ -113,6 +103,13 @@ def load_test(
     1 to its drawn length (or ``example(length)`` for a callable); the summary then shows
     tokens per batch and the padding share. Over HTTP, the simple route only.
 
+    A ``.../v1/completions`` or ``.../v1/chat/completions`` URL (of any OpenAI-compatible
+    server) gets a generation load instead, and a :class:`GenerationLoadResult` (TTFT, ITL,
+    TPOT, e2e, tokens/s, goodput): ``input_len`` is then the prompt's length in bytes
+    (default 32), ``output_len`` its ``max_tokens`` (default 128), ``model`` the model to
+    ask and ``goodput`` the targets (``"ttft:300 tpot:30"``); see
+    :func:`labserve.load.generation.generation_load_test`.
+
     Raises:
         LoadInterrupted: when interrupted (Ctrl-C); the load stopped at once, and its
             ``result`` holds what was measured so far.
@@ -122,6 +119,26 @@ def load_test(
     >>> r = labserve.load_test(runner.predict, example=x, duration_s=5,
     ...                        arrivals=labserve.arrivals("poisson", rate_rps=2000))
     """
+    if isinstance(target, str) and is_generation_url(target):
+        if example is not None or think_s or binary:
+            raise TypeError("example=, think_s= and binary= are for request loads, not a /v1 URL")
+        return generation_load_test(
+            target,
+            duration_s=duration_s,
+            arrivals=arrivals,
+            concurrency=concurrency,
+            input_len=32 if input_len is None else input_len,
+            output_len=128 if output_len is None else output_len,
+            model=model,
+            goodput=goodput,
+            seed=seed,
+            token=token,
+            connections=connections,
+            timeout_s=timeout_s,
+            label=label,
+        )
+    if output_len is not None or model is not None or goodput is not None:
+        raise TypeError("output_len=, model= and goodput= are for a /v1 (generation) URL")
     run = start_load(
         target,
         example=example,
@@ -165,6 +182,7 @@ def start_load(
         raise ValueError(f"duration_s must be a finite number > 0, got {duration_s!r}")
     if (arrivals is None) == (concurrency is None):
         raise TypeError("load_test needs exactly one of arrivals= (open loop) or concurrency=")
+    _refuse_generation_url(target)
     if concurrency is not None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
@@ -204,6 +222,11 @@ def start_load(
         assert concurrency is not None
         future = bg.submit(_closed_loop(sender, concurrency, think_s, duration_s, control))
     return LoadRun(bg, future, control, sender, float(duration_s), batches_before, label)
+
+
+def _refuse_generation_url(target: Any) -> None:
+    if isinstance(target, str) and is_generation_url(target):
+        raise TypeError(f"{target} is a generation URL: start_generation_load() drives it")
 
 
 def _length_mix(input_len: Any, example: Any, seed: int) -> LengthMix | None:
