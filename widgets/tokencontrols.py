@@ -20,7 +20,7 @@ from .tokens import TokensRecent, token_numbers
 
 __all__ = ["TokenControls", "format_buckets", "parse_buckets"]
 
-_STYLE = {"description_width": "110px"}
+_STYLE = {"description_width": "125px"}  # "max_batch_tokens" whole
 
 
 def format_buckets(buckets: tuple[int, ...]) -> str:

@@ -84,6 +84,24 @@ def test_token_series_counts_the_batches_of_the_last_second(runner):
     }
 
 
+def test_a_model_slower_than_the_window_shows_its_last_batch_for_a_while(runner):
+    base = runner.encode.stats()
+    series = TokenSeries(window_s=1.0, hold_s=10.0)
+
+    def look(time_s: float, batches: int, recent: list[labserve.BatchRecord]) -> dict:
+        snap = dataclasses.replace(base, time_s=time_s, batches=batches,
+                                   recent_batches=tuple(recent))  # fmt: skip
+        return series.update(snap)
+
+    look(0.0, 0, [])
+    assert look(0.2, 1, [_batch(1600, 1200)]) == {"tokens_per_batch": [1600.0],
+                                                   "padding_pct": [75.0]}  # fmt: skip
+    assert look(2.7, 1, [_batch(1600, 1200)])["padding_pct"] == [75.0]  # none since: held
+    assert series.recent is not None and series.recent.age_s == pytest.approx(2.5)
+    assert "last batch, 2.5 s ago" in token_numbers(series.recent, base.config)
+    assert math.isnan(look(10.3, 1, [_batch(1600, 1200)])["padding_pct"][0])  # too old
+
+
 def test_token_numbers_say_what_padding_costs_and_the_budget():
     config = labserve.BatchingConfig(max_batch_tokens=4096)
     assert "padding <b>-</b>" in token_numbers(None, config)
