@@ -12,6 +12,7 @@ from labserve.widgets.bokehjs import load_bokehjs
 from labserve.widgets.charts import Charts, plot
 from labserve.widgets.chartwidget import ChartWidget
 from labserve.widgets.dashboard import Dashboard
+from labserve.widgets.genplots import generation_steps_figure, plot_generation_steps
 from labserve.widgets.plots import (
     compare_figure,
     compare_series,
@@ -33,10 +34,12 @@ __all__ = [
     "compare_figure",
     "compare_series",
     "cost_curve_figure",
+    "generation_steps_figure",
     "load_bokehjs",
     "plot",
     "plot_compare",
     "plot_cost_curve",
+    "plot_generation_steps",
     "plot_sweep",
     "sweep_figure",
 ]
