@@ -192,3 +192,25 @@ def test_a_bad_length_mix_is_shown_and_starts_nothing(dash, runner):
     assert "is not a length spec" in dash.errors["load"].value
     assert dash.load.run is None and dash.controls["start"].value is False
     assert runner.encode.stats().admitted == 0
+
+
+def test_a_server_by_url_gets_the_token_view_when_asked(runner):
+    server = labserve.serve(runner)
+    try:
+        plain = Dashboard(server.url, token=server.token)
+        plain.close()
+        assert plain.tokens is None  # a URL's ragged axis is not known here
+        d = Dashboard(server.url, example=IDS, hz=20, tokens=True, token=server.token)
+        try:
+            d.controls["length_buckets"].value = "16, 64"  # through PATCH /config
+            assert runner.encode.config.length_buckets == (16, 64)
+            d.controls["duration"].value = "1"
+            d.controls["rate"].value = "200"
+            d.controls["start"].value = True  # the HTTP load generator sends the length mix
+            assert d.errors["load"].value == ""
+            wait_for(lambda: runner.encode.stats().padding_tokens_total > 0)
+            wait_for(lambda: "padding <b>-</b>" not in d.tokens.readout.value)
+        finally:
+            d.close()
+    finally:
+        server.stop()
