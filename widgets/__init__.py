@@ -4,6 +4,7 @@ It uses only labserve's public API; the core never imports it.
 
 >>> from labserve.widgets import Dashboard                   # doctest: +SKIP
 >>> Dashboard(runner, example=x)       # controls + live charts
+>>> GenerationDashboard(lm)            # a generative method's (continuous batching)
 >>> plot(labserve.simulate(...))       # the same charts for a finished run
 >>> labserve.sweep(..., progress=ProgressBar())   # a sweep's progress in the notebook
 """
@@ -12,6 +13,7 @@ from labserve.widgets.bokehjs import load_bokehjs
 from labserve.widgets.charts import Charts, plot
 from labserve.widgets.chartwidget import ChartWidget
 from labserve.widgets.dashboard import Dashboard
+from labserve.widgets.gendashboard import GenerationDashboard
 from labserve.widgets.genplots import generation_steps_figure, plot_generation_steps
 from labserve.widgets.plots import (
     compare_figure,
@@ -29,6 +31,7 @@ __all__ = [
     "ChartWidget",
     "Charts",
     "Dashboard",
+    "GenerationDashboard",
     "ProgressBar",
     "Pump",
     "compare_figure",
