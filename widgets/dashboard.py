@@ -30,6 +30,8 @@ from .controls import BatchingControls
 from .loadpanel import LoadControls
 from .pump import Pump
 from .series import Recent
+from .tokencontrols import TokenControls
+from .tokens import has_ragged_axis
 
 __all__ = ["Dashboard"]
 
@@ -44,7 +46,10 @@ def _methods(target: Any, token: str | None) -> tuple[dict[str, labserve.MethodS
         whole = target.runner if isinstance(target, labserve.RunnerMethod) else target
         sources = labserve.method_sources(whole, token=token)
     except ValueError as exc:
-        raise ValueError(f"Dashboard found no batchable method to show: {exc}") from None
+        hint = ""
+        if getattr(whole, "generators", None):  # generative methods have their own
+            hint = "; for a generative method use labserve.widgets.GenerationDashboard"
+        raise ValueError(f"Dashboard found no batchable method to show: {exc}{hint}") from None
     methods = {s.name: s for s in sources}
     first = sources[0].name
     if isinstance(target, labserve.RunnerMethod):
@@ -61,7 +66,10 @@ class Dashboard:
     one's numbers; ``app.method_sources(proxy_url=...)`` if Serve's proxy is not on port
     8000), or ``labserve.MethodSource`` objects. ``example``: one request, for the load
     controls (default: zeros from the method's ``input_spec`` if it declares one).
-    ``hz``: views per second. Display it (last line of a cell); each display is a fresh
+    ``hz``: views per second. ``tokens``: show tokens per batch and padding (a chart and a
+    readout) with controls over padding, ``length_buckets`` and ``max_batch_tokens``
+    (default: when a method in this process has a ragged axis, ``pad=``; pass True for a
+    URL's). Display it (last line of a cell); each display is a fresh
     view of current data. ``close()`` stops its pump and load.
 
     >>> from labserve.widgets import Dashboard               # doctest: +SKIP
@@ -78,21 +86,41 @@ class Dashboard:
         hz: float = 5.0,
         follow_s: float = 60.0,
         token: str | None = None,
+        tokens: bool | None = None,
     ) -> None:
         self.methods, first = _methods(target, token)
+        if tokens is None:
+            tokens = any(has_ragged_axis(m) for m in self.methods.values())
         self._views: list[ChartWidget] = []
+        self._boxes: list[w.VBox] = []
+        self._carriers: list[Any] = []
         self._flow_history: deque[tuple[float, int, int]] = deque()
         self._status_at = -math.inf
-        self.charts = Charts(follow_s=follow_s, hz=hz)
+        self.charts = Charts(follow_s=follow_s, hz=hz, tokens=tokens)
         self.doc = Document()
         self.doc.add_root(self.charts.layout)
         self.batching = BatchingControls(
             self.methods, first, on_method=self._on_method, on_reset=self._on_reset
         )
-        self.load = LoadControls(lambda: self.method, example)
-        self.controls: dict[str, Any] = {**self.batching.widgets, **self.load.widgets}
-        """Every control by name (the batching ones, then the load ones)."""
-        self.errors: dict[str, w.HTML] = {**self.batching.errors, "load": self.load.error}
+        self.load = LoadControls(
+            lambda: self.method, example, input_len="lognormal:16:128" if tokens else None
+        )
+        self.tokens = TokenControls(lambda: self.method) if tokens else None
+        """Padding, length buckets and the token budget (a method with a ragged axis)."""
+        token_box = self.tokens.box if self.tokens else w.VBox()
+        token_widgets = self.tokens.widgets if self.tokens else {}
+        self.controls: dict[str, Any] = {
+            **self.batching.widgets,
+            **self.load.widgets,
+            **token_widgets,
+        }
+        """Every control by name (the batching ones, the load ones, then the token ones)."""
+        token_errors = self.tokens.errors if self.tokens else {}
+        self.errors: dict[str, w.HTML] = {
+            **self.batching.errors,
+            "load": self.load.error,
+            **token_errors,
+        }
         """Where each group's refusals show."""
         # Two lines of fixed height: the numbers a tuner compares, then the settings, the load
         # and any warning. A message appearing does not move the charts.
@@ -102,7 +130,8 @@ class Dashboard:
         )
         self.replicas = w.HTML(value="", layout=w.Layout(display="none", margin="0 0 4px 0"))
         """Each replica's numbers (shown when the method runs on several)."""
-        self.panel = w.VBox([w.HBox([self.batching.box, self.load.box]), self.batching.export])
+        self.panel = w.VBox([w.HBox([w.VBox([self.batching.box, token_box]), self.load.box]),
+                             self.batching.export])  # fmt: skip
         self.pump = Pump(
             self.charts,
             self.doc,
@@ -113,6 +142,16 @@ class Dashboard:
             start=False,  # _on_tick reads self.pump
         )
         self.pump.start()
+        # A re-run cell's dashboard on the same methods replaces this one; a new runner of
+        # the name it watches in this process ends it too. labserve.stop_all() closes it.
+        needs = [
+            ("runner", m.runner)
+            for m in self.methods.values()
+            if isinstance(m, labserve.RunnerSource)
+        ]
+        self._untrack = labserve.track(
+            self, "dashboard", ",".join(self.methods), self.close, needs=needs
+        )
 
     @property
     def method(self) -> labserve.MethodSource:
@@ -134,11 +173,17 @@ class Dashboard:
         with self.pump.lock:
             charts = ChartWidget(self.charts.layout, lock=self.pump.lock)
         self._views.append(charts)
-        return w.VBox([self.panel, self.status, self.replicas, charts])
+        box = w.VBox([self.panel, self.status, self.replicas, charts])
+        self._boxes.append(box)
+        return box
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel.
-        display(bokehjs_widget())
+        # A new carrier per display: a page reloaded and Run All at once could not draw the
+        # kernel's one yet (see bokehjs_widget), and every chart then failed for want of it.
+        carrier = bokehjs_widget(fresh=True)
+        self._carriers.append(carrier)
+        display(carrier)
         bundle = self.view()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # the VBox's own text holds live numbers
             bundle["text/plain"] = repr(self)
@@ -155,12 +200,27 @@ class Dashboard:
             f.write(page)
 
     def close(self) -> None:
-        """Stop the load and the pump, close the widgets. Idempotent."""
+        """Stop the load and the pump; each view says it is closed. Idempotent.
+
+        A view left on the page reads as closed, with the charts' last frame gone and no
+        control that looks alive but does nothing.
+        """
         self.load.stop()
         self.pump.stop()
+        self._untrack()
+        note = w.HTML(
+            f"<code>dashboard on {html.escape(', '.join(self.methods))} closed: its controls"
+            " and charts stopped. Create a new Dashboard to watch again.</code>"
+        )
+        for box in self._boxes:
+            box.children = (note,)
+        self._boxes.clear()
         for view in self._views:
             view.close()
         self._views.clear()
+        for carrier in self._carriers:  # BokehJS stays in the pages that ran it
+            carrier.close()
+        self._carriers.clear()
 
     def __repr__(self) -> str:
         state = "live" if self.pump.running else "stopped"
@@ -186,6 +246,9 @@ class Dashboard:
         """
         if view is not None:
             self.batching.follow(view.config)
+            if self.tokens is not None:
+                self.tokens.follow(view.config)
+                self.tokens.show_tokens(self.pump.tokens, view.config)
         snap = None if view is None else view.snapshot
         load = self.load.poll()
         behind = self._flow_note()
@@ -229,6 +292,11 @@ def _fmt(x: float, spec: str, unit: str = "") -> str:
     return f"{x:{spec}}{unit}" if math.isfinite(x) else "-"
 
 
+def _share(kind: str, pct: float) -> str:
+    """`` · timed out 2.0%``, when some requests ended so (the line stays short otherwise)."""
+    return f" · {kind} <b>{pct:.1f}%</b>" if math.isfinite(pct) and pct > 0 else ""
+
+
 def _numbers(snap: labserve.Snapshot, recent: Recent | None) -> str:
     """The line a tuner reads: each number with the window it covers."""
     lat = snap.latency_ms_window
@@ -237,11 +305,19 @@ def _numbers(snap: labserve.Snapshot, recent: Recent | None) -> str:
     served = recent.served_rps if recent else nan
     mean = recent.mean_batch if recent else nan
     rejected = recent.rejected_pct if recent else nan
+    refused = recent.refused_pct if recent else nan
+    failed = recent.failed_pct if recent else nan
+    timeout = recent.timeout_pct if recent else nan
     busy = recent.busy_pct if recent else nan
     window = f"{recent.span_s:.1f} s" if recent else "1 s"
     return (
         f"<b>{_fmt(served, ',.0f')}</b> req/s served · mean batch <b>{_fmt(mean, '.1f')}</b> "
-        f"of {cfg.max_batch_size} · rejected <b>{_fmt(rejected, '.1f', '%')}</b> · model busy "
+        f"of {cfg.max_batch_size} · rejected <b>{_fmt(rejected, '.1f', '%')}</b> "
+        f"(<span title='never admitted: the queue was full'>refused</span> "
+        f"{_fmt(refused, '.1f', '%')})"
+        + _share("timed out", timeout)
+        + _share("failed", failed)
+        + " · model busy "
         f"<b>{_fmt(busy, '.0f', '%')}</b> <i>(last {window})</i> · p50 "
         f"<b>{_fmt(lat.p50, '.1f')}</b> / p99 <b>{_fmt(lat.p99, '.1f')}</b> ms, wait cap "
         f"{cfg.max_latency_ms:g} ms <i>(last {snap.window_s:g} s)</i> · queue "

@@ -186,25 +186,28 @@ class GenerationResult:
         span = self.span_s
         return float(self.prompt_len[self.served].sum()) / span if span > 0 else 0.0
 
-    def goodput(self, ttft_slo_ms: float, tpot_slo_ms: float) -> float:
-        """Requests per second meeting both targets (0: no target), over the run's span.
+    def meeting(self, ttft_slo_ms: float, tpot_slo_ms: float) -> npt.NDArray[np.bool_]:
+        """Which requests were served within both targets (a target of 0 is no target).
 
         A request of one token has no TPOT and meets that target, as vLLM counts it.
         """
-        span = self.span_s
-        if span <= 0:
-            return 0.0
         ok = self.served.copy()
-        ttft = self.first_token_s - self.arrival_s
         if ttft_slo_ms > 0:
-            ok &= ttft <= ttft_slo_ms / 1000.0
+            ok &= self.first_token_s - self.arrival_s <= ttft_slo_ms / 1000.0
         if tpot_slo_ms > 0:
             many = self.num_output > 1
             tpot = np.where(
                 many, (self.end_s - self.first_token_s) / np.maximum(self.num_output - 1, 1), 0.0
             )
             ok &= tpot <= tpot_slo_ms / 1000.0
-        return float(ok.sum()) / span
+        return np.asarray(ok, dtype=np.bool_)
+
+    def goodput(self, ttft_slo_ms: float, tpot_slo_ms: float) -> float:
+        """Requests per second meeting both targets (0: no target), over the run's span."""
+        span = self.span_s
+        if span <= 0:
+            return 0.0
+        return float(self.meeting(ttft_slo_ms, tpot_slo_ms).sum()) / span
 
     def summary(self) -> dict[str, float]:
         """The headline figures: rates and the p50/p99 of each latency, in ms."""

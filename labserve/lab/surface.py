@@ -9,10 +9,15 @@ padded by the method's own codec) and fits the cost with terms named by what the
 
 A :class:`CostSurface` is callable as ``surface(items, tokens) -> seconds``: the simulator
 takes it as a padded method's cost (interpolated between measured points, the fit beyond).
+:func:`load_surface` reads one saved as JSON; with no path, the profile of all-MiniLM-L6-v2
+that ships in the package (a copy of ``benchmarks/tokens/minilm_surface.json``), so a lesson
+can simulate that model without torch.
 """
 
 from __future__ import annotations
 
+import json
+import pathlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -21,9 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from labserve.lab._fit import fit_nonnegative
 from labserve.runtime.runner import RunnerMethod
 
-__all__ = ["CostSurface", "TokenCost", "profile_tokens"]
+__all__ = ["MINILM_SURFACE", "CostSurface", "TokenCost", "load_surface", "profile_tokens"]
+
+MINILM_SURFACE = pathlib.Path(__file__).with_name("minilm_surface.json")
+"""all-MiniLM-L6-v2's cost surface, measured on one CPU thread (benchmarks/tokens/)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,23 @@ class CostSurface:
         return "\n".join(lines)
 
 
+def load_surface(path: str | pathlib.Path | None = None) -> CostSurface:
+    """A :class:`CostSurface` saved as JSON (``sizes``, ``widths``, ``median_s``, ``fit``).
+
+    ``path``: None reads :data:`MINILM_SURFACE`, the shipped profile of all-MiniLM-L6-v2.
+
+    >>> load_surface().fit.per_token_ms > 0
+    True
+    """
+    data = json.loads(pathlib.Path(path or MINILM_SURFACE).read_text(encoding="utf-8"))
+    return CostSurface(
+        tuple(int(n) for n in data["sizes"]),
+        tuple(int(w) for w in data["widths"]),
+        tuple(tuple(float(s) for s in row) for row in data["median_s"]),
+        TokenCost(**data["fit"]),
+    )
+
+
 def profile_tokens(
     target: RunnerMethod,
     *,
@@ -142,14 +168,6 @@ def profile_tokens(
 
 def _fit(points: list[tuple[int, int, float]]) -> TokenCost:
     """Least squares over the measured points, each term kept >= 0."""
-    x = np.asarray([[1.0, n, t] for n, t, _ in points])
-    y = np.asarray([s for _, _, s in points])
-    active = [0, 1, 2]
-    coef = np.zeros(3)
-    while active:
-        sol = np.linalg.lstsq(x[:, active], y, rcond=None)[0]
-        if (sol >= 0).all():
-            coef[active] = sol
-            break
-        active.pop(int(np.argmin(sol)))  # drop the most negative term and refit
+    x = [[1.0, n, t] for n, t, _ in points]
+    coef = fit_nonnegative(x, [s for _, _, s in points])
     return TokenCost(coef[0] * 1000.0, coef[1] * 1000.0, coef[2] * 1000.0)

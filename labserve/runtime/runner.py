@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import inspect
 import os
@@ -13,6 +14,7 @@ from typing import Any
 
 from labserve.base.clock import Clock, MonotonicClock
 from labserve.base.errors import (
+    ConfigError,
     InputError,
     LoopThreadError,
     RunnerStoppedError,
@@ -22,14 +24,37 @@ from labserve.batching.containers import Codec
 from labserve.batching.queue import BatchQueue
 from labserve.batching.requests import Request
 from labserve.config.batching import BatchingConfig, BatchingLayer
-from labserve.config.file import load_config_file
+from labserve.config.file import ConfigFile, load_config_file
+from labserve.generation.config import GENERATION_SETTINGS, GenerationConfig
+from labserve.generation.stats import GenerationSnapshot
 from labserve.metrics.snapshot import BatchRecord, Snapshot
+from labserve.runtime import session
 from labserve.runtime.driver import MethodDriver
+from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import MethodSpec, Runnable
 from labserve.runtime.scheduling import LoopScheduler
 
 __all__ = ["Runner", "RunnerMethod"]
+
+
+def _generation_config(
+    declared: GenerationConfig, file: ConfigFile, runner: str, arguments: Mapping[str, Any]
+) -> GenerationConfig:
+    """A generative method's settings: the decorator < the file's section < the arguments."""
+    section = file.generation_for(runner)
+    try:
+        from_file = declared.replace(**section)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"runners.{runner}.generation.{exc.key}", exc.value, exc.rule, source=file.source
+        ) from None
+    return from_file.replace(**arguments)
+
+
+def _generation_only(key: str) -> bool:
+    """A setting of generative methods that batchable methods do not have."""
+    return key in GENERATION_SETTINGS and key not in BatchingConfig.__dataclass_fields__
 
 
 def _lengths_given(fn: Any, spec: MethodSpec) -> Any:
@@ -50,6 +75,8 @@ class RunnerMethod:
     Both are thread-safe. Batchable methods go through the method's batch queue on the
     background loop; others are plain calls.
     """
+
+    generative = False
 
     def __init__(self, runner: Runner, spec: MethodSpec, fn: Any, config: BatchingConfig) -> None:
         self.runner = runner
@@ -278,8 +305,13 @@ class RunnerMethod:
         if self._queue is None:
             raise TypeError(f"{self.runner.name}.{self.name} is not batchable: it has no queue")
         if self._driver is None:  # nothing ran yet; the time is the runner's clock
-            return self._queue.snapshot(self.runner.clock.now())
-        return self._driver.snapshot()
+            snap = self._queue.snapshot(self.runner.clock.now())
+        else:
+            snap = self._driver.snapshot()
+        asked = self.config  # read after: a change made meanwhile shows as pending
+        if snap.config != asked:  # configure()'s change waits for the next batch boundary
+            snap = dataclasses.replace(snap, config_asked=asked)
+        return snap
 
     def reset_stats(self) -> None:
         """Forget recorded traffic (counters, samples, batches). Thread-safe."""
@@ -349,6 +381,8 @@ class Runner:
         self._lock = threading.Lock()
         self._hooked = False
         file = load_config_file(config)
+        # Settings only a generative method has (max_num_seqs, ...) go to those methods.
+        generating = {k: batching.pop(k) for k in list(batching) if _generation_only(k)}
         arguments = BatchingLayer.from_mapping(batching, path="Runner ")
         method_configs = dict(method_configs or {})
         for method_name in method_configs:
@@ -358,7 +392,19 @@ class Runner:
                     f"(it has: {', '.join(cls.methods)})"
                 )
         self.methods: dict[str, RunnerMethod] = {}
+        self.generators: dict[str, GenerativeMethod] = {}
+        """The generative methods (continuous batching), by name."""
         for method_name, spec in cls.methods.items():
+            fn = getattr(self.instance, method_name)
+            if spec.generation is not None:
+                gen = _generation_config(
+                    spec.generation,
+                    file,
+                    self.name,
+                    {**generating, **method_configs.get(method_name, {})},
+                )
+                self.generators[method_name] = GenerativeMethod(self, spec, self.instance, gen)
+                continue
             per_method = BatchingLayer.from_mapping(
                 method_configs.get(method_name, {}), path=f"method_configs[{method_name!r}] "
             )
@@ -369,13 +415,15 @@ class Runner:
                 arguments,
                 per_method,
             )
-            fn = getattr(self.instance, method_name)
             self.methods[method_name] = RunnerMethod(self, spec, fn, cfg)
-        for method_name, served in self.methods.items():
+        served: dict[str, RunnerMethod | GenerativeMethod] = {**self.methods, **self.generators}
+        for method_name, method in served.items():
             # ``runner.predict`` as a plain attribute: __getattr__ costs every call 0.4 µs.
             # The runner's own names win, as they do with __getattr__.
             if not hasattr(Runner, method_name) and method_name not in self.__dict__:
-                self.__dict__[method_name] = served
+                self.__dict__[method_name] = method
+        # A re-run cell's Runner of the same name replaces this one (and its server, load).
+        session.track(self, "runner", self.name, self.stop)
 
     @property
     def bg(self) -> BackgroundLoop:
@@ -389,10 +437,11 @@ class Runner:
         """True once :meth:`stop` was called."""
         return self._stopped
 
-    def __getattr__(self, name: str) -> RunnerMethod:
-        methods = self.__dict__.get("methods", {})
-        if name in methods:
-            return methods[name]  # type: ignore[no-any-return]
+    def __getattr__(self, name: str) -> Any:
+        for kind in ("methods", "generators"):
+            served = self.__dict__.get(kind, {})
+            if name in served:
+                return served[name]
         raise AttributeError(f"runner {self.__dict__.get('name')!r} has no method {name!r}")
 
     def _method(self, name: str) -> RunnerMethod:
@@ -403,11 +452,23 @@ class Runner:
                 f"runner {self.name!r} has no method {name!r} (it has: {', '.join(self.methods)})"
             ) from None
 
-    def configure(self, method: str, **changes: Any) -> BatchingConfig:
-        """Change a batchable method's settings live, from any thread; see RunnerMethod.configure.
+    def configure(self, method: str, **changes: Any) -> Any:
+        """Change a method's settings live, from any thread; see RunnerMethod.configure.
+
+        A generative method takes GenerationConfig settings (see GenerativeMethod.configure)
+        and returns its GenerationConfig; a batchable one returns its BatchingConfig.
 
         >>> runner.configure("predict", max_batch_size=64, strategy="fixed")  # doctest: +SKIP
         """
+        if method in self.generators:
+            return self.generators[method].configure(**changes)
+        if method not in self.methods:
+            raise ConfigError(
+                "method",
+                method,
+                f"a method of runner {self.name!r} "
+                f"(it has: {', '.join([*self.methods, *self.generators])})",
+            )
         return self._method(method).configure(**changes)
 
     def stats(self, method: str) -> Snapshot:
@@ -418,6 +479,10 @@ class Runner:
         """Snapshots of every batchable method (for /stats, /metrics and dashboards)."""
         return [m.stats() for m in self.methods.values() if m.batchable]
 
+    def generation_snapshots(self) -> list[GenerationSnapshot]:
+        """Snapshots of every generative method (for /stats, /metrics and dashboards)."""
+        return [g.stats() for g in self.generators.values()]
+
     def _started(self) -> None:
         with self._lock:
             if not self._hooked:
@@ -426,7 +491,10 @@ class Runner:
 
     async def _aclose(self) -> None:
         self._stopped = True
-        await asyncio.gather(*(m._aclose() for m in self.methods.values()))
+        await asyncio.gather(
+            *(m._aclose() for m in self.methods.values()),
+            *(g._aclose() for g in self.generators.values()),
+        )
 
     def stop(self, timeout: float = 30.0) -> None:
         """Refuse new requests, finish the queued ones (reason ``drain``). Idempotent.
@@ -444,6 +512,7 @@ class Runner:
                 return
             self._stopped = True
             hooked = self._hooked
+        session.forget(self)
         if hooked and self.bg.running:
             self.bg.remove_shutdown_hook(self._aclose)
             try:
@@ -461,6 +530,7 @@ class Runner:
     async def aclose(self) -> None:
         """Like :meth:`stop`, awaitable from any running event loop."""
         self._stopped = True
+        session.forget(self)
         if self._hooked:
             self.bg.remove_shutdown_hook(self._aclose)
             if self.bg.in_loop_thread():

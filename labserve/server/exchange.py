@@ -36,8 +36,8 @@ from labserve.base.errors import (
     UnauthorizedError,
     UnsupportedMediaTypeError,
 )
+from labserve.generation.api import Generator
 from labserve.runtime.runner import RunnerMethod
-from labserve.server.generators import Generator
 from labserve.server.state import ServerState
 from labserve.wire.codec import JSON
 
@@ -173,21 +173,35 @@ class Backend:
         self._generators: Mapping[str, Generator] = dict(generators or {})
 
     def generators(self) -> Mapping[str, Generator]:
-        """The generative models the OpenAI-compatible routes serve, by model name."""
-        # Given explicitly for now: the runner's generative methods join here once the
-        # runtime serves them (the continuous-batching engine).
-        return self._generators
+        """The generative models the OpenAI-compatible routes serve, by model name.
+
+        A runner's generative method is the model named after the runner (``runner.method``
+        when the runner has several), beside those given explicitly.
+        """
+        served: dict[str, Generator] = dict(self._generators)
+        for name, runner in self.state.runners.items():
+            gens = runner.generators
+            for method, gen in gens.items():
+                served[name if len(gens) == 1 else f"{name}.{method}"] = gen
+        return served
 
     async def stats(self) -> dict[str, Any]:
-        """``/stats``: every batchable method's snapshot as a dict, by runner and method."""
+        """``/stats``: every method's snapshot as a dict, by runner and method."""
         return {
-            name: {s.method: s.as_dict() for s in runner.snapshots()}
+            name: {
+                **{s.method: s.as_dict() for s in runner.snapshots()},
+                **{s.method: s.as_dict() for s in runner.generation_snapshots()},
+            }
             for name, runner in self.state.runners.items()
         }
 
     async def snapshots(self) -> list[Any]:
         """The snapshots ``/metrics`` shows."""
         return [s for runner in self.state.runners.values() for s in runner.snapshots()]
+
+    async def generation_snapshots(self) -> list[Any]:
+        """The generative methods' snapshots ``/metrics`` shows."""
+        return [s for runner in self.state.runners.values() for s in runner.generation_snapshots()]
 
     async def configure(self, changes: list[tuple[RunnerMethod, dict[str, Any]]]) -> dict[str, Any]:
         """Apply validated ``changes`` (each method's settings); return ``GET /config``'s body."""
@@ -197,9 +211,12 @@ class Backend:
 
 
 def configs(state: ServerState) -> dict[str, Any]:
-    """``GET /config``: every batchable method's config in force, by runner and method."""
+    """``GET /config``: every batchable and generative method's config, by runner and method."""
     return {
-        name: {m.name: m.config.as_dict() for m in runner.methods.values() if m.batchable}
+        name: {
+            **{m.name: m.config.as_dict() for m in runner.methods.values() if m.batchable},
+            **{g.name: g.config.as_dict() for g in runner.generators.values()},
+        }
         for name, runner in state.runners.items()
     }
 

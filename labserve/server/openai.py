@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from labserve.base.errors import InputError, LabServeError, NotFoundError, ServerError
+from labserve.generation.api import Finish, GenerateRequest, GenerationStream
 from labserve.server.exchange import Exchange, Reply, Route, Verb, error_reply, json_reply
-from labserve.server.generators import Finish, GenerateRequest, GenerationStream
 from labserve.wire.codec import JSON, load_json
 
 __all__ = ["IGNORED", "NEUTRAL", "ROUTES", "SUPPORTED", "chat_prompt", "generate_request"]

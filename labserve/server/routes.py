@@ -20,6 +20,7 @@ from labserve.base.errors import (
     ModelError,
     NotFoundError,
 )
+from labserve.generation.prometheus import GenerationCollector
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.runtime.runner import RunnerMethod
 from labserve.server.exchange import Exchange, Reply, configs, json_reply
@@ -144,8 +145,10 @@ async def _stats(ex: Exchange) -> Reply:
 
 async def _metrics(ex: Exchange) -> Reply:
     snapshots = await ex.backend.snapshots()
+    generating = await ex.backend.generation_snapshots()
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: snapshots))
+    registry.register(GenerationCollector(lambda: generating))
     return Reply(200, generate_latest(registry), {"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -218,20 +221,23 @@ def _flat_change(state: ServerState, body: dict[str, Any]) -> tuple[RunnerMethod
 
 
 def _batchable(state: ServerState, runner_name: str, method_name: str) -> RunnerMethod:
+    """A method whose settings change live: batchable, or generative (continuous batching)."""
     runner = state.runners.get(runner_name)
-    method = runner.methods.get(method_name) if runner is not None else None
-    if method is None or not method.batchable:
+    method: Any = None
+    if runner is not None:
+        method = runner.methods.get(method_name) or runner.generators.get(method_name)
+    if method is None or not (method.batchable or method.generative):
+        generating = any(r.generators for r in state.runners.values())
         raise NotFoundError(
-            "batchable method",
+            "batchable or generative method" if generating else "batchable method",
             f"{runner_name}.{method_name}",
             served=[
-                f"{n}.{m.name}"
+                f"{n}.{name}"
                 for n, r in state.runners.items()
-                for m in r.methods.values()
-                if m.batchable
+                for name in [*(m.name for m in r.methods.values() if m.batchable), *r.generators]
             ],
         )
-    return method
+    return method  # type: ignore[no-any-return]  # a GenerativeMethod configures alike
 
 
 _CONFIG_BODY = {"type": "object", "additionalProperties": {"type": "object"}}

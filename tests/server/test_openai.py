@@ -15,11 +15,11 @@ import tornado.httpserver
 import tornado.netutil
 
 from labserve.base.errors import InputError
+from labserve.generation.api import Finish
 from labserve.runtime.loop import background_loop
 from labserve.server.app import make_app
 from labserve.server.core import HttpCore
 from labserve.server.exchange import Backend
-from labserve.server.generators import Finish
 from labserve.server.openai import chat_prompt
 from labserve.server.state import ServerState
 

@@ -1,8 +1,9 @@
-"""What the OpenAI-compatible routes drive: a generator, and the stream of one generation.
+"""What a served generative method offers its callers: a request, its stream, its ending.
 
-Protocols, so that whatever serves a generative method (the runner's continuous-batching
-engine; a stand-in in tests) plugs into :mod:`labserve.server.openai` through the
-server's :class:`~labserve.server.exchange.Backend`.
+The runtime's continuous-batching engine (:mod:`labserve.runtime.generative`) implements
+these protocols; the OpenAI-compatible routes (:mod:`labserve.server.openai`) drive any
+:class:`Generator` through the server's :class:`~labserve.server.exchange.Backend`, so a
+stand-in plugs in as well.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Finish", "GenerateRequest", "GenerationStream", "Generator"]
+__all__ = ["Completion", "Finish", "GenerateRequest", "GenerationStream", "Generator"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,20 @@ class Finish:
             "completion_tokens": self.completion_tokens,
             "total_tokens": total,
         }
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A whole generation: its text, the token ids generated, and how it ended."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish: Finish
+
+    @property
+    def finish_reason(self) -> str:
+        """``"stop"`` or ``"length"``."""
+        return self.finish.reason
 
 
 class GenerationStream(Protocol):

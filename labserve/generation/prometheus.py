@@ -1,0 +1,88 @@
+"""A prometheus-client collector over generative methods' snapshots (served at /metrics).
+
+Named as vLLM names what means the same, under labserve's prefix, so a dashboard built for
+vLLM reads them with the prefix changed: ``labserve_time_to_first_token_seconds``,
+``labserve_inter_token_latency_seconds``, ``labserve_e2e_request_latency_seconds`` and
+``labserve_iteration_tokens`` (histograms), ``labserve_num_requests_running``,
+``labserve_num_requests_waiting``, ``labserve_kv_cache_usage_perc`` (gauges),
+``labserve_num_preemptions``, ``labserve_prompt_tokens``, ``labserve_generation_tokens``
+and ``labserve_sequences`` by outcome (counters, ``_total`` added by the exposition).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from labserve.generation.stats import GenerationSnapshot, Histogram
+
+__all__ = ["GenerationCollector"]
+
+_LABELS = ["runner", "method"]
+Family = GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily
+
+
+class GenerationCollector(Collector):
+    """Exports generative methods' metrics from ``source()``, fresh at each scrape."""
+
+    def __init__(self, source: Callable[[], Iterable[GenerationSnapshot]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Family]:
+        """Yield one family per metric, one sample per generative method (none: nothing)."""
+        snaps = list(self._source())
+        if not snaps:
+            return
+        gauge, counter, histogram = GaugeMetricFamily, CounterMetricFamily, HistogramMetricFamily
+        running = gauge("labserve_num_requests_running", "Sequences running.", labels=_LABELS)
+        waiting = gauge("labserve_num_requests_waiting", "Sequences waiting.", labels=_LABELS)
+        kv = gauge(
+            "labserve_kv_cache_usage_perc",
+            "KV blocks used / num_kv_blocks (0 to 1); absent without a KV limit.",
+            labels=_LABELS,
+        )
+        preempt = counter("labserve_num_preemptions", "Preemptions.", labels=_LABELS)
+        prompt = counter(
+            "labserve_prompt_tokens", "Prompt tokens of ended sequences.", labels=_LABELS
+        )
+        generated = counter("labserve_generation_tokens", "Tokens generated.", labels=_LABELS)
+        outcomes = counter(
+            "labserve_sequences", "Sequences by outcome.", labels=[*_LABELS, "outcome"]
+        )
+        hists = {
+            "ttft": histogram(
+                "labserve_time_to_first_token_seconds", "Arrival to first token.", labels=_LABELS
+            ),
+            "itl": histogram(
+                "labserve_inter_token_latency_seconds", "Gaps between tokens.", labels=_LABELS
+            ),
+            "e2e": histogram(
+                "labserve_e2e_request_latency_seconds", "Arrival to last token.", labels=_LABELS
+            ),
+            "iteration_tokens": histogram(
+                "labserve_iteration_tokens", "Tokens computed per step.", labels=_LABELS
+            ),
+        }
+        for s in snaps:
+            labels = [s.runner, s.method]
+            running.add_metric(labels, s.num_running)
+            waiting.add_metric(labels, s.num_waiting)
+            if s.config.kv_limited:
+                kv.add_metric(labels, s.kv_cache_usage)
+            preempt.add_metric(labels, s.num_preemptions)
+            prompt.add_metric(labels, s.prompt_tokens)
+            generated.add_metric(labels, s.output_tokens)
+            for outcome, count in s.outcomes.items():
+                outcomes.add_metric([*labels, outcome], count)
+            for name, family in hists.items():
+                family.add_metric(labels, *_buckets(s.histograms[name]))
+        yield from (running, waiting, kv, preempt, prompt, generated, outcomes)
+        yield from hists.values()
+
+
+def _buckets(h: Histogram) -> tuple[list[tuple[str, float]], float]:
+    buckets = [(repr(float(bound)), float(count)) for bound, count in h.buckets]
+    buckets.append(("+Inf", float(h.count)))
+    return buckets, h.sum

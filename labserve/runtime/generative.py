@@ -1,0 +1,266 @@
+"""A served generative method: streaming and whole generations, from any thread or loop.
+
+``@labserve.method(generative=True)`` marks a model method that advances a batch of
+sequences by one step (a :class:`~labserve.generation.batch.SeqBatch`: each sequence's new
+tokens, a prefill chunk or its last output, from its position; it returns the next-token
+logits, or the token ids, of the sequences that sample). The runner serves it by
+continuous batching (:mod:`labserve.runtime.generation_driver`): labserve owns the
+schedule, the KV budget, sampling, stop rules and each sequence's life; the model owns its
+tensors. The model's optional hooks and attributes, found on its Runnable:
+
+- ``encode(text) -> list[int]`` (a text prompt; without it prompts are token ids);
+- ``token_bytes(id) -> bytes`` or ``decode(ids) -> str`` (the text of what it generates);
+- ``free_sequences(ids)`` and ``rollback_step(batch)`` (its state: ended or preempted
+  sequences, a step that raised; without ``rollback_step``, ``isolate_errors`` cannot
+  bisect a step);
+- ``vocab_size``, ``eos_token_id``, ``max_model_len``.
+
+>>> import labserve
+>>> from labserve.lab.demo import TinyLM
+>>> lm = labserve.Runner(TinyLM, name="lm")
+>>> for piece in lm.generate.stream("Once", max_tokens=4, temperature=0):  # doctest: +SKIP
+...     print(piece, end="")
+>>> lm.generate.run("Once", max_tokens=4, temperature=0).finish_reason  # doctest: +SKIP
+'length'
+>>> lm.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from labserve.base.clock import Clock
+from labserve.base.errors import InputError, LoopThreadError, RunnerStoppedError
+from labserve.generation.admission import check_admission, check_token_ids
+from labserve.generation.api import Completion, GenerateRequest
+from labserve.generation.config import GenerationConfig
+from labserve.generation.sampling import SamplingParams, SequenceSampler, TextDecoder
+from labserve.generation.stats import GenerationSnapshot
+from labserve.runtime.generation_driver import GenerationDriver, GenerativeModel, LiveSequence
+from labserve.runtime.loop import BackgroundLoop
+from labserve.runtime.runnable import MethodSpec
+from labserve.runtime.scheduling import LoopScheduler
+from labserve.runtime.token_streams import AsyncTokenStream, TokenStream
+
+__all__ = ["DEFAULT_MAX_TOKENS", "GenerativeMethod"]
+
+DEFAULT_MAX_TOKENS = 16
+"""``max_tokens`` when a call gives none (OpenAI's completions default)."""
+
+Prompt = str | Sequence[int]
+
+
+class _Owner(Protocol):
+    """What a generative method needs of its Runner."""
+
+    name: str
+    clock: Clock
+
+    @property
+    def bg(self) -> BackgroundLoop: ...
+
+    @property
+    def stopped(self) -> bool: ...
+
+    def _started(self) -> None: ...
+
+
+class GenerativeMethod:
+    """One served generative method of a Runner.
+
+    Thread-safe: every method. ``stream`` and ``run`` block and may not be called from
+    labserve's loop thread; ``astream``, ``async_run`` and ``start`` work on any running
+    event loop. Sampling settings (``max_tokens``, ``temperature`` — 0 is greedy —,
+    ``seed``, ``stop``, ``stop_token_ids``, ``ignore_eos``, ``priority``) are keywords of
+    every call; see :class:`~labserve.generation.sampling.SamplingParams`.
+    """
+
+    generative = True
+    batchable = False
+
+    def __init__(
+        self, runner: _Owner, spec: MethodSpec, instance: Any, config: GenerationConfig
+    ) -> None:
+        self.runner = runner
+        self.spec = spec
+        self.name = spec.name
+        self._instance = instance
+        self._config = config
+        self._lock = threading.Lock()
+        self._driver: GenerationDriver | None = None
+        self.max_model_len = int(getattr(instance, "max_model_len", 0) or 0)
+        vocab = getattr(instance, "vocab_size", None)
+        self.vocab_size: int | None = int(vocab) if vocab is not None else None
+        eos = getattr(instance, "eos_token_id", None)
+        self.eos_token_id: int | None = int(eos) if eos is not None else None
+
+    # -- settings and figures ----------------------------------------------------------------
+
+    @property
+    def config(self) -> GenerationConfig:
+        """The latest config asked for (in force from the next step). Thread-safe."""
+        return self._driver.config if self._driver is not None else self._config
+
+    def configure(self, **changes: Any) -> GenerationConfig:
+        """Change scheduling settings live (validated first; applied at the next step)."""
+        with self._lock:
+            new = self.config.replace(**changes)
+            if self._driver is not None:
+                self._driver.configure(new)
+            else:
+                self._config = new
+        return new
+
+    def stats(self) -> GenerationSnapshot:
+        """The method's figures now (TTFT, ITL, TPOT, goodput, running, KV). Thread-safe."""
+        return self._started().snapshot()
+
+    def reset_stats(self) -> None:
+        """Forget recorded sequences and steps. Thread-safe."""
+        if self._driver is not None:
+            self._driver.reset_stats()
+
+    def start_driver(self) -> None:
+        """Start the background loop and this method's driver now (idempotent)."""
+        self._started()
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    def stream(self, prompt: Prompt, **params: Any) -> TokenStream:
+        """Generate from ``prompt``; iterate the returned stream for text pieces. Blocking use.
+
+        Raises the admission's typed error at once (InputError, LengthLimitError);
+        later errors (RequestTimeoutError, ModelError, ...) are raised by the iteration.
+        """
+        driver = self._started()
+        if self.runner.bg.in_loop_thread():
+            raise LoopThreadError(
+                f"{self.runner.name}.{self.name}.stream() blocks, and was called from "
+                "labserve's loop thread; use `async for ... in ...astream()` there"
+            )
+        seq_id = driver.new_id()
+        stream = TokenStream(lambda: driver.cancel_threadsafe(seq_id))
+        driver.submit_threadsafe(seq_id, self._live(prompt, params, stream))
+        return stream
+
+    def run(self, prompt: Prompt, **params: Any) -> Completion:
+        """Generate from ``prompt`` and block for the whole generation."""
+        with self.stream(prompt, **params) as stream:
+            return stream.result()
+
+    def astream(self, prompt: Prompt, **params: Any) -> AsyncTokenStream:
+        """Generate from ``prompt``; ``async for`` over the returned stream. Any running loop."""
+        loop = asyncio.get_running_loop()
+        driver = self._started()
+        seq_id = driver.new_id()
+        here = loop is driver.loop
+        stream = AsyncTokenStream(
+            loop,
+            (lambda: driver.cancel(seq_id)) if here else lambda: driver.cancel_threadsafe(seq_id),
+        )
+        live = self._live(prompt, params, stream)
+        if here:
+            driver.submit(seq_id, live)
+        else:
+            driver.submit_threadsafe(seq_id, live)
+        return stream
+
+    async def async_run(self, prompt: Prompt, **params: Any) -> Completion:
+        """Generate from ``prompt`` and await the whole generation, from any running loop."""
+        stream = self.astream(prompt, **params)
+        try:
+            return await stream.result()
+        finally:
+            await stream.aclose()
+
+    def start(self, request: GenerateRequest) -> AsyncTokenStream:
+        """The OpenAI-compatible routes' door (a :class:`Generator`): one request's stream."""
+        return self.astream(
+            request.prompt,
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            seed=request.seed,
+            stop=request.stop,
+            ignore_eos=request.ignore_eos,
+        )
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _started(self) -> GenerationDriver:
+        if self.runner.stopped:
+            raise RunnerStoppedError(self.runner.name)
+        driver = self._driver
+        if driver is None:
+            with self._lock:
+                if self._driver is None:
+                    self._driver = GenerationDriver(
+                        self._model(),
+                        self._config,
+                        scheduler=LoopScheduler(self.runner.bg, self.runner.clock),
+                        runner=self.runner.name,
+                        method=self.name,
+                        max_model_len=self.max_model_len,
+                    )
+                    self.runner._started()
+                driver = self._driver
+        return driver
+
+    def _model(self) -> GenerativeModel:
+        inst = self._instance
+        return GenerativeModel(
+            step=getattr(inst, self.name),
+            free_sequences=getattr(inst, "free_sequences", None),
+            rollback_step=getattr(inst, "rollback_step", None),
+        )
+
+    def _live(self, prompt: Prompt, params: dict[str, Any], stream: Any) -> LiveSequence:
+        """Check a call (typed errors at once) and make its sequence."""
+        if params.get("max_tokens") is None:
+            params = {**params, "max_tokens": DEFAULT_MAX_TOKENS}
+        unknown = set(params) - set(SamplingParams.__dataclass_fields__)
+        if unknown:
+            raise InputError(
+                f"{self.runner.name}.{self.name} does not take {', '.join(sorted(unknown))} "
+                f"(it takes {', '.join(SamplingParams.__dataclass_fields__)})",
+                sent=sorted(unknown),
+            )
+        sampling = SamplingParams(**params)
+        ids = self._tokens(prompt)
+        check_admission(len(ids), sampling.max_tokens, self.config, self.max_model_len)
+        sampler = SequenceSampler(sampling, self._decoder(), self.eos_token_id)
+        return LiveSequence(ids, sampler, stream, self.runner.clock.now())
+
+    def _tokens(self, prompt: Prompt) -> list[int]:
+        ids: Sequence[int]
+        if isinstance(prompt, str):
+            encode = getattr(self._instance, "encode", None)
+            if encode is None:
+                raise InputError(
+                    f"{self.runner.name}.{self.name} takes token ids (its model has no "
+                    "encode()); got a string",
+                    sent="str",
+                    expected="a list of token ids",
+                )
+            ids = encode(prompt)
+        else:
+            ids = prompt
+        vocab = self.vocab_size if self.vocab_size is not None else 2**63 - 1
+        return check_token_ids(ids, vocab)
+
+    def _decoder(self) -> TextDecoder:
+        inst = self._instance
+        token_bytes = getattr(inst, "token_bytes", None)
+        decode = getattr(inst, "decode", None)
+        if token_bytes is None and decode is None:
+            return TextDecoder(decode=lambda ids: "")  # no text: token ids only
+        return TextDecoder(token_bytes=token_bytes, decode=None if token_bytes else decode)
+
+    async def _aclose(self) -> None:
+        if self._driver is not None:
+            await self._driver.aclose()
+
+    def __repr__(self) -> str:
+        return f"<GenerativeMethod {self.runner.name}.{self.name}>"

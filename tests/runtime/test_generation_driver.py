@@ -1,0 +1,351 @@
+"""The continuous-batching driver, stepped on virtual time: the code a notebook runs.
+
+A VirtualScheduler plays the loop; the model is a small deterministic step function (each
+sampling sequence's next token is a function of its position), or a parked call that the
+test releases, hangs or fails. A Hypothesis state machine checks the promises: every
+admitted sequence ends exactly once, none is answered later than its timeout plus one tick
+however long a step hangs, the model's state is freed for every ended sequence, and a stop
+answers everyone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+import labserve
+from labserve.generation.batch import SeqBatch
+from labserve.generation.config import GenerationConfig
+from labserve.generation.sampling import SamplingParams, SequenceSampler, TextDecoder
+from labserve.runtime.generation_driver import GenerationDriver, GenerativeModel, LiveSequence
+from labserve.runtime.scheduling import MIN_TIMER_S
+from labserve.runtime.token_streams import End
+from labserve.runtime.virtual import VirtualScheduler
+
+TICK = MIN_TIMER_S
+
+
+@dataclass
+class Recorded:
+    """A stream the test reads without blocking: what the driver fed it, in order."""
+
+    loop: Any = None
+    pieces: list[str] = field(default_factory=list)
+    ends: list[End] = field(default_factory=list)
+    end_s: float | None = None
+    clock: Any = None
+
+    def feed(self, pieces: list[str], end: End | None) -> None:
+        self.pieces += [p for p in pieces if p]
+        if end is not None:
+            self.ends.append(end)
+            self.end_s = self.clock.now()
+
+
+class StepModel:
+    """Next token = (position + 1) % 256 as a byte; its state: the tokens each sequence holds."""
+
+    def __init__(self, sched: VirtualScheduler | None = None, poison: int | None = None):
+        self.sched = sched
+        self.poison = poison
+        self.cache: dict[int, int] = {}
+        self.freed: list[int] = []
+        self.rolled_back = 0
+        self.calls: list[SeqBatch] = []
+
+    def step(self, batch: SeqBatch) -> np.ndarray:
+        self.calls.append(batch)
+        for seq_id, tokens, start, _ in batch:
+            assert self.cache.get(seq_id, 0) == start, "a step must start where the state ends"
+            self.cache[seq_id] = start + len(tokens)
+        if self.poison is not None and self.poison in batch.seq_ids:
+            raise ValueError(f"poisoned by {self.poison}")
+        if self.sched is not None:
+            self.sched.park(batch)
+        return np.array(
+            [(s + len(t)) % 256 for _, t, s, samples in batch if samples], dtype=np.int64
+        )
+
+    def free(self, ids):
+        self.freed += list(ids)
+        for i in ids:
+            self.cache.pop(i, None)
+
+    def rollback(self, batch: SeqBatch) -> None:
+        self.rolled_back += 1
+        for seq_id, _, start, _ in batch:
+            if start == 0:
+                self.cache.pop(seq_id, None)
+            else:
+                self.cache[seq_id] = start
+
+
+def make(config: GenerationConfig, model: StepModel, sched: VirtualScheduler) -> GenerationDriver:
+    return GenerationDriver(
+        GenerativeModel(model.step, model.free, model.rollback),
+        config,
+        scheduler=sched,
+        runner="r",
+        method="gen",
+    )
+
+
+def admit(driver, sched, prompt_len=3, max_tokens=4, **params) -> Recorded:
+    stream = Recorded(clock=sched.clock)
+    sampler = SequenceSampler(
+        SamplingParams(max_tokens=max_tokens, temperature=0, **params),
+        TextDecoder(token_bytes=lambda t: bytes((t,))),
+    )
+    live = LiveSequence(list(range(65, 65 + prompt_len)), sampler, stream, sched.now())
+    driver.submit_threadsafe(driver.new_id(), live)
+    return stream
+
+
+def test_arrivals_of_one_loop_iteration_share_the_first_step():
+    sched = VirtualScheduler()
+    model = StepModel()
+    driver = make(GenerationConfig(), model, sched)
+    streams = [admit(driver, sched, prompt_len=2 + i) for i in range(3)]
+    sched.settle()
+    assert [len(b) for b in model.calls[:1]] == [3]
+    assert all(len(s.ends) == 1 and s.ends[0].finish.reason == "length" for s in streams)
+    # Each token is the position after the prompt and the tokens before it.
+    assert [s.ends[0].token_ids for s in streams] == [(2, 3, 4, 5), (3, 4, 5, 6), (4, 5, 6, 7)]
+    assert sorted(model.freed) == [1, 2, 3] and model.cache == {}
+
+
+def test_a_hung_step_is_answered_at_the_timeout_and_its_late_tokens_dropped():
+    sched = VirtualScheduler(timers="late")
+    model = StepModel(sched)
+    driver = make(GenerationConfig(request_timeout_ms=50), model, sched)
+    stream = admit(driver, sched)
+    sched.settle()
+    assert len(sched.parked) == 1  # the prefill hangs
+    sched.advance(0.2)
+    assert len(stream.ends) == 1
+    assert isinstance(stream.ends[0].error, labserve.RequestTimeoutError)
+    assert stream.end_s <= 0.050 + TICK + 1e-9
+    sched.release(sched.parked[0], value=np.array([7]))
+    sched.advance(0.01)
+    assert len(stream.ends) == 1 and stream.pieces == []
+    snap = driver.snapshot()
+    assert snap.outcomes["timeout"] == 1 and snap.outcomes["served"] == 0
+    assert model.cache == {}  # freed once the scheduler accounted for it
+
+
+def test_a_withdrawn_sequence_is_freed_at_the_next_step_and_counted_cancelled():
+    sched = VirtualScheduler()
+    model = StepModel(sched)
+    driver = make(GenerationConfig(), model, sched)
+    stay, leave = admit(driver, sched, max_tokens=3), admit(driver, sched, max_tokens=3)
+    sched.settle()
+    driver.cancel_threadsafe(2)
+    sched.release(sched.parked[0], value=np.array([1, 1]))  # the step both were in ends
+    assert [c.seq_ids for c in model.calls] == [(1, 2), (1,)]  # the next step has only 1
+    assert 2 in model.freed and leave.ends == []  # nobody listens to the one that left
+    while sched.parked:
+        sched.release(sched.parked[0], value=np.array([1]))
+    assert stay.ends[0].finish.reason == "length"
+    snap = driver.snapshot()
+    assert snap.outcomes["cancelled"] == 1 and snap.outcomes["served"] == 1
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_a_step_that_raises_fails_its_sequences_or_only_the_poisoned_one(isolate):
+    sched = VirtualScheduler()
+    model = StepModel(poison=2)
+    driver = make(GenerationConfig(isolate_errors=isolate), model, sched)
+    streams = [admit(driver, sched) for _ in range(4)]
+    sched.settle()
+    failed = [isinstance(s.ends[0].error, labserve.ModelError) for s in streams]
+    assert all(len(s.ends) == 1 for s in streams)
+    assert failed == ([False, True, False, False] if isolate else [True] * 4)
+    assert "poisoned by 2" in str(streams[1].ends[0].error)
+    assert model.rolled_back >= 1 and model.cache == {}
+
+
+def test_a_stop_token_and_a_stop_string_end_the_sequence_without_their_text():
+    sched = VirtualScheduler()
+    driver = make(GenerationConfig(), StepModel(), sched)
+    # Prompt "ABC" (3 tokens): the model then says bytes 3, 4, 5, ... ; ask to stop at 5.
+    by_id = admit(driver, sched, max_tokens=8, stop_token_ids=(5,))
+    by_text = admit(driver, sched, max_tokens=8, stop=("\x05\x06",))
+    sched.settle()
+    assert by_id.ends[0].finish.reason == "stop" and by_id.ends[0].token_ids == (3, 4, 5)
+    assert "".join(by_id.pieces) == "\x03\x04"
+    assert by_text.ends[0].finish.reason == "stop" and "".join(by_text.pieces) == "\x03\x04"
+
+
+def test_abort_answers_every_live_sequence_stopped():
+    sched = VirtualScheduler()
+    model = StepModel(sched)
+    driver = make(GenerationConfig(max_num_seqs=1), model, sched)
+    streams = [admit(driver, sched) for _ in range(3)]
+    sched.settle()
+    driver.abort()
+    assert all(isinstance(s.ends[0].error, labserve.RunnerStoppedError) for s in streams)
+    sched.release(sched.parked[0], value=np.array([0]))
+    assert all(len(s.ends) == 1 for s in streams)
+    late = admit(driver, sched)
+    sched.settle()
+    assert isinstance(late.ends[0].error, labserve.RunnerStoppedError)
+
+
+def test_a_refusal_at_admission_is_the_streams_typed_error():
+    sched = VirtualScheduler()
+    driver = make(GenerationConfig(max_queue_size=1, max_num_seqs=1), StepModel(sched), sched)
+    admit(driver, sched)  # runs
+    sched.settle()
+    admit(driver, sched)  # waits
+    sched.settle()
+    refused = admit(driver, sched)
+    sched.settle()
+    assert isinstance(refused.ends[0].error, labserve.QueueFullError)
+    assert driver.snapshot().outcomes["refused"] == 1
+
+
+# -- the state machine ---------------------------------------------------------------------
+
+
+class GenerationMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sched = VirtualScheduler(timers="late")
+        self.model = StepModel(self.sched)
+        self.timeout_ms = 40.0
+        self.driver = make(
+            GenerationConfig(
+                max_num_seqs=3, max_num_batched_tokens=8, request_timeout_ms=self.timeout_ms
+            ),
+            self.model,
+            self.sched,
+        )
+        self.streams: dict[int, tuple[Recorded, float]] = {}
+        self.withdrawn: set[int] = set()
+        self.stopped = False
+
+    @rule(prompt=st.integers(1, 12), max_tokens=st.integers(1, 6))
+    def admit(self, prompt, max_tokens):
+        seq_id = len(self.streams) + 1
+        self.streams[seq_id] = (
+            admit(self.driver, self.sched, prompt, max_tokens),
+            self.sched.now(),
+        )
+        self.sched.settle()
+
+    @precondition(lambda self: self.sched.parked)
+    @rule(fail=st.booleans())
+    def finish_step(self, fail):
+        call = self.sched.parked[0]
+        batch = call.args[0]
+        value = np.array([(s + len(t)) % 256 for _, t, s, ok in batch if ok], dtype=np.int64)
+        self.sched.release(call, error=RuntimeError("boom") if fail else None, value=value)
+
+    @rule(dt=st.sampled_from([0.001, 0.005, 0.03]))
+    def advance(self, dt):
+        self.sched.advance(dt)
+
+    @precondition(lambda self: self.streams)
+    @rule(data=st.data())
+    def withdraw(self, data):
+        seq_id = data.draw(st.sampled_from(sorted(self.streams)))
+        self.withdrawn.add(seq_id)
+        self.driver.cancel_threadsafe(seq_id)
+        self.sched.settle()
+
+    @rule(max_num_seqs=st.integers(1, 4), budget=st.integers(4, 16), chunked=st.booleans())
+    def configure(self, max_num_seqs, budget, chunked):
+        self.driver.configure(
+            self.driver.config.replace(
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=budget,
+                enable_chunked_prefill=chunked,
+            )
+        )
+        self.sched.settle()
+
+    @invariant()
+    def each_sequence_ends_at_most_once_and_in_time(self):
+        now = self.sched.now()
+        for seq_id, (stream, admitted_s) in self.streams.items():
+            assert len(stream.ends) <= 1
+            if seq_id in self.withdrawn:
+                continue
+            if now > admitted_s + self.timeout_ms / 1000.0 + TICK + 1e-9:
+                assert len(stream.ends) == 1, f"sequence {seq_id} unanswered past its timeout"
+            if stream.ends:
+                assert stream.end_s <= admitted_s + self.timeout_ms / 1000.0 + TICK + 1e-9
+
+    def teardown(self):
+        # Let every step end and every timer fire: all sequences end, all state is freed.
+        for _ in range(200):
+            while self.sched.parked:
+                call = self.sched.parked[0]
+                batch = call.args[0]
+                value = np.array([(s + len(t)) % 256 for _, t, s, ok in batch if ok])
+                self.sched.release(call, value=value.astype(np.int64))
+            self.sched.advance(0.01)
+        for seq_id, (stream, _) in self.streams.items():
+            assert len(stream.ends) <= 1 if seq_id in self.withdrawn else len(stream.ends) == 1
+        snap = self.driver.snapshot()
+        ended = sum(snap.outcomes[k] for k in ("served", "cancelled", "timeout", "failed"))
+        assert ended + snap.outcomes["refused"] == len(self.streams)
+        assert self.model.cache == {}, "the model's state of an ended sequence was not freed"
+        assert self.sched.errors == []
+
+
+TestGenerationMachine = GenerationMachine.TestCase
+TestGenerationMachine.settings = settings(
+    max_examples=60,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def test_the_machine_finds_a_hung_step_whose_callers_wait_past_their_timeout(monkeypatch):
+    # The bug it must find: only the scheduler's own expiry (at the next step) answers a
+    # timeout, so a caller whose step hangs waits for the model.
+    monkeypatch.setattr(GenerationDriver, "_on_deadline", lambda self, due_s: None)
+    with pytest.raises(AssertionError, match="unanswered past its timeout"):
+        run_state_machine_as_test(
+            GenerationMachine,
+            settings=settings(
+                max_examples=200,
+                stateful_step_count=30,
+                deadline=None,
+                database=None,
+                report_multiple_bugs=False,
+            ),
+        )
+
+
+def test_a_hook_that_raises_in_the_worker_fails_the_step_instead_of_losing_it():
+    sched = VirtualScheduler()
+    model = StepModel()
+    driver = make(GenerationConfig(), model, sched)
+
+    def broken(token):
+        raise UnicodeError("the detokeniser broke")
+
+    stream = Recorded(clock=sched.clock)
+    sampler = SequenceSampler(SamplingParams(max_tokens=3, temperature=0), TextDecoder(broken))
+    driver.submit_threadsafe(driver.new_id(), LiveSequence([65, 66], sampler, stream, 0.0))
+    sched.settle()
+    assert isinstance(stream.ends[0].error, labserve.ModelError)
+    assert "the detokeniser broke" in str(stream.ends[0].error)
+    healthy = admit(driver, sched)
+    sched.settle()
+    assert healthy.ends[0].finish.reason == "length" and sched.errors == []

@@ -1,0 +1,171 @@
+"""A Runner serving TinyLM by continuous batching, on the real loop, as a notebook uses it.
+
+Greedy decoding on TinyLM is batch-invariant, so every concurrent caller's tokens must
+equal the same prompt generated alone; the streams, whole generations, stop rules,
+withdrawals, refusals at admission and the figures are checked against that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+import labserve
+from labserve.lab.demo import TinyLM
+
+PROMPTS = [f"prompt {i}: " + "ab" * (i % 7) for i in range(24)]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    runner = labserve.Runner(TinyLM, name="lm", max_num_seqs=8, max_num_batched_tokens=64)
+    yield runner
+    runner.stop()
+
+
+@pytest.fixture(scope="module")
+def solo(lm):
+    """Each prompt's greedy tokens, generated alone."""
+    return {p: lm.generate.run(p, max_tokens=12, temperature=0).token_ids for p in PROMPTS}
+
+
+def test_a_stream_gives_the_text_of_the_whole_generation(lm):
+    stream = lm.generate.stream("Hello", max_tokens=10, temperature=0)
+    pieces = list(stream)
+    whole = lm.generate.run("Hello", max_tokens=10, temperature=0)
+    assert "".join(pieces) == whole.text
+    assert len(pieces) == 10  # a byte-level model: one piece per token (ASCII here)
+    assert whole.finish.reason == "length" and whole.finish.completion_tokens == 10
+    assert whole.text.encode() == bytes(whole.token_ids)
+    assert stream.finish == whole.finish
+
+
+def test_concurrent_callers_get_what_each_gets_alone(lm, solo):
+    async def together():
+        return await asyncio.gather(
+            *(lm.generate.async_run(p, max_tokens=12, temperature=0) for p in PROMPTS)
+        )
+
+    got = asyncio.run(together())  # another loop than labserve's: one hand-off per step
+    assert [c.token_ids for c in got] == [solo[p] for p in PROMPTS]
+    assert max(lm.generate.stats().steps.num_seqs) > 1  # they did share steps
+
+
+def test_threads_streaming_at_once_get_their_own_tokens(lm, solo):
+    out: dict[str, tuple[int, ...]] = {}
+
+    def one(p):
+        stream = lm.generate.stream(p, max_tokens=12, temperature=0)
+        for _ in stream:
+            pass
+        out[p] = stream.token_ids
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in PROMPTS[:10]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert out == {p: solo[p] for p in PROMPTS[:10]}
+
+
+def test_a_seeded_sample_repeats_and_a_stop_string_ends_it(lm):
+    a = lm.generate.run("Once", max_tokens=20, temperature=1.5, seed=3)
+    b = lm.generate.run("Once", max_tokens=20, temperature=1.5, seed=3)
+    assert a.token_ids == b.token_ids
+    text = a.text
+    stop = text[5:7]
+    cut = lm.generate.run("Once", max_tokens=20, temperature=1.5, seed=3, stop=[stop])
+    assert cut.finish.reason == "stop" and cut.text == text[: text.index(stop)]
+
+
+def test_closing_a_stream_early_frees_its_sequence_and_counts_it_cancelled(lm, poll_until):
+    before = lm.generate.stats().outcomes["cancelled"]
+    stream = lm.generate.stream("a long one", max_tokens=500, temperature=0)
+    next(stream)
+    stream.close()
+    poll_until(lambda: lm.generate.stats().outcomes["cancelled"] == before + 1)
+    poll_until(lambda: lm.generate.stats().num_running == 0)
+    assert lm.instance.num_cached_sequences == 0
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "error", "words"),
+    [
+        ("hi", {"max_tokens": 0}, labserve.InputError, "max_tokens must be an integer >= 1"),
+        ("x" * 1000, {"max_tokens": 100}, labserve.LengthLimitError, "max_model_len"),
+        ([1, 2, 300], {}, labserve.InputError, "outside the vocabulary 0..255"),
+        ("hi", {"top_k": 3}, labserve.InputError, "does not take top_k"),
+        ("", {}, labserve.InputError, "at least one token"),
+        ([1, 2.5], {}, labserve.InputError, "must be an integer"),
+        (
+            "x" * 80,
+            {"config": {"enable_chunked_prefill": False}},
+            labserve.LengthLimitError,
+            "chunked prefill is off",
+        ),
+        (
+            "x" * 40,
+            {"config": {"num_kv_blocks": 2}, "max_tokens": 10},
+            labserve.LengthLimitError,
+            "num_kv_blocks",
+        ),
+    ],
+)
+def test_a_bad_call_is_a_typed_error_at_once_and_harms_nothing(lm, prompt, params, error, words):
+    params = dict(params)
+    config = params.pop("config", {})
+    before = lm.generate.config
+    lm.generate.configure(**config)
+    try:
+        with pytest.raises(error, match=words):
+            lm.generate.stream(prompt, **params)
+    finally:
+        lm.generate.configure(**before.as_dict())
+    assert lm.generate.run("still fine", max_tokens=3, temperature=0).finish.reason == "length"
+
+
+def test_settings_change_live_and_the_figures_say_what_ran(lm):
+    lm.configure("generate", max_num_seqs=2, ttft_slo_ms=10_000, tpot_slo_ms=10_000)
+    lm.generate.reset_stats()
+    asyncio.run(_many(lm, 6))
+    snap = lm.generate.stats()
+    assert snap.config.max_num_seqs == 2 and max(snap.steps.num_seqs) <= 2
+    assert snap.outcomes["served"] == 6 and snap.output_tokens == 6 * 5
+    assert snap.goodput > 0 and snap.percentiles_ms["ttft"]["p50"] > 0
+    assert "6 served" in str(snap)
+    lm.configure("generate", max_num_seqs=8, ttft_slo_ms=0, tpot_slo_ms=0)
+
+
+async def _many(lm, n):
+    return await asyncio.gather(
+        *(lm.generate.async_run(f"n{i}", max_tokens=5, temperature=0) for i in range(n))
+    )
+
+
+def test_stop_answers_a_running_generation_and_refuses_new_ones():
+    runner = labserve.Runner(TinyLM, name="stopping")
+    stream = runner.generate.stream("go", max_tokens=50, temperature=0)
+    next(stream)
+    runner.stop()  # drains: the running generation ends with all its tokens
+    rest = list(stream)
+    assert stream.finish is not None and stream.finish.reason == "length"
+    assert 1 + len(rest) == 50
+    with pytest.raises(labserve.RunnerStoppedError):
+        runner.generate.stream("late")
+
+
+def test_a_config_files_generation_section_sets_the_knobs_and_names_a_bad_key(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("runners:\n  filed:\n    generation:\n      max_num_seqs: 3\n")
+    runner = labserve.Runner(TinyLM, name="filed", config=good, max_num_batched_tokens=128)
+    try:
+        assert runner.generate.config.max_num_seqs == 3  # the file, over the decorator's 32
+        assert runner.generate.config.max_num_batched_tokens == 128  # the arguments, over both
+    finally:
+        runner.stop()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("runners:\n  filed:\n    generation:\n      max_num_seqs: 0\n")
+    with pytest.raises(labserve.ConfigError, match=r"bad\.yaml: runners\.filed\.generation"):
+        labserve.Runner(TinyLM, name="filed", config=bad)

@@ -1,0 +1,160 @@
+"""TinyLM served by continuous batching over the OpenAI-compatible routes, with the real
+``openai`` client (``max_retries=0``) over real sockets, as a user of ``labserve serve``.
+
+Greedy decoding on TinyLM is batch-invariant: every concurrent stream must carry exactly
+the tokens its prompt gets alone, with ``usage`` counting them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import labserve
+from labserve.lab.demo import TinyLM
+
+openai = pytest.importorskip("openai")
+
+PROMPTS = [f"stream {i} " + "xy" * (i % 5) for i in range(16)]
+
+
+@pytest.fixture(scope="module")
+def served():
+    runner = labserve.Runner(TinyLM, name="tinylm", max_num_seqs=8)
+    server = labserve.serve(runner, port=0)
+    yield runner, server
+    server.stop()
+    runner.stop()
+
+
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30)
+
+
+def test_models_lists_the_runner(served):
+    _, server = served
+    with client(server) as c:
+        assert [m.id for m in c.models.list()] == ["tinylm"]
+
+
+def test_concurrent_streams_each_carry_their_solo_tokens_and_usage(served):
+    runner, server = served
+    solo = {p: runner.generate.run(p, max_tokens=20, temperature=0).text for p in PROMPTS}
+
+    def one(prompt):
+        with client(server) as c:
+            chunks = list(
+                c.completions.create(
+                    model="tinylm",
+                    prompt=prompt,
+                    max_tokens=20,
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            )
+        text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+        return text, chunks[-1].usage
+
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        got = list(pool.map(one, PROMPTS))
+    for prompt, (text, usage) in zip(PROMPTS, got, strict=True):
+        assert text == solo[prompt]
+        assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt.encode()), 20)
+
+
+def test_a_chat_completion_and_a_stop(served):
+    _, server = served
+    with client(server) as c:
+        whole = c.chat.completions.create(
+            model="tinylm",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=12,
+            temperature=0,
+        )
+        text = whole.choices[0].message.content
+        assert whole.choices[0].finish_reason == "length" and len(text.encode()) == 12
+        stop = text[4:6]
+        cut = c.chat.completions.create(
+            model="tinylm",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=12,
+            temperature=0,
+            stop=[stop],
+        )
+        assert cut.choices[0].finish_reason == "stop"
+        assert cut.choices[0].message.content == text[: text.index(stop)]
+
+
+def test_a_prompt_past_the_context_is_a_400_naming_the_limit(served):
+    _, server = served
+    with client(server) as c, pytest.raises(openai.BadRequestError, match="max_model_len"):
+        c.completions.create(model="tinylm", prompt="z" * 1000, max_tokens=100)
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_sequence(served):
+    runner, server = served
+    before = runner.generate.stats().outcomes["cancelled"]
+    with client(server) as c:
+        stream = c.completions.create(
+            model="tinylm", prompt="leave", max_tokens=800, temperature=0, stream=True
+        )
+        next(iter(stream))
+        stream.close()
+    deadline = time.monotonic() + 20
+    while runner.generate.stats().outcomes["cancelled"] == before:
+        assert time.monotonic() < deadline, "the sequence was never counted cancelled"
+        time.sleep(0.02)
+    while runner.instance.num_cached_sequences:  # its KV state is dropped, not leaked
+        assert time.monotonic() < deadline, "the sequence's model state was never freed"
+        time.sleep(0.02)
+
+
+def test_metrics_show_the_generator_as_vllm_names_it(served):
+    runner, server = served
+    runner.generate.run("metrics", max_tokens=4, temperature=0)
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    mine = {"runner": "tinylm", "method": "generate"}
+    samples = {
+        (s.name, s.labels.get("outcome"), s.labels.get("le")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if all(s.labels.get(k) == v for k, v in mine.items())
+    }
+    snap = runner.generate.stats()
+    assert samples[("labserve_num_requests_running", None, None)] == snap.num_running
+    assert samples[("labserve_num_requests_waiting", None, None)] == snap.num_waiting
+    served_count = samples[("labserve_sequences_total", "served", None)]
+    assert served_count == snap.outcomes["served"] >= 1
+    assert samples[("labserve_time_to_first_token_seconds_count", None, None)] == served_count
+    assert samples[("labserve_time_to_first_token_seconds_bucket", None, "+Inf")] == served_count
+    assert samples[("labserve_generation_tokens_total", None, None)] == snap.output_tokens
+    assert ("labserve_inter_token_latency_seconds_sum", None, None) in samples
+    assert samples[("labserve_iteration_tokens_count", None, None)] >= 1
+
+
+def test_the_scheduler_knobs_change_live_over_patch_config(served):
+    runner, server = served
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {server.token}"}
+
+    def call(method, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{server.url}/config", data, headers, method=method)
+        with urllib.request.urlopen(req, timeout=10) as reply:
+            return json.loads(reply.read())
+
+    assert call("GET")["tinylm"]["generate"]["max_num_seqs"] == 8
+    after = call("PATCH", {"tinylm": {"generate": {"max_num_seqs": 4, "strategy": "static"}}})
+    assert after["tinylm"]["generate"]["max_num_seqs"] == 4
+    assert runner.generate.config.strategy == "static"
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        call("PATCH", {"tinylm": {"generate": {"max_num_seqs": 0}}})
+    assert bad.value.code == 422 and "max_num_seqs" in bad.value.read().decode()
+    call("PATCH", {"tinylm": {"generate": {"max_num_seqs": 8, "strategy": "continuous"}}})
