@@ -205,6 +205,8 @@ def test_moving_a_control_configures_the_method_and_a_change_elsewhere_shows(das
     c["ttft_slo_ms_text"].value = "300"
     c["tpot_slo_ms_text"].value = "30"
     assert (lm.generate.config.ttft_slo_ms, lm.generate.config.tpot_slo_ms) == (300, 30)
+    c["num_kv_blocks_text"].value = "64"
+    assert lm.generate.config.num_kv_blocks == 64
     # From a cell: the pump's next look brings the controls along.
     lm.generate.configure(max_num_seqs=16, strategy="continuous")
     wait_for(lambda: c["max_num_seqs"].value == 16 and c["strategy"].value == "continuous")
@@ -217,6 +219,7 @@ def test_moving_a_control_configures_the_method_and_a_change_elsewhere_shows(das
         ("max_num_seqs", "0", "max_num_seqs"),
         ("max_num_seqs", "many", "max_num_seqs must be an integer, got 'many'"),
         ("tpot_slo_ms", "-1", "tpot_slo_ms"),
+        ("num_kv_blocks", "1.5", "num_kv_blocks must be an integer, got '1.5'"),
     ],
 )
 def test_a_refused_value_says_why_and_changes_nothing(dash, lm, key, text, message):
