@@ -59,6 +59,7 @@ from labserve.generation.config import (
 from labserve.generation.sampling import SamplingParams
 from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.export import export_config
+from labserve.lab.generation_sweep import sweep_generation
 from labserve.lab.genload import UntilStopped
 from labserve.lab.gensources import (
     GenerationSource,
@@ -76,6 +77,7 @@ from labserve.lab.sources import (
     SourceView,
     method_sources,
 )
+from labserve.lab.steps import profile_steps
 from labserve.lab.sweep import sweep
 from labserve.load.arrivals import (
     ARRIVAL_KINDS,
@@ -105,9 +107,11 @@ from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import Runnable, method
 from labserve.runtime.runner import Runner, RunnerMethod
+from labserve.runtime.session import stop_all, track
 from labserve.runtime.token_streams import AsyncTokenStream, TokenStream
 from labserve.server import Server, serve
 from labserve.sim import LinearCost, simulate
+from labserve.sim.generation import StepCost, replay_generation, simulate_generation
 
 __all__ = [
     "ARRIVAL_KINDS",
@@ -187,6 +191,7 @@ __all__ = [
     "SnapshotCollector",
     "SourceView",
     "StepArrivals",
+    "StepCost",
     "StopTimeoutError",
     "TensorSpec",
     "TokenBudgetError",
@@ -208,10 +213,16 @@ __all__ = [
     "parse_length",
     "preset_arrivals",
     "profile",
+    "profile_steps",
+    "replay_generation",
     "serve",
     "simulate",
+    "simulate_generation",
     "snapshot_from_dict",
     "start_generation_load",
     "start_load",
+    "stop_all",
     "sweep",
+    "sweep_generation",
+    "track",
 ]

@@ -116,7 +116,7 @@ class GenerationCharts:
         key_style: dict[str, str | None] = dict(KEY_STYLE)
         for name, fig in self.figures.items():
             fig.xgrid.visible = False
-            cells[name] = stack(Div(text=legend_key(fig), styles=key_style), fig, spacing=0)
+            cells[name] = stack(fig, Div(text=legend_key(fig), styles=key_style), spacing=0)
         self.layout: LayoutDOM = gridplot(
             [
                 [cells["ttft"], cells["itl"]],
