@@ -349,11 +349,14 @@ def test_until_stopped_chains_runs_and_stops_them_all():
 def test_a_new_dashboard_on_the_same_method_ends_the_old_one(lm):
     """A re-run cell: the old dashboard's pump and load do not live on beside the new one."""
     old = GenerationDashboard(lm, hz=10, input_len="8", output_len="8")
+    shown = old.view()
     old.controls["start"].value = True
     run = old.load.run
     new = GenerationDashboard(lm, hz=10)
     try:
         assert not old.pump.running and old.load.run is None
+        [note] = shown.children  # the old view says it is closed
+        assert "closed" in note.value
         assert run is not None
         wait_for(lambda: not run.running)
         assert new.pump.running
