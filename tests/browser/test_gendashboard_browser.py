@@ -111,7 +111,9 @@ def _charts_live(page: Any, console: list[str], what: str) -> None:
     then = newest(page)["newest_s"]
     _wait(lambda: newest(page)["newest_s"] > then + 2, f"{what}: rows streaming", timeout=30)
     assert page.get_by_text("Could not create a view").count() == 0, what
-    errors = [m for m in console if m.startswith("error")]
+    # A reloaded page asks the kernel for every widget it had; those a re-run closed
+    # meanwhile (the replaced dashboard's) are "not found": the page says so and goes on.
+    errors = [m for m in console if m.startswith("error") and "Comm not found" not in m]
     assert not errors, (what, errors)
 
 

@@ -374,3 +374,18 @@ def test_a_stopped_runner_ends_the_pump_and_the_status_says_so():
         assert "lm2.generate stopped" in d.status.value
     finally:
         d.close()
+
+
+def test_each_display_brings_its_own_bokehjs_carrier_closed_with_the_dashboard(dash, monkeypatch):
+    # A page reloaded and Run All at once cannot draw a widget the kernel made before; the
+    # charts then had no BokehJS. Each display brings a new hidden carrier.
+    shown: list[Any] = []
+    monkeypatch.setattr("labserve.widgets.gendashboard.display", shown.append)
+    bundle = dash._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"] == repr(dash)  # no live numbers in a saved notebook
+    dash._repr_mimebundle_()
+    assert len(shown) == 2 and shown[0] is not shown[1]
+    assert all(c.layout.display == "none" for c in shown)
+    dash.close()
+    assert all(c.comm is None for c in shown)
