@@ -72,6 +72,7 @@ class GenerationDashboard:
         self.methods = {s.name: s for s in sources}
         first = sources[0].name
         self._views: list[ChartWidget] = []
+        self._carriers: list[Any] = []
         self._status_at = -math.inf
         self.charts = GenerationCharts(follow_s=follow_s, hz=hz)
         self.doc = Document()
@@ -142,8 +143,11 @@ class GenerationDashboard:
         return w.VBox([self.panel, self.status, charts])
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel.
-        display(bokehjs_widget())
+        # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel. A
+        # new one per display: a page reloaded and Run All at once cannot draw an old one yet.
+        carrier = bokehjs_widget(fresh=True)
+        self._carriers.append(carrier)
+        display(carrier)
         bundle = self.view()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # the VBox's own text holds live numbers
             bundle["text/plain"] = repr(self)
@@ -159,6 +163,9 @@ class GenerationDashboard:
         for view in self._views:
             view.close()
         self._views.clear()
+        for carrier in self._carriers:  # BokehJS stays in the pages that ran it
+            carrier.close()
+        self._carriers.clear()
 
     def __repr__(self) -> str:
         state = "live" if self.pump.running else "stopped"
