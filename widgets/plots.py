@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 from bokeh.layouts import gridplot
-from bokeh.models import ColumnDataSource, HoverTool, Legend, LegendItem, Span
+from bokeh.models import ColumnDataSource, HoverTool
+from bokeh.models.annotations import Legend, LegendItem, Span  # mypy: not via bokeh.models
+from bokeh.models.renderers import GlyphRenderer
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
 
@@ -149,7 +151,9 @@ def sweep_figure(
         color = _COLORS[i % len(_COLORS)]
         line = fig.line("x", "y", source=source, color=color, line_width=2)
         dots = fig.scatter("x", "y", source=source, color=color, size=6)
-        items.append(LegendItem(label=name, renderers=[line, dots]))
+        # Any: Bokeh types GlyphRenderer invariant in its glyph (a Line's is no Glyph's).
+        renderers: list[GlyphRenderer[Any]] = [line, dots]
+        items.append(LegendItem(label=name, renderers=renderers))
     fig.add_tools(
         HoverTool(
             tooltips=[("", "@group"), (_label(x), "@x{0,0.[00]}"), (_label(y), "@y{0,0.[00]}")]
@@ -376,7 +380,8 @@ def compare_figure(
         x_range=load.x_range,
         tools="xpan,xwheel_zoom,reset,save",
     )
-    p99_items, batch_items = [], []
+    p99_items: list[tuple[str, list[GlyphRenderer[Any]]]] = []  # Any: as in sweep_figure
+    batch_items: list[tuple[str, list[GlyphRenderer[Any]]]] = []
     for i, (name, data) in enumerate(series.items()):
         source = ColumnDataSource(data, name=name)
         color = _COLORS[i % len(_COLORS)]
