@@ -15,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import inspect
 import math
 import threading
 import time
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec
 
 import numpy as np
 
@@ -42,6 +44,8 @@ from labserve.runtime.loop import BackgroundLoop
 from labserve.runtime.runner import RunnerMethod
 
 __all__ = ["LoadRun", "load_loop", "load_test", "start_load"]
+
+P = ParamSpec("P")
 
 # Behind schedule by more than this (p99), the run says it could not keep the rate.
 _LAG_LIMIT_S = 0.005
@@ -66,78 +70,6 @@ def load_loop() -> BackgroundLoop:
             atexit.register(_load_loop.stop)
     _load_loop.start()
     return _load_loop
-
-
-def load_test(
-    target: RunnerMethod | str,
-    *,
-    example: Any = None,
-    duration_s: float,
-    arrivals: Arrivals | None = None,
-    concurrency: int | None = None,
-    think_s: float = 0.0,
-    seed: int = 0,
-    label: str = "",
-    binary: bool = False,
-    token: str | None = None,
-    connections: int | None = None,
-    timeout_s: float = 10.0,
-    input_len: Any = None,
-) -> RunResult:
-    """Drive ``target`` with ``example`` requests for ``duration_s``; return the RunResult.
-
-    ``target`` is a runner method (in-process) or a URL: labserve's simple route
-    (``.../runners/{name}/{method}``) or any Open Inference Protocol v2 infer URL
-    (``.../v2/models/{name}/infer``: Triton, KServe, MLServer, labserve), whose input
-    names, datatypes and shapes are read from the model's metadata (``example`` then
-    only fills what the metadata leaves open, and may be omitted).
-
-    Open loop with ``arrivals`` (an arrival process: requests go out on schedule whatever
-    the replies), or closed loop with ``concurrency`` clients, each sending its next
-    request ``think_s`` after its last reply. Blocks until the last reply; call it from a
-    notebook cell or a script (not from labserve's loop). :func:`start_load` is the same
-    without blocking.
-
-    In-process, the batch arrays hold the run's batches as far as the runner's recorder
-    still holds them (its last 4,096). Over HTTP the requests' batch starts are unknown
-    (NaN); against a labserve server, ``RunResult.server`` holds the server's own view
-    of the run (batches, mean batch, fire reasons, queue waits, from ``GET /stats``
-    before and after) and the summary shows it. HTTP options: ``binary`` (v2 binary
-    tensors; ``.npy`` on the simple route), ``token`` (sent as ``Authorization: Bearer``),
-    ``connections`` (the keep-alive pool: default ``concurrency``, or 64 in open loop),
-    ``timeout_s`` (per request; a request past it is a ``timeout``). Every HTTP failure
-    is an outcome of its own kind (``RunResult.summary()["outcomes"]``).
-
-    ``input_len`` (a length distribution or its string, ``"lognormal:16:128"``) sends a
-    length mix to a method with a ragged axis: request k is ``example`` resized along axis
-    1 to its drawn length (or ``example(length)`` for a callable); the summary then shows
-    tokens per batch and the padding share. Over HTTP, the simple route only.
-
-    Raises:
-        LoadInterrupted: when interrupted (Ctrl-C); the load stopped at once, and its
-            ``result`` holds what was measured so far.
-        LoadTargetError: a v2 URL whose model metadata cannot be read or used.
-
-    >>> import labserve                                        # doctest: +SKIP
-    >>> r = labserve.load_test(runner.predict, example=x, duration_s=5,
-    ...                        arrivals=labserve.arrivals("poisson", rate_rps=2000))
-    """
-    run = start_load(
-        target,
-        example=example,
-        duration_s=duration_s,
-        arrivals=arrivals,
-        concurrency=concurrency,
-        think_s=think_s,
-        seed=seed,
-        label=label,
-        binary=binary,
-        token=token,
-        connections=connections,
-        timeout_s=timeout_s,
-        input_len=input_len,
-    )
-    return run._wait(None, stacklevel=3)
 
 
 def start_load(
@@ -204,6 +136,59 @@ def start_load(
         assert concurrency is not None
         future = bg.submit(_closed_loop(sender, concurrency, think_s, duration_s, control))
     return LoadRun(bg, future, control, sender, float(duration_s), batches_before, label)
+
+
+def _blocking(start: Callable[P, LoadRun]) -> Callable[P, RunResult]:
+    """``start(...).result()``, with ``start``'s own parameters (declared once, on start_load)."""
+
+    def load_test(*args: P.args, **kwargs: P.kwargs) -> RunResult:
+        """Drive ``target`` with ``example`` requests for ``duration_s``; return the RunResult.
+
+        ``target`` is a runner method (in-process) or a URL: labserve's simple route
+        (``.../runners/{name}/{method}``) or any Open Inference Protocol v2 infer URL
+        (``.../v2/models/{name}/infer``: Triton, KServe, MLServer, labserve), whose input
+        names, datatypes and shapes are read from the model's metadata (``example`` then
+        only fills what the metadata leaves open, and may be omitted).
+
+        Open loop with ``arrivals`` (an arrival process: requests go out on schedule whatever
+        the replies), or closed loop with ``concurrency`` clients, each sending its next
+        request ``think_s`` after its last reply. Blocks until the last reply; call it from a
+        notebook cell or a script (not from labserve's loop). :func:`start_load` is the same
+        without blocking.
+
+        In-process, the batch arrays hold the run's batches as far as the runner's recorder
+        still holds them (its last 4,096). Over HTTP the requests' batch starts are unknown
+        (NaN); against a labserve server, ``RunResult.server`` holds the server's own view
+        of the run (batches, mean batch, fire reasons, queue waits, from ``GET /stats``
+        before and after) and the summary shows it. HTTP options: ``binary`` (v2 binary
+        tensors; ``.npy`` on the simple route), ``token`` (sent as ``Authorization: Bearer``),
+        ``connections`` (the keep-alive pool: default ``concurrency``, or 64 in open loop),
+        ``timeout_s`` (per request; a request past it is a ``timeout``). Every HTTP failure
+        is an outcome of its own kind (``RunResult.summary()["outcomes"]``).
+
+        ``input_len`` (a length distribution or its string, ``"lognormal:16:128"``) sends a
+        length mix to a method with a ragged axis: request k is ``example`` resized along axis
+        1 to its drawn length (or ``example(length)`` for a callable); the summary then shows
+        tokens per batch and the padding share. Over HTTP, the simple route only.
+
+        Raises:
+            LoadInterrupted: when interrupted (Ctrl-C); the load stopped at once, and its
+                ``result`` holds what was measured so far.
+            LoadTargetError: a v2 URL whose model metadata cannot be read or used.
+
+        >>> import labserve                                        # doctest: +SKIP
+        >>> r = labserve.load_test(runner.predict, example=x, duration_s=5,
+        ...                        arrivals=labserve.arrivals("poisson", rate_rps=2000))
+        """
+        return start(*args, **kwargs)._wait(None, stacklevel=3)
+
+    # help() and IDEs show start_load's parameters, and that it returns the RunResult.
+    signature = inspect.signature(start).replace(return_annotation=RunResult.__name__)
+    setattr(load_test, "__signature__", signature)  # noqa: B010 (mypy: functions have no such field)
+    return load_test
+
+
+load_test = _blocking(start_load)
 
 
 def _length_mix(input_len: Any, example: Any, seed: int) -> LengthMix | None:

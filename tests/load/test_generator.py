@@ -133,3 +133,16 @@ def test_result_times_out_while_the_run_goes_on(runner):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LoadWarning)
         run.result(timeout=10)
+
+
+def test_load_test_takes_start_loads_parameters_declared_once(runner):
+    import inspect
+
+    from labserve.load.generator import start_load
+
+    shown = inspect.signature(load_test)
+    assert shown.parameters == inspect.signature(start_load).parameters
+    assert shown.return_annotation == "RunResult"
+    assert "Drive ``target``" in (load_test.__doc__ or "")
+    with pytest.raises(TypeError, match="duraton_s"):  # a typo is refused, not ignored
+        load_test(runner.predict, example=np.ones((1, 2)), duraton_s=1, concurrency=1)
