@@ -74,6 +74,8 @@ from labserve.load.arrivals import (
     TraceArrivals,
     arrivals,
 )
+from labserve.load.gen_result import GenerationLoadResult
+from labserve.load.generation import GenerationLoadRun, start_generation_load
 from labserve.load.generator import LoadRun, load_test, start_load
 from labserve.load.presets import LOAD_PRESETS, preset_arrivals
 from labserve.metrics.prometheus import SnapshotCollector
@@ -117,6 +119,8 @@ __all__ = [
     "Finish",
     "GenerateRequest",
     "GenerationConfig",
+    "GenerationLoadResult",
+    "GenerationLoadRun",
     "GenerationSnapshot",
     "GenerativeMethod",
     "HostError",
@@ -183,6 +187,7 @@ __all__ = [
     "serve",
     "simulate",
     "snapshot_from_dict",
+    "start_generation_load",
     "start_load",
     "sweep",
 ]

@@ -306,6 +306,14 @@ def _load(args: argparse.Namespace) -> None:
             args.input_len = parse_length(args.input_len, name="--input-len")
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    from labserve.load.generation import is_generation_url
+
+    if is_generation_url(args.url):  # streamed completions: TTFT, ITL, TPOT, goodput
+        from labserve.load import gen_cli
+
+        with _loop_choice(args.loop):
+            gen_cli.run(args)
+        return
     rows = np.ones((1, args.width or 4), np.float32)
     # A v2 model's metadata gives its inputs; float32 rows stand in when it declares none.
     example = rows if (args.width or "/v2/models/" not in args.url) else None
@@ -503,7 +511,11 @@ def _serve_command(sub: Subcommands) -> None:
 def _load_command(sub: Subcommands) -> None:
     """The ``load`` subcommand (open- or closed-loop load on an HTTP endpoint)."""
     load = sub.add_parser("load", help="open- or closed-loop load on an HTTP endpoint")
-    load.add_argument("url", help=".../runners/{name}/{method} or .../v2/models/{name}/infer")
+    load.add_argument(
+        "url",
+        help=".../runners/{name}/{method}, .../v2/models/{name}/infer, or .../v1/completions"
+        " (or chat) of any OpenAI-compatible server",
+    )
     load.add_argument("--rate", type=float, default=100.0, help="open loop req/s (default 100)")
     load.add_argument(
         "--arrivals", choices=("poisson", "constant"), default="poisson", help="open loop process"
@@ -531,6 +543,9 @@ def _load_command(sub: Subcommands) -> None:
         default="auto",
         help="the generator's event loop (auto: uvloop if installed)",
     )
+    from labserve.load import gen_cli
+
+    gen_cli.add_arguments(load)
     load.set_defaults(run=_load)
 
 

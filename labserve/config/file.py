@@ -10,7 +10,14 @@ runners:
     batching:
       strategy: fixed
       max_latency_ms: 5
+  tinylm:                # a runner's generative methods: vLLM's knob names
+    generation:
+      max_num_seqs: 64
+      max_num_batched_tokens: 1024
 ```
+
+A ``generation`` section is kept as written here and validated by the runner that uses it
+(the generation settings live above this layer); its errors name the file and the key too.
 
 Precedence, highest first: live ``configure()`` > ``Runner(...)`` arguments > the runner's
 section of the file > the method's decorator > the file's global section > defaults.
@@ -42,10 +49,16 @@ class ConfigFile:
     source: str | None = None
     global_batching: BatchingLayer = field(default_factory=BatchingLayer)
     runners: Mapping[str, BatchingLayer] = field(default_factory=dict)
+    generation: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Each runner's ``generation`` section (its generative methods' settings), as written."""
 
     def for_runner(self, name: str) -> BatchingLayer:
         """The runner's own batching section (an empty layer when the file has none)."""
         return self.runners.get(name, _EMPTY)
+
+    def generation_for(self, name: str) -> Mapping[str, Any]:
+        """The runner's ``generation`` section (empty when the file has none)."""
+        return self.generation.get(name, {})
 
 
 def _mapping(value: Any, key: str, source: str) -> Mapping[str, Any]:
@@ -71,23 +84,29 @@ def parse_config(data: Any, source: str) -> ConfigFile:
     runners_section = _mapping(top.get("runners"), "runners", source)
     global_batching = _EMPTY
     runners: dict[str, BatchingLayer] = {}
+    generation: dict[str, Mapping[str, Any]] = {}
     for name, value in runners_section.items():
         if name == "batching":
             global_batching = _batching_section(value, "runners.batching", source)
             continue
         runner = _mapping(value, f"runners.{name}", source)
         for key in runner:
-            if key != "batching":
+            if key not in ("batching", "generation"):
                 raise ConfigError(
                     f"runners.{name}.{key}",
                     runner[key],
-                    "a known key (only 'batching')",
+                    "a known key ('batching' or 'generation')",
                     source=source,
                 )
         runners[str(name)] = _batching_section(
             runner.get("batching"), f"runners.{name}.batching", source
         )
-    return ConfigFile(source=source, global_batching=global_batching, runners=runners)
+        section = _mapping(runner.get("generation"), f"runners.{name}.generation", source)
+        if section:
+            generation[str(name)] = {str(k): v for k, v in section.items()}
+    return ConfigFile(
+        source=source, global_batching=global_batching, runners=runners, generation=generation
+    )
 
 
 def load_config_file(path: str | os.PathLike[str] | None = None) -> ConfigFile:

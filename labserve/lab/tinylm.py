@@ -18,11 +18,17 @@ change with the batch is a sum of integers small enough to be exact:
 - everything else works on one row at a time (norms, residuals, exp).
 
 Ties: greedy decoding takes the lowest token id among equal largest logits (``np.argmax``).
+
+One BLAS thread per step, when threadpoolctl is installed (the ``lab`` extra): OpenBLAS's
+own threads spin while they wait, and on two cores shared with the event loop and a
+browser a decode step of 32 sequences took 34 ms of CPU with them and 2.7 ms without.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +37,22 @@ from labserve.generation.batch import SeqBatch
 from labserve.runtime.runnable import Runnable, method
 
 __all__ = ["TinyLM"]
+
+_blas: Any = None  # threadpoolctl's controller, made at the first step (None: not installed)
+
+
+def _one_blas_thread() -> contextlib.AbstractContextManager[Any]:
+    """One BLAS thread while a step runs (a no-op without threadpoolctl)."""
+    global _blas
+    if _blas is None:
+        try:
+            from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
+        except ImportError:
+            _blas = False
+        else:
+            _blas = ThreadpoolController()
+    return _blas.limit(limits=1, user_api="blas") if _blas else contextlib.nullcontext()
+
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
@@ -181,6 +203,10 @@ class TinyLM(Runnable):
 
         Returns float64 logits, shape (sequences that sample, 256), in batch order.
         """
+        with _one_blas_thread():
+            return self._step(batch)
+
+    def _step(self, batch: SeqBatch) -> F64:
         counts = [len(t) for t in batch.tokens]
         tokens = np.concatenate(batch.tokens) if batch.tokens else np.zeros(0, np.int64)
         positions = np.concatenate(

@@ -13,15 +13,12 @@ what was measured so far.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
 import inspect
 import math
-import threading
 import time
 import warnings
-from collections.abc import Callable
-from typing import Any, ParamSpec
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +33,10 @@ from labserve.base.errors import (
 )
 from labserve.base.vocabulary import FAILED, REASONS, REFUSED, REJECTED, SERVED, TIMEOUT
 from labserve.load.arrivals import Arrivals
+from labserve.load.gen_result import GenerationLoadResult
+from labserve.load.generation import generation_load_test, is_generation_url
 from labserve.load.http import HttpSender
+from labserve.load.loop import load_loop  # re-exported: where it was first defined
 from labserve.load.mix import LengthMix
 from labserve.load.records import Control, Record, Sender, clock_s
 from labserve.metrics.results import RunResult
@@ -44,8 +44,6 @@ from labserve.runtime.loop import BackgroundLoop
 from labserve.runtime.runner import RunnerMethod
 
 __all__ = ["LoadRun", "load_loop", "load_test", "start_load"]
-
-P = ParamSpec("P")
 
 # Behind schedule by more than this (p99), the run says it could not keep the rate.
 _LAG_LIMIT_S = 0.005
@@ -56,20 +54,86 @@ _LAG_LIMIT_S = 0.005
 _OPEN_LOOP_CONNECTIONS = 64
 # How often a blocking wait wakes to let Ctrl-C in (a lock wait is not interruptible).
 _WAKE_S = 0.05
+# load_test's parameters for a generation URL only (declared on generation_load_test).
+_GENERATION_ONLY = ("output_len", "model", "goodput")
 
-_load_loop: BackgroundLoop | None = None
-_load_loop_lock = threading.Lock()
+
+def load_test(target: RunnerMethod | str, **options: Any) -> RunResult | GenerationLoadResult:
+    """Drive ``target`` with ``example`` requests for ``duration_s``; return the RunResult.
+
+    ``target`` is a runner method (in-process) or a URL: labserve's simple route
+    (``.../runners/{name}/{method}``) or any Open Inference Protocol v2 infer URL
+    (``.../v2/models/{name}/infer``: Triton, KServe, MLServer, labserve), whose input
+    names, datatypes and shapes are read from the model's metadata (``example`` then
+    only fills what the metadata leaves open, and may be omitted).
+
+    Open loop with ``arrivals`` (an arrival process: requests go out on schedule whatever
+    the replies), or closed loop with ``concurrency`` clients, each sending its next
+    request ``think_s`` after its last reply. Blocks until the last reply; call it from a
+    notebook cell or a script (not from labserve's loop). :func:`start_load` is the same
+    without blocking.
+
+    In-process, the batch arrays hold the run's batches as far as the runner's recorder
+    still holds them (its last 4,096). Over HTTP the requests' batch starts are unknown
+    (NaN); against a labserve server, ``RunResult.server`` holds the server's own view
+    of the run (batches, mean batch, fire reasons, queue waits, from ``GET /stats``
+    before and after) and the summary shows it. HTTP options: ``binary`` (v2 binary
+    tensors; ``.npy`` on the simple route), ``token`` (sent as ``Authorization: Bearer``),
+    ``connections`` (the keep-alive pool: default ``concurrency``, or 64 in open loop),
+    ``timeout_s`` (per request; a request past it is a ``timeout``). Every HTTP failure
+    is an outcome of its own kind (``RunResult.summary()["outcomes"]``).
+
+    ``input_len`` (a length distribution or its string, ``"lognormal:16:128"``) sends a
+    length mix to a method with a ragged axis: request k is ``example`` resized along axis
+    1 to its drawn length (or ``example(length)`` for a callable); the summary then shows
+    tokens per batch and the padding share. Over HTTP, the simple route only.
+
+    A ``.../v1/completions`` or ``.../v1/chat/completions`` URL (of any OpenAI-compatible
+    server) gets a generation load instead, and a :class:`GenerationLoadResult` (TTFT, ITL,
+    TPOT, e2e, tokens/s, goodput): ``input_len`` is then the prompt's length in bytes
+    (default 32), ``output_len`` its ``max_tokens`` (default 128), ``model`` the model to
+    ask and ``goodput`` the targets (``"ttft:300 tpot:30"``); see
+    :func:`labserve.load.generation.generation_load_test`.
+
+    Takes :func:`start_load`'s parameters, and for a generation URL ``output_len``,
+    ``model`` and ``goodput`` from :func:`~labserve.load.generation.generation_load_test`
+    (``help()`` shows them all).
+
+    Raises:
+        LoadInterrupted: when interrupted (Ctrl-C); the load stopped at once, and its
+            ``result`` holds what was measured so far.
+        LoadTargetError: a v2 URL whose model metadata cannot be read or used.
+
+    >>> import labserve                                        # doctest: +SKIP
+    >>> r = labserve.load_test(runner.predict, example=x, duration_s=5,
+    ...                        arrivals=labserve.arrivals("poisson", rate_rps=2000))
+    """
+    if isinstance(target, str) and is_generation_url(target):
+        return _generation_load_test(target, options)
+    if any(options.get(name) is not None for name in _GENERATION_ONLY):
+        raise TypeError("output_len=, model= and goodput= are for a /v1 (generation) URL")
+    return start_load(target, **options)._wait(None, stacklevel=3)
 
 
-def load_loop() -> BackgroundLoop:
-    """The event loop HTTP loads run on (its own thread, not labserve's). Thread-safe."""
-    global _load_loop
-    with _load_loop_lock:
-        if _load_loop is None:
-            _load_loop = BackgroundLoop("labserve-load")
-            atexit.register(_load_loop.stop)
-    _load_loop.start()
-    return _load_loop
+def _generation_load_test(url: str, options: dict[str, Any]) -> GenerationLoadResult:
+    """load_test on a /v1 URL: the options both loads share, and the generation ones."""
+    if options.get("example") is not None or options.get("think_s") or options.get("binary"):
+        raise TypeError("example=, think_s= and binary= are for request loads, not a /v1 URL")
+    options = {k: v for k, v in options.items() if k not in ("example", "think_s", "binary")}
+    for name in ("input_len", "output_len"):  # None: generation_load_test's default length
+        if options.get(name) is None:
+            options.pop(name, None)
+    # load_test's own default per request, start_load's (generation_load_test alone waits 30 s).
+    options.setdefault("timeout_s", inspect.signature(start_load).parameters["timeout_s"].default)
+    return generation_load_test(url, **options)
+
+
+def _load_test_signature() -> inspect.Signature:
+    """start_load's parameters, then the generation-only ones: what load_test takes."""
+    shared = list(inspect.signature(start_load).parameters.values())
+    generation = inspect.signature(generation_load_test).parameters
+    extra = [generation[name] for name in _GENERATION_ONLY]
+    return inspect.Signature(shared + extra, return_annotation="RunResult | GenerationLoadResult")
 
 
 def start_load(
@@ -97,6 +161,7 @@ def start_load(
         raise ValueError(f"duration_s must be a finite number > 0, got {duration_s!r}")
     if (arrivals is None) == (concurrency is None):
         raise TypeError("load_test needs exactly one of arrivals= (open loop) or concurrency=")
+    _refuse_generation_url(target)
     if concurrency is not None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
@@ -138,57 +203,13 @@ def start_load(
     return LoadRun(bg, future, control, sender, float(duration_s), batches_before, label)
 
 
-def _blocking(start: Callable[P, LoadRun]) -> Callable[P, RunResult]:
-    """``start(...).result()``, with ``start``'s own parameters (declared once, on start_load)."""
-
-    def load_test(*args: P.args, **kwargs: P.kwargs) -> RunResult:
-        """Drive ``target`` with ``example`` requests for ``duration_s``; return the RunResult.
-
-        ``target`` is a runner method (in-process) or a URL: labserve's simple route
-        (``.../runners/{name}/{method}``) or any Open Inference Protocol v2 infer URL
-        (``.../v2/models/{name}/infer``: Triton, KServe, MLServer, labserve), whose input
-        names, datatypes and shapes are read from the model's metadata (``example`` then
-        only fills what the metadata leaves open, and may be omitted).
-
-        Open loop with ``arrivals`` (an arrival process: requests go out on schedule whatever
-        the replies), or closed loop with ``concurrency`` clients, each sending its next
-        request ``think_s`` after its last reply. Blocks until the last reply; call it from a
-        notebook cell or a script (not from labserve's loop). :func:`start_load` is the same
-        without blocking.
-
-        In-process, the batch arrays hold the run's batches as far as the runner's recorder
-        still holds them (its last 4,096). Over HTTP the requests' batch starts are unknown
-        (NaN); against a labserve server, ``RunResult.server`` holds the server's own view
-        of the run (batches, mean batch, fire reasons, queue waits, from ``GET /stats``
-        before and after) and the summary shows it. HTTP options: ``binary`` (v2 binary
-        tensors; ``.npy`` on the simple route), ``token`` (sent as ``Authorization: Bearer``),
-        ``connections`` (the keep-alive pool: default ``concurrency``, or 64 in open loop),
-        ``timeout_s`` (per request; a request past it is a ``timeout``). Every HTTP failure
-        is an outcome of its own kind (``RunResult.summary()["outcomes"]``).
-
-        ``input_len`` (a length distribution or its string, ``"lognormal:16:128"``) sends a
-        length mix to a method with a ragged axis: request k is ``example`` resized along axis
-        1 to its drawn length (or ``example(length)`` for a callable); the summary then shows
-        tokens per batch and the padding share. Over HTTP, the simple route only.
-
-        Raises:
-            LoadInterrupted: when interrupted (Ctrl-C); the load stopped at once, and its
-                ``result`` holds what was measured so far.
-            LoadTargetError: a v2 URL whose model metadata cannot be read or used.
-
-        >>> import labserve                                        # doctest: +SKIP
-        >>> r = labserve.load_test(runner.predict, example=x, duration_s=5,
-        ...                        arrivals=labserve.arrivals("poisson", rate_rps=2000))
-        """
-        return start(*args, **kwargs)._wait(None, stacklevel=3)
-
-    # help() and IDEs show start_load's parameters, and that it returns the RunResult.
-    signature = inspect.signature(start).replace(return_annotation=RunResult.__name__)
-    setattr(load_test, "__signature__", signature)  # noqa: B010 (mypy: functions have no such field)
-    return load_test
+def _refuse_generation_url(target: Any) -> None:
+    if isinstance(target, str) and is_generation_url(target):
+        raise TypeError(f"{target} is a generation URL: start_generation_load() drives it")
 
 
-load_test = _blocking(start_load)
+# help() and IDEs show every parameter load_test takes, each declared where it is used.
+setattr(load_test, "__signature__", _load_test_signature())  # noqa: B010 (mypy: no such field)
 
 
 def _length_mix(input_len: Any, example: Any, seed: int) -> LengthMix | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from labserve.base.clock import Clock, MonotonicClock
 from labserve.base.errors import (
+    ConfigError,
     InputError,
     LoopThreadError,
     RunnerStoppedError,
@@ -22,8 +23,8 @@ from labserve.batching.containers import Codec
 from labserve.batching.queue import BatchQueue
 from labserve.batching.requests import Request
 from labserve.config.batching import BatchingConfig, BatchingLayer
-from labserve.config.file import load_config_file
-from labserve.generation.config import GENERATION_SETTINGS
+from labserve.config.file import ConfigFile, load_config_file
+from labserve.generation.config import GENERATION_SETTINGS, GenerationConfig
 from labserve.generation.stats import GenerationSnapshot
 from labserve.metrics.snapshot import BatchRecord, Snapshot
 from labserve.runtime.driver import MethodDriver
@@ -33,6 +34,20 @@ from labserve.runtime.runnable import MethodSpec, Runnable
 from labserve.runtime.scheduling import LoopScheduler
 
 __all__ = ["Runner", "RunnerMethod"]
+
+
+def _generation_config(
+    declared: GenerationConfig, file: ConfigFile, runner: str, arguments: Mapping[str, Any]
+) -> GenerationConfig:
+    """A generative method's settings: the decorator < the file's section < the arguments."""
+    section = file.generation_for(runner)
+    try:
+        from_file = declared.replace(**section)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"runners.{runner}.generation.{exc.key}", exc.value, exc.rule, source=file.source
+        ) from None
+    return from_file.replace(**arguments)
 
 
 def _generation_only(key: str) -> bool:
@@ -375,8 +390,12 @@ class Runner:
         for method_name, spec in cls.methods.items():
             fn = getattr(self.instance, method_name)
             if spec.generation is not None:
-                changes = {**generating, **method_configs.get(method_name, {})}
-                gen = spec.generation.replace(**changes)
+                gen = _generation_config(
+                    spec.generation,
+                    file,
+                    self.name,
+                    {**generating, **method_configs.get(method_name, {})},
+                )
                 self.generators[method_name] = GenerativeMethod(self, spec, self.instance, gen)
                 continue
             per_method = BatchingLayer.from_mapping(

@@ -71,6 +71,10 @@ class _Handler(tornado.web.RequestHandler):
         # A client that leaves cancels this task, wherever the stream is waiting (for its
         # next token, say), so the stream's ``finally`` frees what it holds at once.
         self._streaming = asyncio.current_task()
+        # Each event goes out when written: with Nagle's algorithm on, a small write waits
+        # for the ACK of the last one, which the client delays (measured: ITL p99 22 ms for
+        # tokens 1 ms apart, and a chat's tokens all held behind its role chunk).
+        self.request.connection.stream.set_nodelay(True)  # type: ignore[union-attr]
         try:
             if reply.body:
                 self.write(reply.body)

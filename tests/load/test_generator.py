@@ -138,11 +138,15 @@ def test_result_times_out_while_the_run_goes_on(runner):
 def test_load_test_takes_start_loads_parameters_declared_once(runner):
     import inspect
 
+    from labserve.load.generation import generation_load_test
     from labserve.load.generator import start_load
 
-    shown = inspect.signature(load_test)
-    assert shown.parameters == inspect.signature(start_load).parameters
-    assert shown.return_annotation == "RunResult"
+    shown = inspect.signature(load_test).parameters
+    generation = inspect.signature(generation_load_test).parameters
+    expected = [*inspect.signature(start_load).parameters.values()] + [
+        generation[name] for name in ("output_len", "model", "goodput")
+    ]
+    assert list(shown.values()) == expected  # what help() and IDEs show
     assert "Drive ``target``" in (load_test.__doc__ or "")
     with pytest.raises(TypeError, match="duraton_s"):  # a typo is refused, not ignored
         load_test(runner.predict, example=np.ones((1, 2)), duraton_s=1, concurrency=1)

@@ -98,11 +98,31 @@ def test_closing_a_stream_early_frees_its_sequence_and_counts_it_cancelled(lm, p
         ([1, 2, 300], {}, labserve.InputError, "outside the vocabulary 0..255"),
         ("hi", {"top_k": 3}, labserve.InputError, "does not take top_k"),
         ("", {}, labserve.InputError, "at least one token"),
+        ([1, 2.5], {}, labserve.InputError, "must be an integer"),
+        (
+            "x" * 80,
+            {"config": {"enable_chunked_prefill": False}},
+            labserve.LengthLimitError,
+            "chunked prefill is off",
+        ),
+        (
+            "x" * 40,
+            {"config": {"num_kv_blocks": 2}, "max_tokens": 10},
+            labserve.LengthLimitError,
+            "num_kv_blocks",
+        ),
     ],
 )
 def test_a_bad_call_is_a_typed_error_at_once_and_harms_nothing(lm, prompt, params, error, words):
-    with pytest.raises(error, match=words):
-        lm.generate.stream(prompt, **params)
+    params = dict(params)
+    config = params.pop("config", {})
+    before = lm.generate.config
+    lm.generate.configure(**config)
+    try:
+        with pytest.raises(error, match=words):
+            lm.generate.stream(prompt, **params)
+    finally:
+        lm.generate.configure(**before.as_dict())
     assert lm.generate.run("still fine", max_tokens=3, temperature=0).finish.reason == "length"
 
 
@@ -134,3 +154,18 @@ def test_stop_answers_a_running_generation_and_refuses_new_ones():
     assert 1 + len(rest) == 50
     with pytest.raises(labserve.RunnerStoppedError):
         runner.generate.stream("late")
+
+
+def test_a_config_files_generation_section_sets_the_knobs_and_names_a_bad_key(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("runners:\n  filed:\n    generation:\n      max_num_seqs: 3\n")
+    runner = labserve.Runner(TinyLM, name="filed", config=good, max_num_batched_tokens=128)
+    try:
+        assert runner.generate.config.max_num_seqs == 3  # the file, over the decorator's 32
+        assert runner.generate.config.max_num_batched_tokens == 128  # the arguments, over both
+    finally:
+        runner.stop()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("runners:\n  filed:\n    generation:\n      max_num_seqs: 0\n")
+    with pytest.raises(labserve.ConfigError, match=r"bad\.yaml: runners\.filed\.generation"):
+        labserve.Runner(TinyLM, name="filed", config=bad)

@@ -1,0 +1,128 @@
+"""``labserve load URL`` for a generation URL: its flags, its run and what it prints.
+
+The ``load`` command hands a ``.../v1/completions`` or ``.../v1/chat/completions`` URL
+here (:func:`run`); the flags only a generation load reads are added by
+:func:`add_arguments`. Bad flags raise ``ValueError`` with the flag's name, which the
+command prints as one line (exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(load: argparse.ArgumentParser) -> None:
+    """Add the generation flags to the ``load`` command's parser."""
+    group = load.add_argument_group("generation (a /v1/completions or /v1/chat/completions URL)")
+    group.add_argument(
+        "--output-len",
+        default="128",
+        help="max_tokens per request, fixed with ignore_eos: a length spec as --input-len"
+        " (default 128); --input-len is then the prompt's length in bytes (default 32)",
+    )
+    group.add_argument("--model", help="the model to ask (default: the only one /v1/models lists)")
+    group.add_argument(
+        "--goodput",
+        nargs="+",
+        metavar="KEY:MS",
+        help="goodput targets, as vllm bench serve: ttft:MS tpot:MS e2el:MS",
+    )
+    group.add_argument(
+        "--burst",
+        metavar="RPS:EVERY_S:LENGTH_S",
+        help="open loop in bursts: RPS for LENGTH_S seconds every EVERY_S, --rate between",
+    )
+    group.add_argument(
+        "--no-ignore-eos",
+        action="store_true",
+        help="leave ignore_eos out of the requests (for servers that refuse it)",
+    )
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the generation load ``args`` ask for and print its result.
+
+    Raises:
+        ValueError: a flag breaks its rule (the message names it).
+    """
+    from labserve.base.errors import LoadInterrupted, LoadWarning
+    from labserve.load.generation import generation_load_test
+    from labserve.load.loop import load_loop
+
+    if args.width is not None or args.binary:
+        raise ValueError("--width and --binary are for request loads, not a generation URL")
+    arrivals, mode = _arrivals(args)
+    sys.stderr.write(f"loading {args.url} for {args.duration:g} s, {mode} ...\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LoadWarning)
+        try:
+            result = generation_load_test(
+                args.url,
+                duration_s=args.duration,
+                arrivals=arrivals,
+                concurrency=args.concurrency,
+                input_len=args.input_len if args.input_len is not None else 32,
+                output_len=_length(args.output_len, "--output-len"),
+                model=args.model,
+                goodput=_goodput(args.goodput),
+                ignore_eos=not args.no_ignore_eos,
+                token=args.token,
+                connections=args.connections,
+                timeout_s=args.timeout,
+                label=f"{args.url}, {mode}",
+            )
+        except LoadInterrupted as exc:
+            print(exc.result.table())
+            print(f"interrupted: the load stopped after {exc.sent} requests")
+            raise
+    print(result.table())
+    if "send_lag_p99_ms" in result.summary():
+        kept = "could NOT keep" if caught else "kept"
+        print(f"schedule: {kept} it ({len(result)} requests in {args.duration:g} s)")
+        for w in caught:
+            print(f"  {w.message}")
+    print(f"generator: its own event loop ({'uvloop' if load_loop().uvloop else 'asyncio'})")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"summary": result.summary(), "server": result.server}, f, indent=1)
+
+
+def _arrivals(args: argparse.Namespace) -> tuple[Any, str]:
+    """The arrival process (None in closed loop) and how the run is described."""
+    from labserve.load.arrivals import BurstArrivals, ConstantArrivals, PoissonArrivals
+
+    if args.concurrency:
+        if args.burst:
+            raise ValueError("--burst is an open loop: give it without --concurrency")
+        return None, f"{args.concurrency} clients (closed loop)"
+    if args.burst:
+        try:
+            burst_rps, every_s, length_s = (float(v) for v in args.burst.split(":"))
+            process: Any = BurstArrivals(args.rate, burst_rps, every_s, length_s)
+        except ValueError as exc:
+            said = f"--burst takes RPS:EVERY_S:LENGTH_S, got {args.burst!r} ({exc})"
+            raise ValueError(said) from None
+        return process, f"{process} (open loop)"
+    kind = PoissonArrivals if args.arrivals == "poisson" else ConstantArrivals
+    return kind(args.rate), f"{args.arrivals} {args.rate:g} req/s (open loop)"
+
+
+def _length(spec: str, flag: str) -> Any:
+    from labserve.base.lengths import parse_length
+
+    return parse_length(spec, name=flag)
+
+
+def _goodput(fields: list[str] | None) -> dict[str, float]:
+    from labserve.load.goodput import parse_goodput
+
+    try:
+        return parse_goodput(fields)
+    except ValueError as exc:
+        raise ValueError(f"--{exc}") from None

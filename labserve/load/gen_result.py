@@ -1,0 +1,239 @@
+"""What a generation load measured, as a client: TTFT, ITL, TPOT, e2e, tokens/s, goodput.
+
+The latencies are taken from the stream's arrival times as the client read them, from
+each request's *intended* send time (no coordinated omission), with the definitions the
+simulator and the runtime use (:class:`~labserve.generation.results.GenerationResult`,
+which holds them here too): TTFT = the first content chunk's arrival - intended send;
+ITL = the gaps between a request's content chunks; TPOT = (e2e - TTFT) / (output tokens
+- 1); e2e = the end of the stream (``data: [DONE]``) - intended send. Output tokens are
+the server's ``usage.completion_tokens`` when the stream carries it, else the number of
+content chunks (a chunk that carries several tokens then counts as one, as it does for
+``vllm bench serve``). Goodput counts served requests meeting every target given
+(:mod:`labserve.load.goodput`) per second of the run's span. Immutable; thread-safe.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from labserve.base.vocabulary import OUTCOMES, SERVED
+from labserve.generation.results import GenerationResult
+from labserve.load.gen_server_view import server_percentile_key, server_percentile_ms
+
+__all__ = ["GenerationLoadResult"]
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+_METRICS = ("ttft", "itl", "tpot", "e2e")
+_QS = (50.0, 90.0, 95.0, 99.0)
+
+
+@dataclass(frozen=True)
+class GenerationLoadResult:
+    """A generation load run as its client saw it, request by request (in send order)."""
+
+    generation: GenerationResult
+    """Per-request times (seconds from the run's start) and counts, in the shared type."""
+    outcome: I64
+    """Each request's outcome as the client saw it: an index into ``OUTCOMES``."""
+    tokens_from_usage: npt.NDArray[np.bool_]
+    """Whether each request's output tokens are the server's usage (else its chunk count)."""
+    asked_input: I64
+    """Each request's drawn input length (bytes of prompt)."""
+    asked_output: I64
+    """Each request's ``max_tokens``."""
+    duration_s: float
+    """How long requests were sent for."""
+    goodput_ms: dict[str, float] = field(default_factory=dict)
+    """The goodput targets, ms by key (``ttft``, ``tpot``, ``e2el``); empty: none."""
+    send_lag_s: F64 | None = None
+    """Open loop: how late each request went out after its intended time."""
+    errors: dict[str, int] = field(default_factory=dict)
+    """What the failed requests were told (the message, by count)."""
+    server: dict[str, Any] | None = None
+    """Against labserve: its ``/stats`` for the model over the run (see gen_server_view)."""
+    label: str = ""
+    clock_t0_s: float = 0.0
+    """The run's time 0 on ``time.monotonic`` (to line its times up with a server's)."""
+
+    def __len__(self) -> int:
+        return len(self.outcome)
+
+    @property
+    def served(self) -> npt.NDArray[np.bool_]:
+        """Which requests were served: their stream ended as it should."""
+        return np.asarray(self.outcome == SERVED)
+
+    def goodput_rps(self) -> float:
+        """Served requests per second meeting every goodput target, over the run's span."""
+        g = self.generation
+        span = g.span_s
+        if span <= 0:
+            return 0.0
+        return float(self._good().sum()) / span
+
+    def _good(self) -> npt.NDArray[np.bool_]:
+        g = self.generation
+        ok = self.served.copy()
+        limits = self.goodput_ms
+        if "ttft" in limits:
+            ok &= (g.first_token_s - g.arrival_s) * 1000.0 <= limits["ttft"]
+        if "tpot" in limits:
+            many = g.num_output > 1
+            tpot = np.where(
+                many, (g.end_s - g.first_token_s) / np.maximum(g.num_output - 1, 1), 0.0
+            )
+            ok &= tpot * 1000.0 <= limits["tpot"]
+        if "e2el" in limits:
+            ok &= (g.end_s - g.arrival_s) * 1000.0 <= limits["e2el"]
+        return np.asarray(ok)
+
+    def percentiles_ms(self, metric: str) -> dict[str, float]:
+        """Mean, p50, p90, p95 and p99 of ``ttft``, ``itl``, ``tpot`` or ``e2e`` (served), ms."""
+        values = {
+            "ttft": self.generation.ttft_s,
+            "itl": self.generation.served_itl_s,
+            "tpot": self.generation.tpot_s,
+            "e2e": self.generation.e2e_s,
+        }[metric]
+        if values.size == 0:
+            return {"mean": math.nan} | {f"p{q:g}": math.nan for q in _QS}
+        got = np.percentile(values, _QS) * 1000.0
+        return {"mean": float(values.mean() * 1000.0)} | {
+            f"p{q:g}": float(v) for q, v in zip(_QS, got, strict=True)
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The headline figures: counts, rates, goodput, each latency's percentiles (ms)."""
+        g = self.generation
+        served = self.served
+        span = g.span_s
+        out_tokens = int(g.num_output[served].sum())
+        out: dict[str, Any] = {
+            "requests": len(self),
+            "served": int(served.sum()),
+            "outcomes": {
+                OUTCOMES[o]: int(c) for o, c in sorted(Counter(self.outcome.tolist()).items())
+            },
+            "span_s": span,
+            "served_rps": float(served.sum()) / span if span > 0 else 0.0,
+            "input_tokens": int(g.prompt_len[served].sum()),
+            "output_tokens": out_tokens,
+            "output_tokens_per_s": out_tokens / span if span > 0 else 0.0,
+            "tokens_from_usage": int(self.tokens_from_usage[served].sum()),
+            "goodput_rps": self.goodput_rps(),
+            "good": int(self._good().sum()),
+        }
+        for metric in _METRICS:
+            for key, value in self.percentiles_ms(metric).items():
+                out[f"{metric}_{key}_ms"] = value
+        if self.send_lag_s is not None and len(self.send_lag_s):
+            out["send_lag_p99_ms"] = float(np.percentile(self.send_lag_s, 99) * 1000.0)
+            out["send_lag_max_ms"] = float(self.send_lag_s.max() * 1000.0)
+        return out
+
+    def table(self) -> str:
+        """The summary as a readable block: counts, rates, a latency table, the server's view."""
+        s = self.summary()
+        served = s["served"]
+        outcomes = ", ".join(f"{k} {v}" for k, v in s["outcomes"].items()) or "none"
+        source = (
+            "usage"
+            if s["tokens_from_usage"] == served
+            else f"usage for {s['tokens_from_usage']} of {served}, chunks for the rest"
+        )
+        lines = [self.label] if self.label else []
+        lines += [
+            f"requests      {s['requests']:,} sent, {served:,} served ({outcomes})",
+            f"tokens        {s['input_tokens']:,} in, {s['output_tokens']:,} out "
+            f"(counted from {source})",
+            f"throughput    {s['served_rps']:,.2f} req/s, {s['output_tokens_per_s']:,.1f} "
+            f"output tokens/s over {s['span_s']:.1f} s",
+            self._goodput_line(s),
+            f"{'latency (ms)':<14}{'mean':>9}{'p50':>9}{'p90':>9}{'p95':>9}{'p99':>9}",
+        ]
+        for metric in _METRICS:
+            row = "".join(f"{s[f'{metric}_{k}_ms']:>9.2f}" for k in ("mean", "p50", "p90"))
+            row += "".join(f"{s[f'{metric}_{k}_ms']:>9.2f}" for k in ("p95", "p99"))
+            lines.append(f"  {metric.upper():<12}{row}")
+        if "send_lag_p99_ms" in s:
+            lines.append(
+                f"send lag      p99 {s['send_lag_p99_ms']:.2f} ms, max {s['send_lag_max_ms']:.2f} "
+                "ms (latencies count from the intended send times)"
+            )
+        lines += [f"error         {n} x {said}" for said, n in self.errors.items()]
+        lines += self._server_lines()
+        return "\n".join(lines)
+
+    def _goodput_line(self, s: dict[str, Any]) -> str:
+        if not self.goodput_ms:
+            return "goodput       no targets given (--goodput ttft:MS tpot:MS e2el:MS)"
+        targets = ", ".join(f"{k} <= {v:g} ms" for k, v in self.goodput_ms.items())
+        share = s["good"] / s["requests"] if s["requests"] else 0.0
+        return (
+            f"goodput       {s['goodput_rps']:,.2f} req/s ({s['good']:,} of {s['requests']:,} "
+            f"requests, {share:.0%}, met {targets})"
+        )
+
+    def _server_lines(self) -> list[str]:
+        view = self.server
+        if view is None:
+            return ["server        its own view: not seen (no /stats entry for the model)"]
+        lines = [f"server        its /stats for {view['model']}, beside this client's figures:"]
+        shown = self._server_latencies(view, lines)
+        grown = [f"{k} +{v:,.6g}" for k, v in view["over_run"].items() if v]
+        lines += _wrapped("  over the run: ", grown or ["no counter moved"])
+        groups: dict[str, list[str]] = {}
+        for key, value in view["at_end"].items():
+            if key in shown or value is None:
+                continue
+            group, _, name = key.rpartition(".")
+            text = f"{value:,.6g}" if isinstance(value, float) else str(value)
+            groups.setdefault(group, []).append(f"{name} {text}")
+        for group, items in groups.items():
+            lines += _wrapped(f"  {group or 'at the end'}: ", items)
+        return lines
+
+    def _server_latencies(self, view: dict[str, Any], lines: list[str]) -> set[str]:
+        """Add the client's and the server's percentiles side by side; the keys shown."""
+        shown: set[str] = set()
+        rows = []
+        for metric in _METRICS:
+            ours = self.percentiles_ms(metric)
+            cells = ""
+            for q in ("p50", "p90", "p99"):
+                key, theirs = server_percentile_key(view, metric, q)
+                if key:
+                    shown.add(key)
+                cells += f"{ours[q]:>9.2f}{theirs:>9.2f}"
+            if not all(math.isnan(server_percentile_ms(view, metric, q)) for q in ("p50", "p99")):
+                rows.append(f"  {metric.upper():<12}{cells}")
+        if rows:
+            window = view["at_end"].get("window_s")
+            over = ""
+            if isinstance(window, (int, float)):
+                over = f" (the server's: its last {window:g} s)"
+            head = "".join(f"{q + ' here':>9}{'there':>9}" for q in ("p50", "p90", "p99"))
+            lines += [f"{'latency (ms)':<14}{head}{over}", *rows]
+        return shown
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _wrapped(first: str, items: list[str], width: int = 96) -> list[str]:
+    """``items`` joined by commas into lines of at most ``width``, the first led by ``first``."""
+    lines, line = [], first
+    for item in items:
+        if len(line) + len(item) + 2 > width and line.strip():
+            lines.append(line.rstrip(", ").rstrip() + ",")
+            line = " " * len(first)
+        line += item + ", "
+    lines.append(line.rstrip(", "))
+    return lines
