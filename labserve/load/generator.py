@@ -112,6 +112,8 @@ def load_test(target: RunnerMethod | str, **options: Any) -> RunResult | Generat
         return _generation_load_test(target, options)
     if any(options.get(name) is not None for name in _GENERATION_ONLY):
         raise TypeError("output_len=, model= and goodput= are for a /v1 (generation) URL")
+    for name in _GENERATION_ONLY:
+        options.pop(name, None)  # None: not set
     return start_load(target, **options)._wait(None, stacklevel=3)
 
 
@@ -120,7 +122,7 @@ def _generation_load_test(url: str, options: dict[str, Any]) -> GenerationLoadRe
     if options.get("example") is not None or options.get("think_s") or options.get("binary"):
         raise TypeError("example=, think_s= and binary= are for request loads, not a /v1 URL")
     options = {k: v for k, v in options.items() if k not in ("example", "think_s", "binary")}
-    for name in ("input_len", "output_len"):  # None: generation_load_test's default length
+    for name in ("input_len", *_GENERATION_ONLY):  # None: generation_load_test's default
         if options.get(name) is None:
             options.pop(name, None)
     # load_test's own default per request, start_load's (generation_load_test alone waits 30 s).
@@ -132,7 +134,7 @@ def _load_test_signature() -> inspect.Signature:
     """start_load's parameters, then the generation-only ones: what load_test takes."""
     shared = list(inspect.signature(start_load).parameters.values())
     generation = inspect.signature(generation_load_test).parameters
-    extra = [generation[name] for name in _GENERATION_ONLY]
+    extra = [_unset_by_default(generation[name]) for name in _GENERATION_ONLY]
     return inspect.Signature(shared + extra, return_annotation="RunResult | GenerationLoadResult")
 
 
@@ -206,6 +208,13 @@ def start_load(
 def _refuse_generation_url(target: Any) -> None:
     if isinstance(target, str) and is_generation_url(target):
         raise TypeError(f"{target} is a generation URL: start_generation_load() drives it")
+
+
+def _unset_by_default(p: inspect.Parameter) -> inspect.Parameter:
+    # None (not set) is the default in load_test: generation_load_test's own applies to a /v1 URL.
+    if p.default is None:
+        return p
+    return p.replace(default=None, annotation=f"{p.annotation} | None")
 
 
 # help() and IDEs show every parameter load_test takes, each declared where it is used.

@@ -143,10 +143,17 @@ def test_load_test_takes_start_loads_parameters_declared_once(runner):
 
     shown = inspect.signature(load_test).parameters
     generation = inspect.signature(generation_load_test).parameters
-    expected = [*inspect.signature(start_load).parameters.values()] + [
-        generation[name] for name in ("output_len", "model", "goodput")
+    output_len = generation["output_len"]
+    expected = [
+        *inspect.signature(start_load).parameters.values(),
+        output_len.replace(default=None, annotation=f"{output_len.annotation} | None"),
+        generation["model"],  # None already
+        generation["goodput"],
     ]
     assert list(shown.values()) == expected  # what help() and IDEs show
+    # None is "not set", for any target (as when load_test declared them itself).
+    load_test(runner.predict, example=np.ones((1, 2)), duration_s=0.05, concurrency=1,
+              output_len=None, model=None, goodput=None)  # fmt: skip
     assert "Drive ``target``" in (load_test.__doc__ or "")
     with pytest.raises(TypeError, match="duraton_s"):  # a typo is refused, not ignored
         load_test(runner.predict, example=np.ones((1, 2)), duraton_s=1, concurrency=1)
