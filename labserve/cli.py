@@ -63,16 +63,6 @@ def _strategies(text: str) -> list[str]:
     return names
 
 
-def _progress(label: str) -> Callable[[int, int], None]:
-    def show(done: int, total: int) -> None:
-        sys.stderr.write(f"\r{label} {done}/{total}")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    return show
-
-
 def _demo(args: argparse.Namespace) -> None:
     from labserve.base.errors import LoadWarning
     from labserve.lab.demo import SleepModel
