@@ -44,16 +44,31 @@ from labserve.base.errors import (
     UnauthorizedError,
     UnsupportedMediaTypeError,
 )
+from labserve.base.lengths import parse_length
 from labserve.base.vocabulary import OUTCOMES, REASONS, STRATEGIES
 from labserve.batching.containers import Padding, TensorSpec
 from labserve.config.batching import BatchingConfig
 from labserve.config.file import ConfigFile, load_config_file
 from labserve.generation.api import Completion, Finish, GenerateRequest
 from labserve.generation.batch import SeqBatch
-from labserve.generation.config import GenerationConfig
+from labserve.generation.config import (
+    GENERATION_STRATEGIES,
+    SCHEDULING_POLICIES,
+    GenerationConfig,
+)
 from labserve.generation.sampling import SamplingParams
 from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.export import export_config
+from labserve.lab.generation_sweep import sweep_generation
+from labserve.lab.genload import UntilStopped
+from labserve.lab.gensources import (
+    GenerationSource,
+    GenerationView,
+    HttpGenerationSource,
+    RunnerGenerationSource,
+    generation_snapshot_from_dict,
+    generation_sources,
+)
 from labserve.lab.profiling import CostCurve, profile
 from labserve.lab.sources import (
     HttpSource,
@@ -62,6 +77,7 @@ from labserve.lab.sources import (
     SourceView,
     method_sources,
 )
+from labserve.lab.steps import profile_steps
 from labserve.lab.sweep import sweep
 from labserve.load.arrivals import (
     ARRIVAL_KINDS,
@@ -91,15 +107,19 @@ from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import Runnable, method
 from labserve.runtime.runner import Runner, RunnerMethod
+from labserve.runtime.session import stop_all, track
 from labserve.runtime.token_streams import AsyncTokenStream, TokenStream
 from labserve.server import Server, serve
 from labserve.sim import LinearCost, simulate
+from labserve.sim.generation import StepCost, replay_generation, simulate_generation
 
 __all__ = [
     "ARRIVAL_KINDS",
+    "GENERATION_STRATEGIES",
     "LOAD_PRESETS",
     "OUTCOMES",
     "REASONS",
+    "SCHEDULING_POLICIES",
     "STRATEGIES",
     "Arrivals",
     "AsyncTokenStream",
@@ -122,8 +142,11 @@ __all__ = [
     "GenerationLoadResult",
     "GenerationLoadRun",
     "GenerationSnapshot",
+    "GenerationSource",
+    "GenerationView",
     "GenerativeMethod",
     "HostError",
+    "HttpGenerationSource",
     "HttpSource",
     "InputError",
     "LabServeError",
@@ -155,6 +178,7 @@ __all__ = [
     "RunResult",
     "Runnable",
     "Runner",
+    "RunnerGenerationSource",
     "RunnerMethod",
     "RunnerSource",
     "RunnerStoppedError",
@@ -167,6 +191,7 @@ __all__ = [
     "SnapshotCollector",
     "SourceView",
     "StepArrivals",
+    "StepCost",
     "StopTimeoutError",
     "TensorSpec",
     "TokenBudgetError",
@@ -174,20 +199,30 @@ __all__ = [
     "TraceArrivals",
     "UnauthorizedError",
     "UnsupportedMediaTypeError",
+    "UntilStopped",
     "__version__",
     "arrivals",
     "background_loop",
     "export_config",
+    "generation_snapshot_from_dict",
+    "generation_sources",
     "load_config_file",
     "load_test",
     "method",
     "method_sources",
+    "parse_length",
     "preset_arrivals",
     "profile",
+    "profile_steps",
+    "replay_generation",
     "serve",
     "simulate",
+    "simulate_generation",
     "snapshot_from_dict",
     "start_generation_load",
     "start_load",
+    "stop_all",
     "sweep",
+    "sweep_generation",
+    "track",
 ]

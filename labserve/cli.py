@@ -24,6 +24,8 @@ from tqdm import tqdm
 
 from labserve.base.errors import LabServeError
 from labserve.base.vocabulary import STRATEGIES
+from labserve.generation.config import GENERATION_STRATEGIES, SCHEDULING_POLICIES
+from labserve.lab.engines import ENGINE_FORMATS
 from labserve.runtime.loop import LOOP_KINDS, BackgroundLoop, loop_kind
 
 __all__ = ["main"]
@@ -53,6 +55,23 @@ def _numbers(kind: Callable[[str], Any], what: str) -> Callable[[str], list[Any]
     return parse
 
 
+def _cost(text: str) -> tuple[float, float]:
+    """``a_ms,b_ms``: the model's cost per call and per item, both >= 0, a_ms > 0."""
+    parts = [v.strip() for v in text.split(",")]
+    try:
+        a_ms, b_ms = (float(v) for v in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"cost must be two numbers a_ms,b_ms (ms per call, ms per item), e.g. 2,0.1; "
+            f"got {text!r}"
+        ) from None
+    if not (a_ms > 0 and b_ms >= 0) or not all(map(np.isfinite, (a_ms, b_ms))):
+        raise argparse.ArgumentTypeError(
+            f"cost needs a_ms > 0 and b_ms >= 0 (finite), got {text!r}"
+        )
+    return a_ms, b_ms
+
+
 def _strategies(text: str) -> list[str]:
     names = [v.strip() for v in text.split(",") if v.strip()]
     bad = [n for n in names if n not in STRATEGIES]
@@ -74,12 +93,15 @@ def _demo(args: argparse.Namespace) -> None:
         SleepModel(a_ms=2.0, b_ms=0.1), name="demo", max_batch_size=64, max_latency_ms=20
     )
     x = np.ones((1, 16), np.float32)
+    # A progress line only on a terminal: piped or redirected output gets the table alone.
+    progress = sys.stderr.isatty() and sys.stdout.isatty()
     print("embedded sleep model: 2 ms + 0.1 ms x items per call; adaptive, cap 64, wait cap 20 ms")
     print(f"{'offered':>10} {'served':>10} {'mean batch':>11} {'p50 ms':>8} {'p99 ms':>8} note")
     try:
         for step, rate in enumerate(args.rates, start=1):
-            sys.stderr.write(f"\rstep {step}/{len(args.rates)}: {rate:g} req/s ...")
-            sys.stderr.flush()
+            if progress:
+                sys.stderr.write(f"\rstep {step}/{len(args.rates)}: {rate:g} req/s ...")
+                sys.stderr.flush()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", LoadWarning)
                 result = load_test(
@@ -91,7 +113,8 @@ def _demo(args: argparse.Namespace) -> None:
                 )
             s = result.summary()
             note = "generator fell behind" if caught else ""
-            sys.stderr.write("\r" + " " * 40 + "\r")
+            if progress:
+                sys.stderr.write("\r" + " " * 40 + "\r")
             print(
                 f"{s['offered_rps']:>10,.0f} {s['served_rps']:>10,.0f} {s['mean_batch']:>11.1f} "
                 f"{s['latency_p50_ms']:>8.2f} {s['latency_p99_ms']:>8.2f} {note}",
@@ -119,7 +142,7 @@ def _sweep(args: argparse.Namespace) -> None:
             max_batch_size=[int(v) for v in args.max_batch_size],
             max_latency_ms=args.max_latency_ms,
             duration_s=args.duration,
-            cost=(args.cost[0], args.cost[1] if len(args.cost) > 1 else 0.0),
+            cost=args.cost,
             seed=args.seed,
             progress=progress,
             executor=executor,
@@ -129,7 +152,10 @@ def _sweep(args: argparse.Namespace) -> None:
             writer = csv.DictWriter(f, fieldnames=list(COLUMNS), extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
-        print(f"wrote {len(rows)} rows to {args.csv}")
+        print(
+            f"wrote {len(rows)} rows ({len(COLUMNS)} columns: {', '.join(COLUMNS)}) "
+            f"to {os.path.abspath(args.csv)}"
+        )
     else:
         print(format_table(rows))
 
@@ -155,6 +181,14 @@ def _sweep_executor(
     return None
 
 
+def _import_from_cwd(module_name: str) -> Any:
+    """Import a module, the current folder first on the path (as uvicorn and gunicorn do)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    return importlib.import_module(module_name)
+
+
 def _load_target(spec: str) -> tuple[Callable[..., Any], Any]:
     """``module:Class.method`` -> (bound method of a fresh instance, example or None)."""
     module_name, _, path = spec.partition(":")
@@ -162,7 +196,7 @@ def _load_target(spec: str) -> tuple[Callable[..., Any], Any]:
     if not (module_name and cls_name and method_name):
         raise UsageError(f"a model must be 'memory', 'sleep' or module:Class.method, got {spec!r}")
     try:
-        cls = getattr(importlib.import_module(module_name), cls_name)
+        cls = getattr(_import_from_cwd(module_name), cls_name)
         instance = cls()
         return getattr(instance, method_name), getattr(instance, "example", None)
     except (ImportError, AttributeError, TypeError) as exc:
@@ -200,7 +234,7 @@ def _serve(args: argparse.Namespace) -> None:
     if not (module_name and cls_name) or "." in cls_name:
         raise UsageError(f"serve needs module:Class, got {args.target!r}")
     try:
-        cls = getattr(importlib.import_module(module_name), cls_name)
+        cls = getattr(_import_from_cwd(module_name), cls_name)
     except (ImportError, AttributeError) as exc:
         raise UsageError(f"cannot load {args.target!r}: {exc}") from exc
     if not (isinstance(cls, type) and issubclass(cls, Runnable)):
@@ -216,6 +250,8 @@ def _serve_here(cls: type[Any], args: argparse.Namespace) -> None:
     from labserve.runtime.runner import Runner
     from labserve.server import serve
 
+    if args.config:
+        _check_sections(args.config, [args.name or cls.__name__.lower()])
     runner = Runner(cls, name=args.name, config=args.config)
     server = serve(
         runner,
@@ -228,6 +264,13 @@ def _serve_here(cls: type[Any], args: argparse.Namespace) -> None:
     loop = "uvloop" if server.bg.uvloop else "asyncio"
     print(
         f"serving {runner.name} at {server.url}  (token {server.token}, {loop} loop); Ctrl-C stops",
+        flush=True,
+    )
+    for method in runner.methods.values():
+        print(f"  POST {server.url}/runners/{runner.name}/{method.name}", flush=True)
+    print(
+        f"  also: /v2/models/{runner.name}/infer (Open Inference Protocol), /stats, /metrics,"
+        f" /config, /healthz; GET {server.url}/ describes them all, /openapi.json for tools",
         flush=True,
     )
     stop = threading.Event()
@@ -341,7 +384,7 @@ def _load(args: argparse.Namespace) -> None:
             print(f"interrupted: the load stopped after {exc.sent} requests")
             raise
     print(result.table())
-    print(_verdict(result, caught, load_loop()))
+    print(_verdict(result, caught, load_loop(), None if args.concurrency else args.rate))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"summary": result.summary(), "server": result.server}, f, indent=1)
@@ -371,14 +414,19 @@ def _loop_choice(kind: str) -> Iterator[None]:
             os.environ["LABSERVE_LOOP"] = before
 
 
-def _verdict(result: Any, caught: list[warnings.WarningMessage], bg: BackgroundLoop) -> str:
+def _verdict(
+    result: Any,
+    caught: list[warnings.WarningMessage],
+    bg: BackgroundLoop,
+    asked_rps: float | None = None,
+) -> str:
     """One honest line: did the generator keep the schedule, and whose batching is shown."""
     s = result.summary()
     lines = []
     if "send_lag_p99_ms" in s:
         kept = "kept" if not caught else "could NOT keep"
         lines.append(
-            f"schedule: {kept} {s['offered_rps']:,.0f} req/s (send lag p99 "
+            f"schedule: {kept} {asked_rps or s['offered_rps']:,.0f} req/s (send lag p99 "
             f"{s['send_lag_p99_ms']:.2f} ms, max {s['send_lag_max_ms']:.2f} ms)"
         )
         lines += [f"  {w.message}" for w in caught]
@@ -398,12 +446,85 @@ def _verdict(result: Any, caught: list[warnings.WarningMessage], bg: BackgroundL
     return "\n".join(lines)
 
 
+def _check_sections(path: str, served: list[str], *, runner: str | None = None) -> None:
+    """A config file's runner sections must name runners there are (a typo is an error).
+
+    ``served``: the runners being served (each section must be one of them); ``runner``: a
+    runner the file must have a section for.
+    """
+    from labserve.config.file import load_config_file
+
+    sections = list(load_config_file(path).runners)
+    have = ", ".join(repr(n) for n in sections) or "none (only the global runners.batching)"
+    if runner is not None and runner not in sections:
+        raise UsageError(
+            f"{path} has no section for runner {runner!r}; its runner sections: {have}"
+        )
+    unknown = [n for n in sections if served and n not in served]
+    if unknown:
+        raise UsageError(
+            f"{path} has a section for runner {unknown[0]!r}, which is not served; "
+            f"the runners served: {', '.join(repr(n) for n in served)}"
+        )
+
+
+_GENERATION_FLAGS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_chunked_prefill",
+    "long_prefill_token_threshold",
+    "scheduling_policy",
+    "num_kv_blocks",
+    "block_size",
+)
+
+
+def _export_engine(args: argparse.Namespace) -> None:
+    """A generative method's knobs, from the flags, as an engine's flags."""
+    from labserve.base.errors import ConfigError
+    from labserve.config.file import load_config_file
+    from labserve.generation.config import GenerationConfig
+    from labserve.lab.export import export_config
+
+    if args.max_batch_size is not None or args.max_latency_ms is not None:
+        raise UsageError(
+            f"{args.format} exports a generative method's settings: give them as"
+            " --max-num-seqs, --max-num-batched-tokens, ... (not --max-batch-size"
+            " or --max-latency-ms)"
+        )
+    cfg = GenerationConfig()
+    if args.config:
+        if not args.runner:
+            raise UsageError("--config with a generation format needs --runner (whose section)")
+        file = load_config_file(args.config)
+        try:
+            cfg = cfg.replace(**file.generation_for(args.runner))
+        except ConfigError as exc:
+            key = f"runners.{args.runner}.generation.{exc.key}"
+            raise ConfigError(key, exc.value, exc.rule, source=file.source) from None
+    changes = {k: getattr(args, k) for k in _GENERATION_FLAGS if getattr(args, k) is not None}
+    if args.strategy is not None:
+        changes["strategy"] = args.strategy
+    print(export_config(cfg.replace(**changes), args.format), end="")
+
+
 def _export(args: argparse.Namespace) -> None:
     from labserve.config.batching import BatchingConfig, BatchingLayer
     from labserve.config.file import load_config_file
     from labserve.lab.export import export_config
 
+    if args.format in ENGINE_FORMATS:
+        _export_engine(args)
+        return
+    given = [k for k in _GENERATION_FLAGS if getattr(args, k) is not None]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise UsageError(
+            f"{flag} is a generation setting: export it with vllm, sglang, tgi or tensorrt-llm"
+        )
     file = load_config_file(args.config) if args.config else None
+    if file is not None and args.runner:
+        _check_sections(args.config, [], runner=args.runner)
     flags = {
         key: value
         for key, value in (
@@ -427,7 +548,12 @@ def _sanitizer_path(args: argparse.Namespace) -> None:
 def _demo_command(sub: Subcommands) -> None:
     """The ``demo`` subcommand (the embedded model under a rising load)."""
     demo = sub.add_parser("demo", help="ramp a load through an embedded model, live table")
-    demo.add_argument("--rates", type=_numbers(float, "rates"), default=[250, 1000, 2000, 4000])
+    demo.add_argument(
+        "--rates",
+        type=_numbers(float, "rates"),
+        default=[250, 1000, 2000, 4000],
+        help="offered req/s, one step each, comma-separated (default 250,1000,2000,4000)",
+    )
     demo.add_argument("--step-s", type=float, default=4.0, help="seconds per rate (default 4)")
     demo.set_defaults(run=_demo)
 
@@ -435,18 +561,44 @@ def _demo_command(sub: Subcommands) -> None:
 def _sweep_command(sub: Subcommands) -> None:
     """The ``sweep`` subcommand (a simulated grid of settings)."""
     sweep = sub.add_parser("sweep", help="a simulated grid of caps, strategies and rates")
-    sweep.add_argument("--rates", type=_numbers(float, "rates"), required=True)
-    sweep.add_argument("--strategies", type=_strategies, default=["adaptive"])
-    sweep.add_argument("--max-batch-size", type=_numbers(int, "max-batch-size"), default=[32])
-    sweep.add_argument("--max-latency-ms", type=_numbers(float, "max-latency-ms"), default=[10.0])
-    sweep.add_argument("--duration", type=float, default=10.0, help="seconds of load per point")
+    sweep.add_argument(
+        "--rates",
+        type=_numbers(float, "rates"),
+        required=True,
+        help="offered req/s to try, comma-separated, e.g. 500,1000,2000",
+    )
+    sweep.add_argument(
+        "--strategies",
+        type=_strategies,
+        default=["adaptive"],
+        help=f"comma-separated, among {','.join(STRATEGIES)} (default adaptive)",
+    )
+    sweep.add_argument(
+        "--max-batch-size",
+        type=_numbers(int, "max-batch-size"),
+        default=[32],
+        help="caps to try, items per batch, comma-separated (default 32)",
+    )
+    sweep.add_argument(
+        "--max-latency-ms",
+        type=_numbers(float, "max-latency-ms"),
+        default=[10.0],
+        help="wait caps to try, ms, comma-separated (default 10)",
+    )
+    sweep.add_argument(
+        "--duration", type=float, default=10.0, help="seconds of load per point (default 10)"
+    )
     sweep.add_argument("--workers", type=int, default=1, help="run points in N processes")
     sweep.add_argument("--ray", action="store_true", help="run points as Ray tasks (labserve[ray])")
     sweep.add_argument("--ray-address", help="with --ray: join this cluster (default: start one)")
     sweep.add_argument(
-        "--cost", type=_numbers(float, "cost"), default=[2.0, 0.1], help="a_ms,b_ms (2,0.1)"
+        "--cost",
+        type=_cost,
+        default=(2.0, 0.1),
+        help="the simulated model's cost: a_ms,b_ms for a_ms + b_ms x items per call "
+        "(default 2,0.1)",
     )
-    sweep.add_argument("--seed", type=int, default=0)
+    sweep.add_argument("--seed", type=int, default=0, help="the arrivals' random seed (default 0)")
     sweep.add_argument("--csv", help="write the table to this CSV file")
     sweep.set_defaults(run=_sweep)
 
@@ -455,8 +607,13 @@ def _profile_command(sub: Subcommands) -> None:
     """The ``profile`` subcommand (a model's cost curve)."""
     prof = sub.add_parser("profile", help="the cost curve of a model against batch size")
     prof.add_argument("--model", default="memory", help="memory, sleep or module:Class.method")
-    prof.add_argument("--sizes", type=_numbers(int, "sizes"), default=[1, 2, 4, 8, 16, 32, 64])
-    prof.add_argument("--repeats", type=int, default=5)
+    prof.add_argument(
+        "--sizes",
+        type=_numbers(int, "sizes"),
+        default=[1, 2, 4, 8, 16, 32, 64],
+        help="batch sizes to time, comma-separated (default 1,2,4,8,16,32,64)",
+    )
+    prof.add_argument("--repeats", type=int, default=5, help="calls per size (default 5)")
     prof.add_argument("--width", type=int, help="input row width, for a model without example()")
     prof.set_defaults(run=_profile)
 
@@ -467,8 +624,10 @@ def _serve_command(sub: Subcommands) -> None:
     srv.add_argument("target", help="module:Class (a labserve.Runnable)")
     srv.add_argument("--name", help="runner name (default: the class name, lowercased)")
     srv.add_argument("--config", help="a labserve/BentoML YAML config file")
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=3000)
+    srv.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine)"
+    )
+    srv.add_argument("--port", type=int, default=3000, help="port to bind (default 3000)")
     srv.add_argument("--token", help="required for PATCH /config (and every route off loopback)")
     srv.add_argument(
         "--allow-origin",
@@ -524,7 +683,12 @@ def _load_command(sub: Subcommands) -> None:
         " 64, uniform:1:512, lognormal:16:128, list:8,16,32 (simple route)",
     )
     load.add_argument("--token", help="sent as Authorization: Bearer (servers off loopback)")
-    load.add_argument("--connections", type=int, help="keep-alive pool (default: N clients, or 64)")
+    load.add_argument(
+        "--connections",
+        type=int,
+        help="most connections open at once (default: N clients; open loop: 64 opened "
+        "ahead, more as needed up to half of ulimit -n, at most 512)",
+    )
     load.add_argument("--timeout", type=float, default=10.0, help="per request, s (default 10)")
     load.add_argument("--json", help="also write the summary and the server's view to this file")
     load.add_argument(
@@ -542,15 +706,39 @@ def _load_command(sub: Subcommands) -> None:
 def _export_command(sub: Subcommands) -> None:
     """The ``export`` subcommand (batching settings for another server)."""
     export = sub.add_parser(
-        "export", help="batching settings as a labserve/BentoML YAML, Ray Serve or Triton config"
+        "export",
+        help="batching settings as a labserve/BentoML YAML, Ray Serve or Triton config;"
+        " generation settings as vLLM, SGLang, TGI or TensorRT-LLM flags",
     )
-    export.add_argument("format", choices=("labserve", "ray", "triton", "tfserving"))
+    export.add_argument(
+        "format",
+        choices=("labserve", "ray", "triton", "tfserving", *ENGINE_FORMATS),
+        help="labserve/BentoML YAML, a Ray Serve @serve.batch, a Triton config.pbtxt fragment, "
+        "a TF Serving batching_parameters file; or a generation engine's flags",
+    )
     export.add_argument("--config", help="read the settings from this labserve/BentoML YAML")
     export.add_argument("--runner", help="the runner's section (and the name written)")
     export.add_argument("--method", help="the method name in the snippet")
-    export.add_argument("--strategy", choices=STRATEGIES, help="override the strategy")
+    export.add_argument(
+        "--strategy",
+        choices=STRATEGIES + GENERATION_STRATEGIES,
+        help="override the strategy (continuous or static for a generation format)",
+    )
     export.add_argument("--max-batch-size", type=int, help="override max_batch_size")
     export.add_argument("--max-latency-ms", type=float, help="override max_latency_ms")
+    gen = export.add_argument_group("generation settings (vllm, sglang, tgi, tensorrt-llm)")
+    gen.add_argument("--max-num-seqs", type=int, help="most sequences running at once")
+    gen.add_argument("--max-num-batched-tokens", type=int, help="most tokens in one step")
+    gen.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="split prompts that do not fit a step",
+    )
+    gen.add_argument("--long-prefill-token-threshold", type=int, help="one prompt's chunk cap")
+    gen.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, help="queue order")
+    gen.add_argument("--num-kv-blocks", type=int, help="KV-cache blocks in all (0: no limit)")
+    gen.add_argument("--block-size", type=int, help="tokens per KV-cache block")
     export.set_defaults(run=_export)
 
 
@@ -566,7 +754,10 @@ def _sanitizer_command(sub: Subcommands) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``labserve`` command."""
+    from labserve._version import __version__
+
     parser = argparse.ArgumentParser(prog="labserve", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"labserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _demo_command(sub)
     _sweep_command(sub)

@@ -7,6 +7,8 @@ import yaml
 import labserve
 from labserve import BatchingConfig, export_config, load_config_file
 from labserve.cli import main
+from labserve.generation.config import GenerationConfig
+from labserve.lab.engines import ENGINE_FORMATS
 
 
 class Scorer(labserve.Runnable):
@@ -186,3 +188,178 @@ def test_triton_and_tf_serving_name_their_nearest_settings():
     assert "no token budget" in tf
     off = export_config(TOKENS.replace(padding=False), "tfserving")
     assert "pad_variable_length_inputs: false" in off
+
+
+# -- a generative method's knobs to the engines' flags ---------------------------------------
+
+
+def _flags(text):
+    """{flag: value} of a command line written one flag per line (value '' for a switch)."""
+    out = {}
+    for line in text.splitlines():
+        line = line.strip().rstrip("\\").strip()
+        if line.startswith("--"):
+            flag, _, value = line.partition(" ")
+            out[flag] = value
+    return out
+
+
+def _differs(text):
+    return [line for line in text.splitlines() if line.startswith("# Differs:")]
+
+
+TUNED = GenerationConfig(
+    max_num_seqs=48,
+    max_num_batched_tokens=768,
+    long_prefill_token_threshold=256,
+    scheduling_policy="priority",
+    num_kv_blocks=900,
+    block_size=32,
+)
+
+
+def test_vllm_flags_carry_every_knob_under_its_own_name():
+    flags = _flags(export_config(TUNED, "vllm"))
+    assert flags == {
+        "--max-num-seqs": "48",
+        "--max-num-batched-tokens": "768",
+        "--enable-chunked-prefill": "",
+        "--long-prefill-token-threshold": "256",
+        "--scheduling-policy": "priority",
+        "--block-size": "32",
+        "--num-gpu-blocks-override": "900",
+    }
+    off = _flags(export_config(GenerationConfig(enable_chunked_prefill=False), "vllm"))
+    assert "--no-enable-chunked-prefill" in off and "--enable-chunked-prefill" not in off
+    assert "--num-gpu-blocks-override" not in off  # no KV budget: vLLM sizes its own cache
+
+
+def test_vllm_says_where_it_counts_differently():
+    text = export_config(GenerationConfig(enable_chunked_prefill=False, strategy="static"), "vllm")
+    notes = " ".join(_differs(text))
+    assert "shorter prompts pass" in notes  # its order with chunking off
+    assert "always batches continuously" in notes  # no static strategy
+    assert "gpu-memory-utilization" in notes
+
+
+def test_sglang_flags_count_prompt_tokens_and_the_kv_pool_in_tokens():
+    text = export_config(TUNED, "sglang")
+    flags = _flags(text)
+    assert flags["--max-running-requests"] == "48"
+    assert flags["--max-prefill-tokens"] == "768"
+    assert flags["--chunked-prefill-size"] == "256"  # the per-prompt chunk cap is the nearest
+    assert flags["--max-total-tokens"] == str(900 * 32)
+    assert flags["--page-size"] == "32"
+    assert "--schedule-policy" not in flags  # no priority order there: said, not guessed
+    notes = " ".join(_differs(text))
+    assert "prompt tokens only" in notes and "priority" in notes
+    off = _flags(export_config(GenerationConfig(enable_chunked_prefill=False), "sglang"))
+    assert off["--chunked-prefill-size"] == "-1"
+
+
+def test_tgi_counts_waiting_requests_in_its_concurrency_cap():
+    text = export_config(TUNED.replace(max_queue_size=200), "tgi")
+    flags = _flags(text)
+    assert flags["--max-concurrent-requests"] == str(48 + 200)
+    assert flags["--max-batch-size"] == "48"
+    assert flags["--max-batch-prefill-tokens"] == "768"
+    assert flags["--max-batch-total-tokens"] == str(900 * 32)
+    notes = " ".join(_differs(text))
+    assert "does not preempt" in notes and "no launcher flag for chunked prefill" in notes
+    unlimited = _flags(export_config(GenerationConfig(), "tgi"))
+    assert "--max-batch-total-tokens" not in unlimited
+
+
+@pytest.mark.parametrize(
+    ("cfg", "policy"),
+    [
+        (GenerationConfig(), "GUARANTEED_NO_EVICT"),
+        (GenerationConfig(num_kv_blocks=100), "MAX_UTILIZATION"),
+        (GenerationConfig(strategy="static"), "STATIC_BATCH"),
+    ],
+)
+def test_tensorrt_llm_yaml_picks_the_capacity_policy_that_matches(cfg, policy):
+    text = export_config(cfg.replace(max_num_seqs=24, max_num_batched_tokens=1024), "tensorrt-llm")
+    options = yaml.safe_load(text)
+    assert options["max_batch_size"] == 24
+    assert options["max_num_tokens"] == 1024
+    assert options["enable_chunked_prefill"] is True
+    assert options["scheduler_config"] == {"capacity_scheduler_policy": policy}
+    assert ("kv_cache_config" in options) == cfg.kv_limited
+    assert _differs(text)
+
+
+def test_goodput_targets_are_named_as_a_benchmark_flag_not_an_engine_one():
+    cfg = GenerationConfig(ttft_slo_ms=300, tpot_slo_ms=30)
+    for fmt in ENGINE_FORMATS:
+        text = export_config(cfg, fmt)
+        assert "--goodput ttft:300 tpot:30" in text, fmt
+        assert "300" not in "".join(line for line in text.splitlines() if not line.startswith("#"))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: export_config(GenerationConfig(), "triton"), "not 'triton'"),
+        (lambda: export_config(BatchingConfig(), "vllm"), "takes a generative method's"),
+    ],
+)
+def test_a_format_for_the_other_kind_of_config_is_refused(call, message):
+    with pytest.raises(TypeError, match=re.escape(message)):
+        call()
+
+
+def test_cli_exports_generation_flags(capsys):
+    argv = ["export", "sglang", "--max-num-seqs", "16", "--no-enable-chunked-prefill"]
+    assert main(argv) == 0
+    flags = _flags(capsys.readouterr().out)
+    assert flags["--max-running-requests"] == "16"
+    assert flags["--chunked-prefill-size"] == "-1"
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["export", "ray", "--max-num-seqs", "4"], "--max-num-seqs is a generation setting"),
+        (["export", "vllm", "--max-batch-size", "4"], "--max-num-seqs, --max-num-batched-tokens"),
+        (["export", "vllm", "--config", "x.yaml"], "needs --runner"),
+        (["export", "tgi", "--max-num-batched-tokens", "0"], "max_num_batched_tokens must be"),
+    ],
+)
+def test_cli_refuses_settings_of_the_other_kind_in_one_line(argv, words, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_cli_reads_a_runners_generation_section_then_the_flags(tmp_path, capsys):
+    path = tmp_path / "labserve.yaml"
+    path.write_text(
+        "runners:\n  tinylm:\n    generation: {max_num_seqs: 64, max_num_batched_tokens: 1024}\n"
+    )
+    argv = ["export", "tgi", "--config", str(path), "--runner", "tinylm"]
+    assert main([*argv, "--max-num-batched-tokens", "512"]) == 0
+    flags = _flags(capsys.readouterr().out)
+    assert flags["--max-batch-size"] == "64"  # from the file
+    assert flags["--max-batch-prefill-tokens"] == "512"  # the flag wins
+
+
+def test_cli_names_the_file_and_key_of_a_bad_generation_value(tmp_path, capsys):
+    path = tmp_path / "labserve.yaml"
+    path.write_text("runners:\n  tinylm:\n    generation: {max_num_seqs: 0}\n")
+    with pytest.raises(SystemExit):
+        main(["export", "vllm", "--config", str(path), "--runner", "tinylm"])
+    err = capsys.readouterr().err
+    assert str(path) in err and "runners.tinylm.generation.max_num_seqs" in err
+
+
+def test_a_generative_runner_method_exports_its_live_config():
+    from labserve.lab.demo import TinyLM
+
+    with labserve.Runner(TinyLM(d_model=32, n_layers=1, d_ff=64), name="lm") as lm:
+        lm.generate.configure(max_num_seqs=7, max_num_batched_tokens=96)
+        flags = _flags(export_config(lm.generate, "vllm"))
+    assert flags["--max-num-seqs"] == "7"
+    assert flags["--max-num-batched-tokens"] == "96"

@@ -4,6 +4,7 @@ It uses only labserve's public API; the core never imports it.
 
 >>> from labserve.widgets import Dashboard                   # doctest: +SKIP
 >>> Dashboard(runner, example=x)       # controls + live charts
+>>> GenerationDashboard(lm)            # a generative method's (continuous batching)
 >>> plot(labserve.simulate(...))       # the same charts for a finished run
 >>> labserve.sweep(..., progress=ProgressBar())   # a sweep's progress in the notebook
 """
@@ -12,6 +13,8 @@ from .bokehjs import load_bokehjs
 from .charts import Charts, plot
 from .chartwidget import ChartWidget
 from .dashboard import Dashboard
+from .gendashboard import GenerationDashboard
+from .genplots import generation_steps_figure, plot_generation_steps
 from .plots import (
     compare_figure,
     compare_series,
@@ -28,15 +31,18 @@ __all__ = [
     "ChartWidget",
     "Charts",
     "Dashboard",
+    "GenerationDashboard",
     "ProgressBar",
     "Pump",
     "compare_figure",
     "compare_series",
     "cost_curve_figure",
+    "generation_steps_figure",
     "load_bokehjs",
     "plot",
     "plot_compare",
     "plot_cost_curve",
+    "plot_generation_steps",
     "plot_sweep",
     "sweep_figure",
 ]

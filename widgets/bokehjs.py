@@ -73,9 +73,10 @@ def _bundle() -> dict[str, str]:
 
 
 _carrier: list[Any] = []
+_carrier_script: list[str] = []
 
 
-def bokehjs_widget() -> Any:
+def bokehjs_widget(*, fresh: bool = False) -> Any:
     """A hidden widget that brings BokehJS to every page that shows it (one per kernel).
 
     BokehJS travels in the widget's state, not in the notebook's outputs: a page gets it when
@@ -84,29 +85,40 @@ def bokehjs_widget() -> Any:
     holds only a reference to the widget. Show it before the charts (the page runs its script
     as it draws it, and jupyter_bokeh's views need BokehJS when they are made). The script
     does nothing on a page that has this version of BokehJS already.
+
+    ``fresh``: a new widget, not the kernel's one. A page reloaded and then Run All at once
+    knows the kernel's widgets only once it has fetched them all from the kernel; until then
+    a display of an existing widget fails ("Could not create a view for model id"), so the
+    page got no BokehJS and every chart failed. A new widget comes with its state.
     """
+    if fresh:
+        return _new_carrier()
     if _carrier and _carrier[0].comm is None:  # closed (Widget.close_all(), say)
         _carrier.clear()
     if not _carrier:
-        import ipywidgets as w
-
-        version = json.dumps(bokeh.__version__)
-        script = (
-            f"if (!(window.Bokeh && window.Bokeh.version === {version})) {{\n"
-            f"{_bundle()[LOAD_MIME]}\n}}"
-        )
-        output = {
-            "output_type": "display_data",
-            "data": {LOAD_MIME: script, "text/plain": _bundle()["text/plain"]},
-            "metadata": {},
-        }
-
-        class BokehJS(w.Output):  # type: ignore[misc]
-            def __repr__(self) -> str:  # the default would hold the whole script
-                return _bundle()["text/plain"]
-
-        _carrier.append(BokehJS(outputs=(output,), layout=w.Layout(display="none")))
+        _carrier.append(_new_carrier())
     return _carrier[0]
+
+
+def _new_carrier() -> Any:
+    import ipywidgets as w
+
+    if not _carrier_script:  # made once: every carrier holds the same 2 MB string
+        version = json.dumps(bokeh.__version__)
+        guard = f"if (!(window.Bokeh && window.Bokeh.version === {version})) {{"
+        _carrier_script.append(f"{guard}\n{_bundle()[LOAD_MIME]}\n}}")
+    script = _carrier_script[0]
+    output = {
+        "output_type": "display_data",
+        "data": {LOAD_MIME: script, "text/plain": _bundle()["text/plain"]},
+        "metadata": {},
+    }
+
+    class BokehJS(w.Output):  # type: ignore[misc]
+        def __repr__(self) -> str:  # the default would hold the whole script
+            return _bundle()["text/plain"]
+
+    return BokehJS(outputs=(output,), layout=w.Layout(display="none"))
 
 
 def load_bokehjs(force: bool = False) -> None:

@@ -35,13 +35,21 @@ from .axes import SteppedAxes
 from .chartwidget import ACK_NAME, ChartWidget
 from .series import RATE_WINDOW_S, REASONS, TICK_COLUMNS, Rows, fit_cost, result_rows
 
-__all__ = ["Charts", "charts_for_result", "plot"]
+__all__ = ["KEY_STYLE", "Charts", "charts_for_result", "legend_key", "plot"]
 
 _TICK_ROLLOVER = 1500
 """Ticks kept without a time window (a finished run's charts)."""
 _FIT_POINTS = 256
 """Recent batches shown against the fitted cost line."""
 _COLORS = Category10[10]
+_THROUGHPUT = (
+    ("served_rps", _COLORS[2], "served"),
+    # Each kind of request that got no result, as RunResult.summary() and /metrics count them.
+    ("refused_rps", _COLORS[1], "refused (queue full)"),
+    ("rejected_rps", _COLORS[3], "rejected (deadline)"),
+    ("timeout_rps", _COLORS[5], "timed out"),
+    ("failed_rps", _COLORS[4], "failed"),
+)
 _REASON_COLORS = {
     "full": _COLORS[2],
     "timeout": _COLORS[3],
@@ -50,6 +58,9 @@ _REASON_COLORS = {
     "drain": _COLORS[4],
 }
 _COST_TITLE = "Batch time vs items"
+_TITLE_CHARS = 60
+"""About the most title characters a chart of the default width (470 px) shows whole, at
+Bokeh's 13 px bold title font; the old 75-character fit title was cut off."""
 
 
 class Charts:
@@ -136,12 +147,8 @@ class Charts:
                      line_dash="dashed", legend_label="target", mode="after")  # fmt: skip
 
         throughput = timeline(f"Throughput (last {window})", "requests / s",
-                              ["served_rps", "rejected_rps", "failed_rps"])  # fmt: skip
-        for column, color, name in (
-            ("served_rps", _COLORS[2], "served"),
-            ("rejected_rps", _COLORS[3], "rejected"),
-            ("failed_rps", _COLORS[4], "failed"),
-        ):
+                              [c for c, _, _ in _THROUGHPUT])  # fmt: skip
+        for column, color, name in _THROUGHPUT:
             throughput.line("t", column, source=self.ticks, color=color, legend_label=name,
                             line_width=2)  # fmt: skip
 
@@ -175,13 +182,15 @@ class Charts:
             "reasons": reasons,
             "cost": cost,
         }
-        # The keys are HTML above each plot, not Bokeh legends: a legend is redrawn (on a
+        # The keys are HTML under each plot, not Bokeh legends: a legend is redrawn (on a
         # fresh canvas layer) with every frame, a key is drawn once. And they hide no data.
+        # Under, not above: above, a second-row key sat under the first row's axis and read
+        # as that chart's.
         # Vertical grid lines would move with the window at every tick: none.
         cells = {}
         for name, fig in self.figures.items():
             fig.xgrid.visible = False
-            cells[name] = stack(Div(text=_key(fig), styles=_KEY_STYLE), fig, spacing=0)
+            cells[name] = stack(fig, Div(text=legend_key(fig), styles=KEY_STYLE), spacing=0)
         self.layout: LayoutDOM = gridplot(
             [
                 [cells["queue"], cells["batch_size"]],
@@ -225,19 +234,27 @@ class Charts:
         lo, hi = min(items), max(items)
         if lo == hi or not (math.isfinite(a_ms) and math.isfinite(b_ms)):
             self.fit_line.data = {"items": [], "duration_ms": []}
-            text = f"{_COST_TITLE}: all {lo:g} items, fit not identifiable"
+            text = f"Batch time: all {lo:g} items, fit not identifiable"
             top_line = 0.0
         else:
             ends = [a_ms + b_ms * lo, a_ms + b_ms * hi]
             self.fit_line.data = {"items": [lo, hi], "duration_ms": ends}
-            text = f"{_COST_TITLE}: fit {a_ms:.2f} ms + {b_ms:.3f} ms/item"
+            # Short enough for the chart's width (the longer title was cut off); a negative
+            # fixed part is no real cost: the line is only good over the sizes it saw.
+            text = f"Batch ms ≈ {a_ms:.2f} + {b_ms:.3f} * items"
+            if a_ms < 0:
+                text += f" (a < 0: for {lo:g}-{hi:g} only)"
             top_line = max(ends)
         ms = np.asarray(duration_ms, dtype=float)
         bulk = float(np.percentile(ms, 95)) if len(ms) >= 20 else float(ms.max())
         top = max(bulk, top_line) * 1.25 or 1.0
         above = int((ms > top).sum())
         if above:
-            text += f" · {above} off-axis (max {ms.max():.0f} ms)"
+            # As much of the note as fits the width (the fit, and a < 0, come first).
+            for note in (f" · {above} off-axis (max {ms.max():.0f} ms)", f" · {above} off-axis"):
+                if len(text + note) <= _TITLE_CHARS:
+                    text += note
+                    break
         title.text = text
         if not math.isclose(self.cost_y.end, top, rel_tol=0.1):  # no event for a small change
             self.cost_y.end = top
@@ -250,10 +267,10 @@ class Charts:
         self.show_fit([], [], math.nan, math.nan, math.nan)
 
 
-_KEY_STYLE = {"font-size": "11px", "padding-left": "50px", "white-space": "nowrap"}
+KEY_STYLE = {"font-size": "11px", "padding-left": "50px", "white-space": "nowrap"}
 
 
-def _key(fig: Any) -> str:
+def legend_key(fig: Any) -> str:
     """The figure's legend as one line of HTML (a coloured mark and a label per item)."""
     parts = []
     for legend in list(fig.select(type=Legend)):

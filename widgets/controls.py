@@ -17,11 +17,19 @@ import ipywidgets as w
 
 import labserve
 
-__all__ = ["MAX_BATCH_SIZE_STEPS", "MAX_LATENCY_MS_STEPS", "BatchingControls", "error_html"]
+__all__ = [
+    "ERROR_WIDTH",
+    "MAX_BATCH_SIZE_STEPS",
+    "MAX_LATENCY_MS_STEPS",
+    "BatchingControls",
+    "error_html",
+]
 
 MAX_BATCH_SIZE_STEPS = tuple(2**k for k in range(11))  # 1 .. 1024
 MAX_LATENCY_MS_STEPS = (0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 _STYLE = {"description_width": "110px"}
+ERROR_WIDTH = "240px"
+"""The widest a refusal next to a control grows before it wraps."""
 
 
 def error_html(message: str) -> str:
@@ -86,7 +94,11 @@ class BatchingControls:
         self.widgets = c
         self._reset_label()
         keys = ("max_batch_size", "max_latency_ms", "latency_slo_ms", "config")
-        self.errors = {k: w.HTML(layout=w.Layout(min_width="10px")) for k in keys}
+        # A long refusal wraps under its control: unbounded, it widened this column and pushed
+        # the load controls beside it out of view.
+        self.errors = {
+            k: w.HTML(layout=w.Layout(min_width="10px", max_width=ERROR_WIDTH)) for k in keys
+        }
 
         c["method"].observe(lambda _: self._on_method(), names="value")
         for key in ("strategy", "max_batch_size", "max_latency_ms", "on_overload"):

@@ -44,7 +44,10 @@ def _methods(target: Any, token: str | None) -> tuple[dict[str, labserve.MethodS
         whole = target.runner if isinstance(target, labserve.RunnerMethod) else target
         sources = labserve.method_sources(whole, token=token)
     except ValueError as exc:
-        raise ValueError(f"Dashboard found no batchable method to show: {exc}") from None
+        hint = ""
+        if getattr(whole, "generators", None):  # generative methods have their own
+            hint = "; for a generative method use labserve.widgets.GenerationDashboard"
+        raise ValueError(f"Dashboard found no batchable method to show: {exc}{hint}") from None
     methods = {s.name: s for s in sources}
     first = sources[0].name
     if isinstance(target, labserve.RunnerMethod):
@@ -81,6 +84,8 @@ class Dashboard:
     ) -> None:
         self.methods, first = _methods(target, token)
         self._views: list[ChartWidget] = []
+        self._boxes: list[w.VBox] = []
+        self._carriers: list[Any] = []
         self._flow_history: deque[tuple[float, int, int]] = deque()
         self._status_at = -math.inf
         self.charts = Charts(follow_s=follow_s, hz=hz)
@@ -113,6 +118,16 @@ class Dashboard:
             start=False,  # _on_tick reads self.pump
         )
         self.pump.start()
+        # A re-run cell's dashboard on the same methods replaces this one; a new runner of
+        # the name it watches in this process ends it too. labserve.stop_all() closes it.
+        needs = [
+            ("runner", m.runner)
+            for m in self.methods.values()
+            if isinstance(m, labserve.RunnerSource)
+        ]
+        self._untrack = labserve.track(
+            self, "dashboard", ",".join(self.methods), self.close, needs=needs
+        )
 
     @property
     def method(self) -> labserve.MethodSource:
@@ -134,11 +149,17 @@ class Dashboard:
         with self.pump.lock:
             charts = ChartWidget(self.charts.layout, lock=self.pump.lock)
         self._views.append(charts)
-        return w.VBox([self.panel, self.status, self.replicas, charts])
+        box = w.VBox([self.panel, self.status, self.replicas, charts])
+        self._boxes.append(box)
+        return box
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel.
-        display(bokehjs_widget())
+        # A new carrier per display: a page reloaded and Run All at once could not draw the
+        # kernel's one yet (see bokehjs_widget), and every chart then failed for want of it.
+        carrier = bokehjs_widget(fresh=True)
+        self._carriers.append(carrier)
+        display(carrier)
         bundle = self.view()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # the VBox's own text holds live numbers
             bundle["text/plain"] = repr(self)
@@ -155,12 +176,27 @@ class Dashboard:
             f.write(page)
 
     def close(self) -> None:
-        """Stop the load and the pump, close the widgets. Idempotent."""
+        """Stop the load and the pump; each view says it is closed. Idempotent.
+
+        A view left on the page reads as closed, with the charts' last frame gone and no
+        control that looks alive but does nothing.
+        """
         self.load.stop()
         self.pump.stop()
+        self._untrack()
+        note = w.HTML(
+            f"<code>dashboard on {html.escape(', '.join(self.methods))} closed: its controls"
+            " and charts stopped. Create a new Dashboard to watch again.</code>"
+        )
+        for box in self._boxes:
+            box.children = (note,)
+        self._boxes.clear()
         for view in self._views:
             view.close()
         self._views.clear()
+        for carrier in self._carriers:  # BokehJS stays in the pages that ran it
+            carrier.close()
+        self._carriers.clear()
 
     def __repr__(self) -> str:
         state = "live" if self.pump.running else "stopped"
@@ -229,6 +265,11 @@ def _fmt(x: float, spec: str, unit: str = "") -> str:
     return f"{x:{spec}}{unit}" if math.isfinite(x) else "-"
 
 
+def _share(kind: str, pct: float) -> str:
+    """`` · timed out 2.0%``, when some requests ended so (the line stays short otherwise)."""
+    return f" · {kind} <b>{pct:.1f}%</b>" if math.isfinite(pct) and pct > 0 else ""
+
+
 def _numbers(snap: labserve.Snapshot, recent: Recent | None) -> str:
     """The line a tuner reads: each number with the window it covers."""
     lat = snap.latency_ms_window
@@ -237,11 +278,19 @@ def _numbers(snap: labserve.Snapshot, recent: Recent | None) -> str:
     served = recent.served_rps if recent else nan
     mean = recent.mean_batch if recent else nan
     rejected = recent.rejected_pct if recent else nan
+    refused = recent.refused_pct if recent else nan
+    failed = recent.failed_pct if recent else nan
+    timeout = recent.timeout_pct if recent else nan
     busy = recent.busy_pct if recent else nan
     window = f"{recent.span_s:.1f} s" if recent else "1 s"
     return (
         f"<b>{_fmt(served, ',.0f')}</b> req/s served · mean batch <b>{_fmt(mean, '.1f')}</b> "
-        f"of {cfg.max_batch_size} · rejected <b>{_fmt(rejected, '.1f', '%')}</b> · model busy "
+        f"of {cfg.max_batch_size} · rejected <b>{_fmt(rejected, '.1f', '%')}</b> "
+        f"(<span title='never admitted: the queue was full'>refused</span> "
+        f"{_fmt(refused, '.1f', '%')})"
+        + _share("timed out", timeout)
+        + _share("failed", failed)
+        + " · model busy "
         f"<b>{_fmt(busy, '.0f', '%')}</b> <i>(last {window})</i> · p50 "
         f"<b>{_fmt(lat.p50, '.1f')}</b> / p99 <b>{_fmt(lat.p99, '.1f')}</b> ms, wait cap "
         f"{cfg.max_latency_ms:g} ms <i>(last {snap.window_s:g} s)</i> · queue "

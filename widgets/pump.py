@@ -8,11 +8,6 @@ message stream).
 
 from __future__ import annotations
 
-import atexit
-import math
-import threading
-import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -23,14 +18,12 @@ import labserve
 from .charts import Charts
 from .chartwidget import one_patch_per_widget
 from .series import LiveSeries, Recent
+from .ticker import Ticker
 
 __all__ = ["Pump"]
 
-_OWNERS: weakref.WeakKeyDictionary[Document, Pump] = weakref.WeakKeyDictionary()
-_OWNERS_LOCK = threading.Lock()
 
-
-class Pump:
+class Pump(Ticker[labserve.SourceView]):
     """One thread that pulls a view ``hz`` times a second and streams it into ``charts``.
 
     ``source()`` returns the method to watch: a ``labserve.MethodSource``, or a
@@ -60,44 +53,13 @@ class Pump:
         on_tick: Callable[[labserve.SourceView | None], None] | None = None,
         start: bool = True,
     ) -> None:
-        if not (isinstance(hz, (int, float)) and math.isfinite(hz) and 0 < hz <= 60):
-            raise ValueError(f"hz must be a number in (0, 60], got {hz!r}")
-        with _OWNERS_LOCK:
-            owner = _OWNERS.get(doc)
-            if owner is not None and owner.running:
-                raise RuntimeError("this Bokeh document already has a pump writing to it")
-            _OWNERS[doc] = self
         self.charts = charts
-        self.doc = doc
-        self.hz = float(hz)
-        self.lock = threading.RLock()
-        self.ticks = 0
-        """Ticks done."""
-        self.cpu_s = 0.0
-        """CPU time the pump thread spent on its ticks, seconds."""
-        self.errors = 0
-        """Ticks that raised."""
-        self.last_error: BaseException | None = None
-        """The last exception a tick raised (None if none did)."""
-        self.last_error_at = math.nan
-        """When it was raised (``time.monotonic()``), NaN if never."""
-        self.view: labserve.SourceView | None = None
-        """The last view pulled (None before the first)."""
         self._source = source
-        self._alive = alive
-        self._on_tick = on_tick
         self._series = LiveSeries()
         self._method: Any = None
         self._watched: labserve.MethodSource | None = None
         self._clear = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="labserve-dashboard", daemon=True)
-        if start:
-            self._thread.start()
-
-    def start(self) -> None:
-        """Start the thread (when made with ``start=False``: its owner was not ready yet)."""
-        self._thread.start()
+        super().__init__(doc, hz=hz, alive=alive, on_tick=on_tick, start=start)
 
     @property
     def recent(self) -> Recent | None:
@@ -110,48 +72,9 @@ class Pump:
         view = self.view
         return None if view is None else view.snapshot
 
-    @property
-    def running(self) -> bool:
-        """True while the thread runs."""
-        return self._thread.is_alive()
-
     def clear(self) -> None:
         """Empty the charts at the next tick (thread-safe)."""
         self._clear = True
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop and join the thread. Idempotent; thread-safe (not from the pump itself)."""
-        self._stop.set()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        period = 1.0 / self.hz
-        due = time.monotonic()
-        while not self._stop.is_set():
-            if not self._alive():
-                break
-            cpu = time.thread_time()
-            try:
-                self._tick()
-            except Exception as exc:  # a bad tick must not end the dashboard: it is shown
-                self._failed(exc)
-            # The line of numbers is read, not watched: at most 5 updates a second. It runs
-            # after a failed tick too, so that it can say so.
-            if self._on_tick is not None and self.ticks % max(round(self.hz / 5), 1) == 0:
-                try:
-                    self._on_tick(self.view)
-                except Exception as exc:
-                    self._failed(exc)
-            self.cpu_s += time.thread_time() - cpu
-            self.ticks += 1
-            due += period
-            delay = due - time.monotonic()
-            if delay < 0:  # fell behind (a busy machine): skip, don't burst
-                due = time.monotonic()
-                delay = 0.0
-            self._stop.wait(delay)
-        self._stop.set()
 
     def _tick(self) -> None:
         method = self._source()
@@ -185,15 +108,3 @@ class Pump:
                     snap.cost_fit.b_ms,
                     float(snap.config.max_batch_size),
                 )
-
-    def _failed(self, exc: Exception) -> None:
-        self.errors += 1
-        self.last_error, self.last_error_at = exc, time.monotonic()
-
-
-@atexit.register
-def _stop_all_pumps() -> None:
-    with _OWNERS_LOCK:  # a running pump holds its document, so it is still a key here
-        pumps = list(_OWNERS.values())
-    for pump in pumps:
-        pump.stop(timeout=1.0)

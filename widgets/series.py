@@ -29,9 +29,10 @@ __all__ = [
 
 REASONS: tuple[str, ...] = labserve.REASONS
 RATE_WINDOW_S = 1.0
-"""The window of what moves (served, rejected and failed rates, why batches fired, mean batch,
-model busy): a second, derived here from the snapshots' counters. Latency percentiles use the
-recorder's own window (``Snapshot.window_s``, 10 s by default), which /stats and /metrics share."""
+"""The window of what moves (served rates and those of each kind of request not served, why
+batches fired, mean batch, model busy): a second, derived here from the snapshots' counters.
+Latency percentiles use the recorder's own window (``Snapshot.window_s``, 10 s by default),
+which /stats and /metrics share."""
 TICK_COLUMNS: tuple[str, ...] = (
     "t",
     "queue_requests",
@@ -44,7 +45,9 @@ TICK_COLUMNS: tuple[str, ...] = (
     "p99",
     "latency_bound",
     "served_rps",
+    "refused_rps",
     "rejected_rps",
+    "timeout_rps",
     "failed_rps",
     "max_batch_size",
     "max_latency_ms",
@@ -55,10 +58,21 @@ TICK_COLUMNS: tuple[str, ...] = (
 """One row per pump tick (or per time bin of a finished run). Latencies in ms; rates per s.
 
 ``batch_*``: items per batch of the batches fired since the last row (NaN if none).
+``refused_rps`` (never admitted: queue full or runner stopping), ``rejected_rps`` (admitted,
+then refused for overload), ``timeout_rps`` and ``failed_rps``: requests that got no result,
+by kind, the kinds of :data:`labserve.OUTCOMES` that /metrics counts.
 ``clock_s``: the wall-clock time the tick was taken (Unix seconds; NaN for a finished run), so
 that a page can tell how old the newest row it drew is."""
 
 Rows = dict[str, list[float]]
+
+_RATE_OUTCOMES = (
+    ("served", "served_rps"),
+    ("refused", "refused_rps"),
+    ("rejected", "rejected_rps"),
+    ("timeout", "timeout_rps"),
+    ("failed", "failed_rps"),
+)
 
 
 def _empty(columns: tuple[str, ...]) -> Rows:
@@ -81,6 +95,9 @@ class Counters(NamedTuple):
     served: int
     rejected: int
     failed: int
+    refused: int
+    timeout: int
+    cancelled: int
     batches: int
     seen: int
     """Of the batches, those still in the snapshots' recent records when pulled."""
@@ -101,8 +118,16 @@ class Recent(NamedTuple):
     reasons_per_s: tuple[float, ...]
     mean_batch: float
     rejected_pct: float
+    """Rejected and refused requests, % of those that ended: ``RunResult.summary()``'s
+    ``rejected_pct``."""
     busy_pct: float
     """Share of the span the model was running a batch (from the batches' durations)."""
+    refused_rps: float = math.nan
+    timeout_rps: float = math.nan
+    refused_pct: float = math.nan
+    """Of ``rejected_pct``, those never admitted (queue full): the rest met their deadline."""
+    failed_pct: float = math.nan
+    timeout_pct: float = math.nan
 
 
 class LiveSeries:
@@ -138,7 +163,8 @@ class LiveSeries:
         self._seen += len(sizes)
         self._busy_s += sum(b.duration_s for b in fired)
         now = Counters(
-            snap.time_s, snap.served, snap.rejected, snap.failed, snap.batches, self._seen,
+            snap.time_s, snap.served, snap.rejected, snap.failed, snap.refused, snap.timeout,
+            snap.cancelled, snap.batches, self._seen,
             self._items, self._busy_s, tuple(snap.fire_reasons.get(r, 0) for r in REASONS),
         )  # fmt: skip
         self._history.append(now)
@@ -163,7 +189,9 @@ class LiveSeries:
                 snap.config.max_latency_ms, snap.config.max_batch_size, fit.a_ms, fit.b_ms
             ),
             "served_rps": recent.served_rps if recent else nan,
+            "refused_rps": recent.refused_rps if recent else nan,
             "rejected_rps": recent.rejected_rps if recent else nan,
+            "timeout_rps": recent.timeout_rps if recent else nan,
             "failed_rps": recent.failed_rps if recent else nan,
             "max_batch_size": snap.config.max_batch_size,
             "max_latency_ms": snap.config.max_latency_ms,
@@ -182,9 +210,16 @@ def _recent(then: Counters, now: Counters) -> Recent | None:
     served = now.served - then.served
     rejected = now.rejected - then.rejected
     failed = now.failed - then.failed
+    refused = now.refused - then.refused
+    timeout = now.timeout - then.timeout
     batches = now.batches - then.batches
     seen = now.seen - then.seen  # fewer than batches when more fired than a snapshot keeps
-    answered = served + rejected + failed
+    # Every request that ended, whatever its kind: RunResult.summary()'s denominator.
+    ended = served + rejected + failed + refused + timeout + now.cancelled - then.cancelled
+
+    def pct(count: int) -> float:
+        return 100.0 * count / ended if ended else math.nan
+
     return Recent(
         span_s=span,
         served_rps=served / span,
@@ -192,10 +227,15 @@ def _recent(then: Counters, now: Counters) -> Recent | None:
         failed_rps=failed / span,
         reasons_per_s=tuple((b - a) / span for a, b in zip(then.reasons, now.reasons, strict=True)),
         mean_batch=(now.items - then.items) / seen if seen else math.nan,
-        rejected_pct=100.0 * rejected / answered if answered else math.nan,
+        rejected_pct=pct(rejected + refused),
         busy_pct=min(100.0 * (now.busy_s - then.busy_s) * batches / seen / span, 100.0)
         if seen
         else 0.0,
+        refused_rps=refused / span,
+        timeout_rps=timeout / span,
+        refused_pct=pct(refused),
+        failed_pct=pct(failed),
+        timeout_pct=pct(timeout),
     )
 
 
@@ -244,9 +284,13 @@ def result_rows(result: labserve.RunResult, bin_s: float | None = None) -> Rows:
     which = np.clip(np.floor(np.nan_to_num(finish, nan=-1.0) / bin_s).astype(np.int64), -1, n_bins)
     for column in ("p50", "p95", "p99"):
         tick[column] = [math.nan] * n_bins
-    for outcome, column in ((0, "served_rps"), (1, "rejected_rps"), (2, "failed_rps")):
-        mask = (result.outcome == outcome) & (which >= 0) & (which < n_bins)
-        tick[column] = (np.bincount(which[mask], minlength=n_bins)[:n_bins] / bin_s).tolist()
+    # A request that got no result may have no finish time (refused at admission): it is
+    # counted when it arrived.
+    ended = np.where(np.isfinite(finish), finish, result.arrival_s)
+    ended_bin = np.clip(np.floor(ended / bin_s).astype(np.int64), 0, n_bins - 1)
+    for outcome, column in _RATE_OUTCOMES:
+        mask = result.outcome == labserve.OUTCOMES.index(outcome)
+        tick[column] = (np.bincount(ended_bin[mask], minlength=n_bins)[:n_bins] / bin_s).tolist()
     served = (result.outcome == 0) & (which >= 0) & (which < n_bins)
     order = np.argsort(which[served], kind="stable")
     bins_sorted = which[served][order]

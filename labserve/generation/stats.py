@@ -114,6 +114,10 @@ class GenerationSnapshot:
             "requests_per_s": self.requests_per_s,
             "goodput": self.goodput,
             "recent_steps": {
+                # Their times tell a reader which steps it has seen (an idle method's last
+                # steps stay the same from one read to the next).
+                "start_s": self.steps.start_s[-last:].tolist(),
+                "end_s": self.steps.end_s[-last:].tolist(),
                 "num_seqs": self.steps.num_seqs[-last:].tolist(),
                 "num_prefill_tokens": self.steps.num_prefill_tokens[-last:].tolist(),
                 "num_decode_tokens": self.steps.num_decode_tokens[-last:].tolist(),

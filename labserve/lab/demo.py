@@ -9,8 +9,22 @@ import numpy as np
 from labserve.batching.containers import TensorSpec
 from labserve.lab.tinylm import TinyLM
 from labserve.runtime.runnable import Runnable, method
+from labserve.sim.generation import StepCost
 
-__all__ = ["MemoryBoundModel", "SleepModel", "TinyLM"]
+__all__ = ["TINYLM_STEP_COST", "MemoryBoundModel", "SleepModel", "TinyLM"]
+
+TINYLM_STEP_COST = StepCost(
+    fixed_ms=0.443,
+    per_seq_ms=0.0685,
+    per_batched_token_ms=0.02264,
+    per_context_token_ms=0.0000595,
+)
+"""One step of ``TinyLM()`` (its default size) as profiled and fitted by
+:func:`labserve.lab.steps.profile_steps`: CPU time on one core of the 2-core lab machine,
+OpenBLAS on one thread, 2026-12-02 (``benchmarks/generation/profile_tinylm.py``; its
+points and fit in ``benchmarks/generation/tinylm_step_cost.json``). A 32-sequence decode
+step at short contexts costs about 3.4 ms by it. What ``simulate_generation`` takes to
+play TinyLM on the virtual clock; profile again on your machine for its own figures."""
 
 
 class SleepModel(Runnable):

@@ -1,5 +1,8 @@
 """Export a method's batching settings for deployment: labserve YAML, Ray, Triton, TF Serving.
 
+A generative method's scheduler knobs (a GenerationConfig) go to the engines' own flags:
+vLLM, SGLang, TGI and TensorRT-LLM (:mod:`labserve.lab.engines`).
+
 The caps carry over; the semantics do not always. Each snippet starts with a comment that
 says where its target counts differently, so nobody deploys a tuned number with a silently
 different meaning.
@@ -13,12 +16,19 @@ from __future__ import annotations
 import yaml
 
 from labserve.config.batching import BatchingConfig
+from labserve.generation.config import GenerationConfig
+from labserve.lab.engines import ENGINE_FORMATS, export_engine
+from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.runner import RunnerMethod
 
-__all__ = ["FORMATS", "export_config"]
+__all__ = ["BATCHING_FORMATS", "FORMATS", "export_config"]
 
-FORMATS: tuple[str, ...] = ("labserve", "ray", "triton", "tfserving")
-"""The formats :func:`export_config` writes."""
+BATCHING_FORMATS: tuple[str, ...] = ("labserve", "ray", "triton", "tfserving")
+"""The formats for a request-batching method's BatchingConfig."""
+
+FORMATS: tuple[str, ...] = BATCHING_FORMATS + ENGINE_FORMATS
+"""The formats :func:`export_config` writes: BATCHING_FORMATS for a batchable method,
+ENGINE_FORMATS (vLLM, SGLang, TGI, TensorRT-LLM) for a generative one."""
 
 _LABSERVE_ONLY = (
     "strategy",
@@ -32,7 +42,7 @@ _LABSERVE_ONLY = (
 
 
 def _resolve(
-    source: RunnerMethod | BatchingConfig, runner: str | None, method: str | None
+    source: object, runner: str | None, method: str | None
 ) -> tuple[BatchingConfig, str | None, str | None]:
     if isinstance(source, BatchingConfig):
         return source, runner, method
@@ -290,7 +300,7 @@ def _number(value: float) -> str:
 
 
 def export_config(
-    source: RunnerMethod | BatchingConfig,
+    source: RunnerMethod | GenerativeMethod | BatchingConfig | GenerationConfig,
     fmt: str = "labserve",
     *,
     runner: str | None = None,
@@ -300,11 +310,15 @@ def export_config(
 
     Args:
         source: a batchable runner method (``runner.predict``: its current config, with
-            live changes) or a :class:`BatchingConfig`.
-        fmt: ``"labserve"`` (a YAML file that :func:`labserve.load_config_file` and
-            ``Runner(config=...)`` read, in BentoML's shape), ``"ray"`` (an
+            live changes), a :class:`BatchingConfig`, or a generative method's
+            :class:`GenerationConfig`, or a generative runner method (``runner.generate``:
+            its current GenerationConfig).
+        fmt: for batching, ``"labserve"`` (a YAML file that :func:`labserve.load_config_file`
+            and ``Runner(config=...)`` read, in BentoML's shape), ``"ray"`` (an
             ``@serve.batch`` decorator), ``"triton"`` (a ``config.pbtxt`` fragment) or
-            ``"tfserving"`` (a ``batching_parameters`` file).
+            ``"tfserving"`` (a ``batching_parameters`` file); for generation, ``"vllm"``,
+            ``"sglang"``, ``"tgi"`` (each a command line) or ``"tensorrt-llm"`` (a YAML of
+            LLM API options).
         runner: the runner name to write; defaults to the method's runner. With a
             BatchingConfig and no runner, the YAML is the global ``runners.batching`` section.
         method: the method name for the snippet; defaults to the method's own.
@@ -315,7 +329,8 @@ def export_config(
     Raises:
         ValueError: ``fmt`` is not one of :data:`FORMATS`, ``method`` is not an identifier,
             or the runner is named ``batching``.
-        TypeError: ``source`` is neither, or the method is not batchable.
+        TypeError: ``source`` is none of these, the method is not batchable, or ``fmt``
+            is for the other kind of config (a batching format for a GenerationConfig).
 
     >>> print(export_config(runner.predict, "ray"))  # doctest: +SKIP
     """
@@ -323,6 +338,20 @@ def export_config(
         raise ValueError(f"fmt must be one of {', '.join(map(repr, FORMATS))}, got {fmt!r}")
     if method is not None and not method.isidentifier():
         raise ValueError(f"method must be a Python identifier, got {method!r}")
+    generation = source if isinstance(source, GenerationConfig) else None
+    if isinstance(source, GenerativeMethod):
+        generation = source.config
+    if generation is not None:
+        if fmt not in ENGINE_FORMATS:
+            raise TypeError(
+                f"a generative method's settings export to {', '.join(ENGINE_FORMATS)}, not {fmt!r}"
+            )
+        return export_engine(generation, fmt)
+    if fmt in ENGINE_FORMATS:
+        raise TypeError(
+            f"{fmt!r} takes a generative method's GenerationConfig; a batchable method's"
+            f" settings export to {', '.join(BATCHING_FORMATS)}"
+        )
     cfg, runner_name, method_name = _resolve(source, runner, method)
     if fmt == "labserve":
         return _labserve(cfg, runner_name, method_name)

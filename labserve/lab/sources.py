@@ -37,8 +37,11 @@ __all__ = [
     "MethodSource",
     "RunnerSource",
     "SourceView",
+    "base_url",
     "example_from_spec",
+    "is_generative_config",
     "method_sources",
+    "request_json",
     "snapshot_from_dict",
 ]
 
@@ -188,7 +191,7 @@ class HttpSource:
         token: str | None = None,
         timeout_s: float = 5.0,
     ) -> None:
-        self.url = _base_url(url)
+        self.url = base_url(url)
         self.runner = runner
         self.method = method
         self.name = f"{runner}.{method}"
@@ -199,7 +202,7 @@ class HttpSource:
     def config(self) -> BatchingConfig:
         """The config asked for (``GET /config``)."""
         return self._config_of(
-            _request(self.url, "/config", token=self.token, timeout_s=self.timeout_s)
+            request_json(self.url, "/config", token=self.token, timeout_s=self.timeout_s)
         )
 
     @property
@@ -218,14 +221,14 @@ class HttpSource:
     def configure(self, **changes: Any) -> BatchingConfig:
         """``PATCH /config`` with the token; the server's ConfigError comes back as RemoteError."""
         body = {"runner": self.runner, "method": self.method, **changes}
-        configs = _request(
+        configs = request_json(
             self.url, "/config", body=body, token=self.token, timeout_s=self.timeout_s
         )
         return self._config_of(configs)
 
     def view(self) -> SourceView:
         """``GET /stats`` and ``GET /config``: the snapshot, the config asked, each replica's."""
-        stats = _request(self.url, "/stats", token=self.token, timeout_s=self.timeout_s)
+        stats = request_json(self.url, "/stats", token=self.token, timeout_s=self.timeout_s)
         config = self.config
         try:
             snap = snapshot_from_dict(stats[self.runner][self.method])
@@ -261,7 +264,7 @@ class HttpSource:
         return f"<HttpSource {self.name} at {self.url}>"
 
 
-def _generative_config(config: Any) -> bool:
+def is_generative_config(config: Any) -> bool:
     """Whether a ``GET /config`` entry is a generative method's (its knobs are vLLM's)."""
     return isinstance(config, dict) and "max_num_seqs" in config
 
@@ -281,13 +284,13 @@ def method_sources(target: Any, *, token: str | None = None, **options: Any) -> 
     """
     sources: list[MethodSource]
     if isinstance(target, str):
-        base = _base_url(target)
-        configs = _request(base, "/config", token=token, timeout_s=5.0)
+        base = base_url(target)
+        configs = request_json(base, "/config", token=token, timeout_s=5.0)
         sources = [
             HttpSource(base, runner, method, token=token)
             for runner, methods in configs.items()
             for method, config in methods.items()
-            if not _generative_config(config)
+            if not is_generative_config(config)
         ]
     elif isinstance(target, MethodSource):
         sources = [target]
@@ -322,7 +325,8 @@ def _one_or_many(item: Any) -> list[MethodSource]:
     return method_sources(item)
 
 
-def _base_url(url: str) -> str:
+def base_url(url: str) -> str:
+    """``url`` without a trailing slash; ValueError unless it looks like http(s)://host:port."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"a server URL must look like http://host:port, got {url!r}")
@@ -333,7 +337,7 @@ def _quote(name: str) -> str:
     return urllib.parse.quote(name, safe="")
 
 
-def _request(
+def request_json(
     base: str,
     path: str,
     *,

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from labserve.lab._fit import fit_nonnegative
 from labserve.runtime.runner import RunnerMethod
 
 __all__ = ["CostSurface", "TokenCost", "profile_tokens"]
@@ -142,14 +143,6 @@ def profile_tokens(
 
 def _fit(points: list[tuple[int, int, float]]) -> TokenCost:
     """Least squares over the measured points, each term kept >= 0."""
-    x = np.asarray([[1.0, n, t] for n, t, _ in points])
-    y = np.asarray([s for _, _, s in points])
-    active = [0, 1, 2]
-    coef = np.zeros(3)
-    while active:
-        sol = np.linalg.lstsq(x[:, active], y, rcond=None)[0]
-        if (sol >= 0).all():
-            coef[active] = sol
-            break
-        active.pop(int(np.argmin(sol)))  # drop the most negative term and refit
+    x = [[1.0, n, t] for n, t, _ in points]
+    coef = fit_nonnegative(x, [s for _, _, s in points])
     return TokenCost(coef[0] * 1000.0, coef[1] * 1000.0, coef[2] * 1000.0)

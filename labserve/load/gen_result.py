@@ -15,6 +15,7 @@ content chunks (a chunk that carries several tokens then counts as one, as it do
 from __future__ import annotations
 
 import math
+import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,16 +23,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from labserve.base.vocabulary import OUTCOMES, SERVED
-from labserve.generation.results import GenerationResult
+from labserve.base.vocabulary import CANCELLED, OUTCOMES, SERVED, TIMEOUT
+from labserve.generation.results import GenerationResult, StepSeries
+from labserve.generation.sequence import SEQ_OUTCOMES, SeqOutcome
 from labserve.load.gen_server_view import server_percentile_key, server_percentile_ms
+from labserve.load.gen_stream import GenRecord
 
-__all__ = ["GenerationLoadResult"]
+__all__ = ["GenerationLoadResult", "build_result"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 _METRICS = ("ttft", "itl", "tpot", "e2e")
 _QS = (50.0, 90.0, 95.0, 99.0)
+_SIDE_BY_SIDE = ("p50", "p90", "p95", "p99")  # the client's and the server's, in the summary
 
 
 @dataclass(frozen=True)
@@ -142,15 +146,19 @@ class GenerationLoadResult:
         """The summary as a readable block: counts, rates, a latency table, the server's view."""
         s = self.summary()
         served = s["served"]
-        outcomes = ", ".join(f"{k} {v}" for k, v in s["outcomes"].items()) or "none"
-        source = (
-            "usage"
-            if s["tokens_from_usage"] == served
-            else f"usage for {s['tokens_from_usage']} of {served}, chunks for the rest"
-        )
+        others = {k: v for k, v in s["outcomes"].items() if k != "served"}
+        outcomes = f" (not served: {', '.join(f'{k} {v}' for k, v in others.items())})"
+        if not served:
+            source = "the served requests: none"
+        elif s["tokens_from_usage"] == served:
+            source = "usage"
+        elif s["tokens_from_usage"] == 0:
+            source = "chunks: the stream carried no usage"
+        else:
+            source = f"usage for {s['tokens_from_usage']} of {served}, chunks for the rest"
         lines = [self.label] if self.label else []
         lines += [
-            f"requests      {s['requests']:,} sent, {served:,} served ({outcomes})",
+            f"requests      {s['requests']:,} sent, {served:,} served{outcomes if others else ''}",
             f"tokens        {s['input_tokens']:,} in, {s['output_tokens']:,} out "
             f"(counted from {source})",
             f"throughput    {s['served_rps']:,.2f} req/s, {s['output_tokens_per_s']:,.1f} "
@@ -200,6 +208,20 @@ class GenerationLoadResult:
             lines += _wrapped(f"  {group or 'at the end'}: ", items)
         return lines
 
+    def _window_note(self, view: dict[str, Any]) -> str:
+        """What the server's percentiles cover: its window, and how it differs from the run."""
+        window = view["at_end"].get("window_s")
+        if not isinstance(window, (int, float)) or isinstance(window, bool):
+            return "(the server's percentiles: over what its /stats holds)"
+        span = self.generation.span_s
+        note = f"(the server's percentiles: its last {window:g} s"
+        if window - span > 0.05:
+            before = window - span
+            return f"{note}, from {before:.1f} s before this run: what it served then counts too)"
+        if span - window > 0.05:
+            return f"{note}, the end of this {span:.1f} s run: what ended before is not there)"
+        return note + ")"
+
     def _server_latencies(self, view: dict[str, Any], lines: list[str]) -> set[str]:
         """Add the client's and the server's percentiles side by side; the keys shown."""
         shown: set[str] = set()
@@ -207,7 +229,7 @@ class GenerationLoadResult:
         for metric in _METRICS:
             ours = self.percentiles_ms(metric)
             cells = ""
-            for q in ("p50", "p90", "p99"):
+            for q in _SIDE_BY_SIDE:
                 key, theirs = server_percentile_key(view, metric, q)
                 if key:
                     shown.add(key)
@@ -215,12 +237,11 @@ class GenerationLoadResult:
             if not all(math.isnan(server_percentile_ms(view, metric, q)) for q in ("p50", "p99")):
                 rows.append(f"  {metric.upper():<12}{cells}")
         if rows:
-            window = view["at_end"].get("window_s")
-            over = ""
-            if isinstance(window, (int, float)):
-                over = f" (the server's: its last {window:g} s)"
-            head = "".join(f"{q + ' here':>9}{'there':>9}" for q in ("p50", "p90", "p99"))
-            lines += [f"{'latency (ms)':<14}{head}{over}", *rows]
+            head = "".join(f"{q + ' here':>9}{'there':>9}" for q in _SIDE_BY_SIDE)
+            lines += [f"{'latency (ms)':<14}{head}", *rows]
+            lines += textwrap.wrap(
+                self._window_note(view), 96, initial_indent="  ", subsequent_indent="   "
+            )
         return shown
 
     def __str__(self) -> str:
@@ -237,3 +258,56 @@ def _wrapped(first: str, items: list[str], width: int = 96) -> list[str]:
         line += item + ", "
     lines.append(line.rstrip(", "))
     return lines
+
+
+# How the client's outcomes map onto a sequence's (the shared result type's vocabulary).
+_SEQ: dict[int, SeqOutcome] = {SERVED: "served", CANCELLED: "cancelled", TIMEOUT: "timeout"}
+
+
+def build_result(
+    rec: GenRecord,
+    duration_s: float,
+    *,
+    goodput_ms: dict[str, float] | None = None,
+    server: dict[str, Any] | None = None,
+    label: str = "",
+) -> GenerationLoadResult:
+    """The result of a run's records (times become seconds from the run's start)."""
+    n = len(rec.arrival)
+    t0 = rec.t0
+    end = np.asarray(rec.end, dtype=float) - t0
+    if n and np.isnan(end).any():  # given up in flight: it ended when the run did
+        last = float(np.nanmax(end)) if not np.isnan(end).all() else float(duration_s)
+        end = np.where(np.isnan(end), last, end)
+    first = np.fromiter((c[0] - t0 if c else math.nan for c in rec.chunks), float, n)
+    gaps = [np.diff(np.asarray(c, dtype=float)) for c in rec.chunks]
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum([len(g) for g in gaps], out=offsets[1:])
+    seq_codes = {name: i for i, name in enumerate(SEQ_OUTCOMES)}
+    seq_outcome = np.fromiter((seq_codes[_SEQ.get(o, "failed")] for o in rec.outcome), np.int64, n)
+    generation = GenerationResult(
+        arrival_s=np.asarray(rec.arrival, dtype=float),
+        first_token_s=first,
+        end_s=end,
+        prompt_len=np.asarray(rec.prompt_tokens, dtype=np.int64),
+        num_output=np.asarray(rec.out_tokens, dtype=np.int64),
+        outcome=seq_outcome,
+        num_preemptions=np.zeros(n, np.int64),
+        itl_s=np.concatenate(gaps) if gaps else np.zeros(0),
+        itl_offsets=offsets,
+        steps=StepSeries.from_records([]),
+    )
+    return GenerationLoadResult(
+        generation=generation,
+        outcome=np.asarray(rec.outcome, dtype=np.int64),
+        tokens_from_usage=np.asarray(rec.from_usage, dtype=bool),
+        asked_input=np.asarray(rec.asked_input, dtype=np.int64),
+        asked_output=np.asarray(rec.asked_output, dtype=np.int64),
+        duration_s=float(duration_s),
+        goodput_ms=dict(goodput_ms or {}),
+        send_lag_s=np.asarray(rec.lag, dtype=float) if rec.lag else None,
+        errors=dict(sorted(rec.errors.items(), key=lambda kv: -kv[1])),
+        server=server,
+        label=label,
+        clock_t0_s=t0,
+    )

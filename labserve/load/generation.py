@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import math
 import time
 import warnings
@@ -26,25 +25,18 @@ import numpy as np
 
 from labserve.base.errors import LoadInterrupted, LoadTargetError, LoadWarning
 from labserve.base.lengths import LengthDist
-from labserve.base.vocabulary import CANCELLED, SERVED, TIMEOUT
-from labserve.generation.results import GenerationResult, StepSeries
-from labserve.generation.sequence import SEQ_OUTCOMES, SeqOutcome
 from labserve.load.arrivals import Arrivals
-from labserve.load.gen_result import GenerationLoadResult
-from labserve.load.gen_server_view import find_model_stats, generation_server_view
-from labserve.load.gen_stream import CompletionStream, GenRecord
+from labserve.load.gen_result import GenerationLoadResult, build_result
+from labserve.load.gen_sender import GenerationSender
+from labserve.load.gen_stream import GenRecord
 from labserve.load.goodput import parse_goodput
-from labserve.load.http import HttpTarget
-from labserve.load.http_conn import request_bytes
 from labserve.load.loop import load_loop
-from labserve.load.prompts import CHAT_PATH, COMPLETIONS_PATH, GenerationMix
+from labserve.load.prompts import CHAT_PATH, COMPLETIONS_PATH
 from labserve.load.records import Control, clock_s
-from labserve.load.stream_conn import StreamHandler, StreamPool
 from labserve.runtime.loop import BackgroundLoop
 
 __all__ = [
     "GenerationLoadRun",
-    "build_result",
     "generation_load_test",
     "is_generation_url",
     "start_generation_load",
@@ -52,8 +44,6 @@ __all__ = [
 
 _LAG_LIMIT_S = 0.005  # behind schedule by more than this (p99): say so, as the request load does
 _OPEN_LOOP_CONNECTIONS = 512  # an open loop's most streams at once, unless told
-_PREWARM = 64  # connections opened before the clock starts (each is a handshake less in TTFT)
-_SIDE_TIMEOUT_S = 5.0  # /v1/models and /stats, read outside the timed run
 _WAKE_S = 0.05  # a blocking wait wakes this often to let Ctrl-C in
 
 
@@ -151,7 +141,7 @@ def start_generation_load(
         needs = f"a generation load needs a {COMPLETIONS_PATH} or {CHAT_PATH} URL"
         raise LoadTargetError(url, needs)
     targets = parse_goodput(goodput)
-    sender = _Sender(
+    sender = GenerationSender(
         url,
         model=model,
         mix_args=(input_len, output_len, seed, ignore_eos),
@@ -190,147 +180,7 @@ def _check_run(
         raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
 
 
-class _Collect(StreamHandler):
-    """A whole small reply (``/v1/models``, ``/stats``): its status and body."""
-
-    def __init__(self) -> None:
-        self.status = 0
-        self.data = b""
-        self.detail = ""
-
-    def head(self, status: int, content_type: str, now: float) -> None:
-        self.status = status
-
-    def body(self, data: bytes, now: float) -> None:
-        self.data += data
-
-    def ended(self, outcome: int | None, detail: str, now: float) -> None:
-        if outcome is not None:
-            self.status, self.detail = 0, detail
-
-    def json(self) -> Any:
-        try:
-            return json.loads(self.data) if self.status == 200 and self.data else None
-        except ValueError:
-            return None
-
-
-class _Sender:
-    """Sends request ``k`` of a generation run and records it. Loop-only."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        model: str | None,
-        mix_args: tuple[Any, Any, int, bool],
-        token: str | None,
-        connections: int,
-        timeout_s: float,
-    ) -> None:
-        self.url = url
-        self.target = HttpTarget.parse(url)
-        self.chat = self.target.path.split("?", 1)[0].rstrip("/").endswith(CHAT_PATH)
-        input_len, output_len, seed, ignore_eos = mix_args
-        # The model is known only once /v1/models answers; the mix checks its lengths now.
-        self.mix = GenerationMix(
-            model or "", input_len, output_len, chat=self.chat, seed=seed, ignore_eos=ignore_eos
-        )
-        self.model = model
-        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        self.auth = {"Authorization": f"Bearer {token}"} if token else {}
-        self.headers |= self.auth
-        self.connections = connections
-        self.timeout_s = timeout_s
-        self.pool: StreamPool | None = None
-        self.stats_before: dict[str, Any] | None = None
-        self.stats_after: dict[str, Any] | None = None
-        self.waited = 0  # open loop: requests that found every connection busy when due
-
-    @property
-    def root(self) -> str:
-        """The path the ``/v1`` routes hang from (``""`` at the server's root)."""
-        path = self.target.path.split("?", 1)[0].rstrip("/")
-        return path[: -len(CHAT_PATH if self.chat else COMPLETIONS_PATH)]
-
-    async def open(self) -> None:
-        """Open the pool, find the model, read /stats, open connections ahead of the clock."""
-        t = self.target
-        self.pool = StreamPool(t.host, t.port, tls=t.tls, limit=self.connections)
-        try:
-            if self.model is None:
-                self.model = await self._only_model()
-            self.mix.model = self.model
-            self.stats_before = await self._stats()
-            await self.pool.prewarm(min(self.connections, _PREWARM), _SIDE_TIMEOUT_S)
-        except BaseException:
-            await self.close()
-            raise
-
-    async def close(self) -> None:
-        """Read /stats once more (if it answered before), then close the pool (idempotent)."""
-        if self.pool is None:
-            return
-        if self.stats_before is not None and self.stats_after is None:
-            self.stats_after = await self._stats()
-        pool, self.pool = self.pool, None
-        await pool.close()
-
-    async def send(self, rec: GenRecord, k: int, open_loop: bool) -> None:
-        """Stream request ``k`` (its slot is made) and record its one outcome."""
-        assert self.pool is not None
-        body, _, _ = self.mix.body(k)
-        t = self.target
-        data = request_bytes("POST", t.path, t.host_header, self.headers, body)
-        if open_loop and not self.pool.has_idle:
-            self.waited += 1
-        written_at = await self.pool.stream(data, CompletionStream(rec, k), self.timeout_s)
-        if open_loop:
-            sent = (written_at or clock_s()) - rec.t0
-            rec.lag.append(max(sent - rec.arrival[k], 0.0))
-
-    async def _get(self, path: str) -> _Collect:
-        assert self.pool is not None
-        t = self.target
-        got = _Collect()
-        data = request_bytes("GET", path, t.host_header, self.auth)
-        await self.pool.stream(data, got, _SIDE_TIMEOUT_S)
-        return got
-
-    async def _only_model(self) -> str:
-        got = await self._get(f"{self.root}/v1/models")
-        listed = got.json()
-        where = f"{self.target.base}{self.root}/v1/models"
-        if got.status == 401:
-            said = "unauthorized: give the server's token (token=, --token)"
-            raise LoadTargetError(self.url, said)
-        data = listed.get("data") if isinstance(listed, dict) else None
-        if not isinstance(data, list):
-            said = got.detail or f"status {got.status}"
-            raise LoadTargetError(
-                self.url, f"cannot list the served models at {where} ({said}): give model="
-            )
-        names = [str(m["id"]) for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
-        if len(names) != 1:
-            served = ", ".join(names) or "none"
-            raise LoadTargetError(
-                self.url, f"say which model with model= (--model); {where} lists {served}"
-            )
-        return str(names[0])
-
-    async def _stats(self) -> dict[str, Any] | None:
-        got = await self._get(f"{self.root}/stats")
-        assert self.model is not None
-        return find_model_stats(got.json(), self.model)
-
-    def server_view(self) -> dict[str, Any] | None:
-        """The server's /stats for the model over the run (None when it had none)."""
-        if self.stats_before is None or self.stats_after is None or self.model is None:
-            return None
-        return generation_server_view(self.stats_before, self.stats_after, self.model)
-
-
-async def _open_loop(sender: _Sender, times: list[float], control: Control) -> GenRecord:
+async def _open_loop(sender: GenerationSender, times: list[float], control: Control) -> GenRecord:
     loop = asyncio.get_running_loop()
     await sender.open()
     rec = GenRecord()
@@ -351,7 +201,7 @@ async def _open_loop(sender: _Sender, times: list[float], control: Control) -> G
 
 
 async def _send_on_schedule(
-    sender: _Sender, rec: GenRecord, times: list[float], control: Control
+    sender: GenerationSender, rec: GenRecord, times: list[float], control: Control
 ) -> None:
     loop = asyncio.get_running_loop()
     t0, n, i = rec.t0, len(times), 0
@@ -367,7 +217,7 @@ async def _send_on_schedule(
 
 
 async def _closed_loop(
-    sender: _Sender, clients: int, duration_s: float, control: Control
+    sender: GenerationSender, clients: int, duration_s: float, control: Control
 ) -> GenRecord:
     loop = asyncio.get_running_loop()
     await sender.open()
@@ -397,7 +247,7 @@ async def _answered(control: Control) -> None:
         await asyncio.wait(set(control.in_flight))
 
 
-async def _close(sender: _Sender, control: Control) -> None:
+async def _close(sender: GenerationSender, control: Control) -> None:
     for task in control.in_flight:
         task.cancel()
     await sender.close()
@@ -415,7 +265,7 @@ class GenerationLoadRun:
         bg: BackgroundLoop,
         future: concurrent.futures.Future[GenRecord],
         control: Control,
-        sender: _Sender,
+        sender: GenerationSender,
         duration_s: float,
         goodput_ms: dict[str, float],
         label: str,
@@ -496,7 +346,9 @@ def _wait_future(future: concurrent.futures.Future[GenRecord], timeout: float | 
                 raise
 
 
-def _warn_if_behind(result: GenerationLoadResult, sender: _Sender, stacklevel: int) -> None:
+def _warn_if_behind(
+    result: GenerationLoadResult, sender: GenerationSender, stacklevel: int
+) -> None:
     lag = result.send_lag_s
     assert lag is not None
     p99 = float(np.percentile(lag, 99))
@@ -516,57 +368,4 @@ def _warn_if_behind(result: GenerationLoadResult, sender: _Sender, stacklevel: i
             f"measured from the intended send times{why}"
         ),
         stacklevel=stacklevel + 1,
-    )
-
-
-# How the client's outcomes map onto a sequence's (the shared result type's vocabulary).
-_SEQ: dict[int, SeqOutcome] = {SERVED: "served", CANCELLED: "cancelled", TIMEOUT: "timeout"}
-
-
-def build_result(
-    rec: GenRecord,
-    duration_s: float,
-    *,
-    goodput_ms: dict[str, float] | None = None,
-    server: dict[str, Any] | None = None,
-    label: str = "",
-) -> GenerationLoadResult:
-    """The result of a run's records (times become seconds from the run's start)."""
-    n = len(rec.arrival)
-    t0 = rec.t0
-    end = np.asarray(rec.end, dtype=float) - t0
-    if n and np.isnan(end).any():  # given up in flight: it ended when the run did
-        last = float(np.nanmax(end)) if not np.isnan(end).all() else float(duration_s)
-        end = np.where(np.isnan(end), last, end)
-    first = np.fromiter((c[0] - t0 if c else math.nan for c in rec.chunks), float, n)
-    gaps = [np.diff(np.asarray(c, dtype=float)) for c in rec.chunks]
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum([len(g) for g in gaps], out=offsets[1:])
-    seq_codes = {name: i for i, name in enumerate(SEQ_OUTCOMES)}
-    seq_outcome = np.fromiter((seq_codes[_SEQ.get(o, "failed")] for o in rec.outcome), np.int64, n)
-    generation = GenerationResult(
-        arrival_s=np.asarray(rec.arrival, dtype=float),
-        first_token_s=first,
-        end_s=end,
-        prompt_len=np.asarray(rec.prompt_tokens, dtype=np.int64),
-        num_output=np.asarray(rec.out_tokens, dtype=np.int64),
-        outcome=seq_outcome,
-        num_preemptions=np.zeros(n, np.int64),
-        itl_s=np.concatenate(gaps) if gaps else np.zeros(0),
-        itl_offsets=offsets,
-        steps=StepSeries.from_records([]),
-    )
-    return GenerationLoadResult(
-        generation=generation,
-        outcome=np.asarray(rec.outcome, dtype=np.int64),
-        tokens_from_usage=np.asarray(rec.from_usage, dtype=bool),
-        asked_input=np.asarray(rec.asked_input, dtype=np.int64),
-        asked_output=np.asarray(rec.asked_output, dtype=np.int64),
-        duration_s=float(duration_s),
-        goodput_ms=dict(goodput_ms or {}),
-        send_lag_s=np.asarray(rec.lag, dtype=float) if rec.lag else None,
-        errors=dict(sorted(rec.errors.items(), key=lambda kv: -kv[1])),
-        server=server,
-        label=label,
-        clock_t0_s=t0,
     )

@@ -15,13 +15,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import itertools
 import math
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from labserve.base.descriptors import socket_budget
 from labserve.base.errors import (
     LabServeError,
     LoadInterrupted,
@@ -33,6 +36,7 @@ from labserve.base.errors import (
 )
 from labserve.base.vocabulary import FAILED, REASONS, REFUSED, REJECTED, SERVED, TIMEOUT
 from labserve.load.arrivals import Arrivals
+from labserve.load.examples import ExampleMix
 from labserve.load.gen_result import GenerationLoadResult
 from labserve.load.generation import generation_load_test, is_generation_url
 from labserve.load.http import HttpSender
@@ -40,6 +44,7 @@ from labserve.load.loop import load_loop  # re-exported: where it was first defi
 from labserve.load.mix import LengthMix
 from labserve.load.records import Control, Record, Sender, clock_s
 from labserve.metrics.results import RunResult
+from labserve.runtime import session
 from labserve.runtime.loop import BackgroundLoop
 from labserve.runtime.runner import RunnerMethod
 
@@ -47,10 +52,11 @@ __all__ = ["LoadRun", "load_loop", "load_test", "start_load"]
 
 # Behind schedule by more than this (p99), the run says it could not keep the rate.
 _LAG_LIMIT_S = 0.005
-# An open-loop HTTP run's keep-alive pool, unless told (wrk's -c64), all opened before the
-# clock starts. Requests beyond it wait for a connection (the wait counts in their latency
-# and their send lag). A larger pool measured worse here: once behind, a burst of due
-# requests opened connections mid-run, and the handshakes pushed it further behind.
+# An open-loop HTTP run opens this many keep-alive connections before the clock starts
+# (wrk's -c64), and more as requests find them all busy, up to the limit below: a fixed 64
+# cannot carry 2,500 req/s at a server latency of 25 ms, and the sends fell seconds behind.
+# At the limit, requests wait for a connection (the wait counts in their latency and their
+# send lag) and the run says so.
 _OPEN_LOOP_CONNECTIONS = 64
 # How often a blocking wait wakes to let Ctrl-C in (a lock wait is not interruptible).
 _WAKE_S = 0.05
@@ -79,7 +85,8 @@ def load_test(target: RunnerMethod | str, **options: Any) -> RunResult | Generat
     of the run (batches, mean batch, fire reasons, queue waits, from ``GET /stats``
     before and after) and the summary shows it. HTTP options: ``binary`` (v2 binary
     tensors; ``.npy`` on the simple route), ``token`` (sent as ``Authorization: Bearer``),
-    ``connections`` (the keep-alive pool: default ``concurrency``, or 64 in open loop),
+    ``connections`` (the keep-alive pool's limit: default ``concurrency``; in open loop,
+    64 opened ahead and more as needed, up to a limit from ``ulimit -n``, at most 512),
     ``timeout_s`` (per request; a request past it is a ``timeout``). Every HTTP failure
     is an outcome of its own kind (``RunResult.summary()["outcomes"]``).
 
@@ -87,6 +94,10 @@ def load_test(target: RunnerMethod | str, **options: Any) -> RunResult | Generat
     length mix to a method with a ragged axis: request k is ``example`` resized along axis
     1 to its drawn length (or ``example(length)`` for a callable); the summary then shows
     tokens per batch and the padding share. Over HTTP, the simple route only.
+
+    ``examples`` (instead of ``example``): a sequence of requests, sent in turn (request k
+    is ``examples[k % len(examples)]``), or a function of the request index ``k``, so that
+    a realistic mix is load-tested. Over HTTP, the simple route only.
 
     A ``.../v1/completions`` or ``.../v1/chat/completions`` URL (of any OpenAI-compatible
     server) gets a generation load instead, and a :class:`GenerationLoadResult` (TTFT, ITL,
@@ -119,9 +130,12 @@ def load_test(target: RunnerMethod | str, **options: Any) -> RunResult | Generat
 
 def _generation_load_test(url: str, options: dict[str, Any]) -> GenerationLoadResult:
     """load_test on a /v1 URL: the options both loads share, and the generation ones."""
-    if options.get("example") is not None or options.get("think_s") or options.get("binary"):
-        raise TypeError("example=, think_s= and binary= are for request loads, not a /v1 URL")
-    options = {k: v for k, v in options.items() if k not in ("example", "think_s", "binary")}
+    example, examples = options.pop("example", None), options.pop("examples", None)
+    think_s, binary = options.pop("think_s", 0.0), options.pop("binary", False)
+    if example is not None or examples is not None or think_s or binary:
+        raise TypeError(
+            "example=, examples=, think_s= and binary= are for request loads, not a /v1 URL"
+        )
     for name in ("input_len", *_GENERATION_ONLY):  # None: generation_load_test's default
         if options.get(name) is None:
             options.pop(name, None)
@@ -153,6 +167,7 @@ def start_load(
     connections: int | None = None,
     timeout_s: float = 10.0,
     input_len: Any = None,
+    examples: Sequence[Any] | Callable[[int], Any] | None = None,
 ) -> LoadRun:
     """Start the load :func:`load_test` describes and return at once with its :class:`LoadRun`.
 
@@ -170,15 +185,16 @@ def start_load(
         if think_s < 0:
             raise ValueError(f"think_s must be >= 0, got {think_s!r}")
     sender: Sender
-    mix = _length_mix(input_len, example, seed)
+    mix, example = _mix(input_len, example, examples, seed)
     if isinstance(target, str):
-        pool = connections or concurrency or _OPEN_LOOP_CONNECTIONS
+        pool = connections or concurrency or socket_budget()
         sender = HttpSender(
             target,
             example,
             binary=binary,
             token=token,
             connections=pool,
+            prewarm=min(pool, _OPEN_LOOP_CONNECTIONS),
             timeout_s=timeout_s,
             mix=mix,
         )
@@ -202,7 +218,35 @@ def start_load(
     else:
         assert concurrency is not None
         future = bg.submit(_closed_loop(sender, concurrency, think_s, duration_s, control))
-    return LoadRun(bg, future, control, sender, float(duration_s), batches_before, label)
+    run = LoadRun(bg, future, control, sender, float(duration_s), batches_before, label)
+    run.asked_rps = float(arrivals.mean_rate(duration_s)) if arrivals is not None else None
+    return _tracked(run, target, future)
+
+
+def _tracked(
+    run: LoadRun, target: RunnerMethod | str, future: concurrent.futures.Future[Any]
+) -> LoadRun:
+    """Recorded until it ends: stop_all() stops it; so does replacing the runner it loads."""
+    where = target if isinstance(target, str) else f"{target.runner.name}.{target.name}"
+    needs = [] if isinstance(target, str) else [("runner", target.runner.name)]
+    session.track(run, "load", f"{where} #{next(_load_ids)}", run.stop, needs=needs)
+    future.add_done_callback(lambda _: session.forget(run))
+    return run
+
+
+_load_ids = itertools.count(1)
+
+
+def _mix(
+    input_len: Any, example: Any, examples: Any, seed: int
+) -> tuple[LengthMix | ExampleMix | None, Any]:
+    """The mix of requests asked for (None: every request is ``example``), and request 0."""
+    if examples is None:
+        return _length_mix(input_len, example, seed), example
+    if example is not None or input_len is not None:
+        raise TypeError("give examples= alone (not with example= or input_len=)")
+    mix = ExampleMix(examples)
+    return mix, mix.payload(0)
 
 
 def _refuse_generation_url(target: Any) -> None:
@@ -255,6 +299,8 @@ class LoadRun:
         self._batches_before = batches_before
         self._label = label
         self._result: RunResult | None = None
+        self.asked_rps: float | None = None
+        """The open loop's rate as asked (its arrivals' mean), which warnings quote."""
 
     @property
     def running(self) -> bool:
@@ -295,14 +341,20 @@ class LoadRun:
             raise TimeoutError(f"the load run is still going after {timeout} s") from None
         result = self._make_result(rec)
         if result.send_lag_s is not None and len(result.send_lag_s):
-            rate_rps = len(result.arrival_s) / result.duration_s
+            rate_rps = self.asked_rps or len(result.arrival_s) / result.duration_s
             why = ""
-            if isinstance(self._sender, HttpSender) and rec.waited_for_connection:
-                share = rec.waited_for_connection / len(result.arrival_s)
+            pool = self._sender.pool_seen if isinstance(self._sender, HttpSender) else None
+            if pool is not None and pool.waited_at_limit:
+                share = pool.waited_at_limit / len(result.arrival_s)
                 why = (
-                    f"; {share:.0%} of the requests found all {self._sender.connections} "
-                    "connections busy when due (the server answers slower than this rate "
-                    "needs: give it more in flight with connections=, --connections)"
+                    f"; {share:.1%} of the requests found all {pool.limit} connections (the "
+                    "limit) open and busy when due, and waited: the server answers slower "
+                    "than this rate needs; raise the limit with connections=, --connections"
+                )
+            elif pool is not None and rec.waited_for_connection:
+                why = (
+                    f"; connections opened as needed, {pool.most_open} at most (limit "
+                    f"{pool.limit}): the generator, not the pool, fell behind"
                 )
             _warn_if_behind(result.send_lag_s, rate_rps, stacklevel, why)
         self._result = result
@@ -337,7 +389,9 @@ def _wait_future(future: concurrent.futures.Future[Record], timeout: float | Non
 
 
 class _MethodSender(Sender):
-    def __init__(self, method: RunnerMethod, example: Any, mix: LengthMix | None = None) -> None:
+    def __init__(
+        self, method: RunnerMethod, example: Any, mix: LengthMix | ExampleMix | None = None
+    ) -> None:
         self.method = method
         self.example = example
         self.mix = mix
@@ -350,17 +404,23 @@ class _MethodSender(Sender):
         try:
             await future
             rec.outcome[k] = SERVED
-        except (QueueFullError, ModelStuckError):
-            rec.outcome[k] = REFUSED  # at admission: never queued
-        except OverloadError as exc:  # predicted at admission, or at its deadline in the queue
-            rec.outcome[k] = REJECTED if exc.predicted_wait_s is None else REFUSED
-        except RequestTimeoutError:
-            rec.outcome[k] = TIMEOUT
-        except LabServeError:
-            rec.outcome[k] = FAILED
+        except LabServeError as exc:
+            rec.outcome[k] = _outcome_of(exc)
+            rec.note_error(f"{type(exc).__name__}: {exc}")
         rec.finish[k] = clock_s() - rec.t0
         if request.start_s is not None:
             rec.start[k] = request.start_s - rec.t0
+
+
+def _outcome_of(exc: LabServeError) -> int:
+    """The outcome of a request its runner answered with ``exc``."""
+    if isinstance(exc, (QueueFullError, ModelStuckError)):
+        return REFUSED  # at admission: never queued
+    if isinstance(exc, OverloadError):  # predicted at admission, or at its deadline
+        return REJECTED if exc.predicted_wait_s is None else REFUSED
+    if isinstance(exc, RequestTimeoutError):
+        return TIMEOUT
+    return FAILED
 
 
 async def _send_on_schedule(
@@ -484,6 +544,7 @@ def _result(
         server=server,
         batch_tokens=np.asarray([b.tokens for b in held], dtype=np.int64),
         batch_padding_tokens=np.asarray([b.padding_tokens for b in held], dtype=np.int64),
+        errors=dict(rec.errors.most_common()),
     )
 
 

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from labserve.base.errors import InputError, LoadTargetError
+from labserve.base.vocabulary import SERVED
+from labserve.load.examples import ExampleMix
 from labserve.load.http_conn import ConnectionPool, Reply, request_bytes
 from labserve.load.mix import LengthMix
 from labserve.load.records import Record, Sender, clock_s
@@ -147,11 +149,12 @@ class HttpSender(Sender):
         connections: int = 64,
         timeout_s: float = 10.0,
         prewarm: int | None = None,
-        mix: LengthMix | None = None,
+        mix: LengthMix | ExampleMix | None = None,
     ) -> None:
         self.target = HttpTarget.parse(url)
         if mix is not None and self.target.kind == "v2":
-            raise TypeError(f"input_len= sends a length mix to the simple route only, not {url}")
+            what = "input_len=" if isinstance(mix, LengthMix) else "examples="
+            raise TypeError(f"{what} sends a mix to the simple route only, not {url}")
         self.mix = mix
         self._requests: dict[int, tuple[bytes, int]] = {}  # per length: (request, items)
         self._headers: dict[str, str] = {}
@@ -170,6 +173,8 @@ class HttpSender(Sender):
         self.request = b""
         self.items = 1
         self.pool: ConnectionPool | None = None
+        self.pool_seen: ConnectionPool | None = None
+        """The pool of the run once closed: how many connections it opened, who waited."""
         self._stats_before: dict[str, Any] | None = None
         self._stats_after: dict[str, Any] | None = None
 
@@ -200,6 +205,7 @@ class HttpSender(Sender):
         """Read /stats once more (if it answered before), then close the pool."""
         if self.pool is None:
             return
+        self.pool_seen = self.pool
         if self._stats_before is not None and self._stats_after is None:
             self._stats_after = await self._stats()
         pool, self.pool = self.pool, None
@@ -211,16 +217,15 @@ class HttpSender(Sender):
             return self.request, self.items
         n = self.mix.length(k)
         made = self._requests.get(n)
-        if made is None:
+        if made is None or not getattr(self.mix, "reuse", True):
             arr = np.asarray(self.mix.payload(k))
             headers = dict(self._headers)
             body, headers["Content-Type"] = _simple_body(arr, self.binary)
             t = self.target
             items = int(arr.shape[0]) if arr.ndim else 1
-            made = self._requests[n] = (
-                request_bytes("POST", t.path, t.host_header, headers, body),
-                items,
-            )
+            made = (request_bytes("POST", t.path, t.host_header, headers, body), items)
+            if getattr(self.mix, "reuse", True):  # not a function's (one body per request)
+                self._requests[n] = made
         return made
 
     async def send(self, rec: Record, k: int) -> None:
@@ -234,6 +239,8 @@ class HttpSender(Sender):
         rec.went_out(k, reply.written_at or now)  # after the wait for a connection
         rec.outcome[k] = reply.outcome
         rec.finish[k] = now - rec.t0
+        if reply.outcome != SERVED:
+            rec.note_error(_message(reply))
 
     def send_soon(self, rec: Record, k: int) -> asyncio.Future[Any] | None:
         """Write the request now on an idle connection (no task); None if none is idle."""
@@ -249,8 +256,11 @@ class HttpSender(Sender):
 
     def _record(self, rec: Record, k: int, waiter: asyncio.Future[Reply]) -> None:
         if not waiter.cancelled():
-            rec.outcome[k] = waiter.result().outcome
+            reply = waiter.result()
+            rec.outcome[k] = reply.outcome
             rec.finish[k] = clock_s() - rec.t0
+            if reply.outcome != SERVED:
+                rec.note_error(_message(reply))
 
     def server_view(self, duration_s: float) -> dict[str, Any] | None:
         """The labserve server's view of the run (None for other servers, or before close)."""
@@ -292,6 +302,21 @@ class HttpSender(Sender):
         if not isinstance(inputs, list) or not all(isinstance(i, Mapping) for i in inputs):
             raise LoadTargetError(url, f"the metadata's inputs are not tensors: {inputs!r}")
         return inputs
+
+
+def _message(reply: Reply) -> str:
+    """What a reply without a result said: its JSON error, or the status, or why none came."""
+    if not reply.status:
+        return reply.detail or "no reply"
+    try:
+        body = json.loads(reply.body)
+    except ValueError:
+        body = None
+    if isinstance(body, Mapping) and "error" in body:  # labserve's, and v2's {"error": ...}
+        detail = body.get("detail")
+        return f"HTTP {reply.status} {body['error']}" + (f": {detail}" if detail else "")
+    text = reply.body[:120].decode("utf-8", "replace").strip()
+    return f"HTTP {reply.status}" + (f": {text}" if text else "")
 
 
 def _simple_body(arr: np.ndarray, binary: bool) -> tuple[bytes, str]:

@@ -240,6 +240,10 @@ class ConnectionPool:
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[_Connection | None]] = collections.deque()
         self._closed = False
+        self.most_open = 0
+        """The most connections open at once (opened ahead of the run, or as needed)."""
+        self.waited_at_limit = 0
+        """Requests that found all ``limit`` connections open and busy, and waited."""
 
     async def prewarm(self, n: int, timeout_s: float) -> None:
         """Open up to ``n`` connections ahead of the run (failures are left to the run)."""
@@ -330,9 +334,13 @@ class ConnectionPool:
 
     async def _acquire(self, deadline: float) -> _Connection:
         loop = asyncio.get_running_loop()
+        counted = False
         while True:
             if self._open < self.limit:
                 return await self._connect(deadline - loop.time())
+            if not counted:
+                self.waited_at_limit += 1
+                counted = True
             waiter: asyncio.Future[_Connection | None] = loop.create_future()
             self._waiters.append(waiter)
             timer = loop.call_at(deadline, _expire_waiter, waiter)
@@ -349,6 +357,7 @@ class ConnectionPool:
         if timeout_s <= 0:
             raise asyncio.TimeoutError()
         self._open += 1
+        self.most_open = max(self.most_open, self._open)
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(_Connection, self.host, self.port, ssl=self._ssl),

@@ -8,6 +8,7 @@ touched from another thread while the run goes on.
 from __future__ import annotations
 
 import asyncio
+import collections
 import math
 import time
 from typing import Any
@@ -20,6 +21,9 @@ MonotonicClock (a request's batch start is compared with its send and finish). N
 ``loop.time()``: uvloop's is libuv's, in whole milliseconds, read once per loop iteration."""
 
 __all__ = ["Control", "Record", "Sender"]
+
+_DISTINCT = 64  # distinct error messages kept per run (a message per request would grow)
+_OTHERS = "(other messages)"
 
 
 class Record:
@@ -48,6 +52,14 @@ class Record:
         """Open loop over HTTP: requests that found every connection busy when due."""
         self.last_sent = 0.0
         """Open loop: when (seconds from ``t0``) the latest request went out."""
+        self.errors: collections.Counter[str] = collections.Counter()
+        """Why requests got no result: each message and how many said it."""
+
+    def note_error(self, message: str) -> None:
+        """Count a request's error message (at most ``_DISTINCT`` kept; others pooled)."""
+        if message not in self.errors and len(self.errors) >= _DISTINCT:
+            message = _OTHERS
+        self.errors[message] += 1
 
     def went_out(self, k: int, now: float) -> None:
         """Request ``k`` was written (or given up unsent) at ``now`` (on :data:`clock_s`)."""

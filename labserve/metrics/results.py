@@ -25,6 +25,7 @@ _SHARED = frozenset({SERVED, REJECTED, REFUSED, FAILED, TIMEOUT})
 
 __all__ = ["RunResult"]
 _QS = (50.0, 95.0, 99.0, 99.9)
+_TOP_ERRORS = 3  # the most common error messages the summary shows
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class RunResult:
     """Per batch: padded tokens computed (items x width; 0: the method has no ragged axis)."""
     batch_padding_tokens: np.ndarray | None = None
     """Per batch: padding tokens among them."""
+    errors: dict[str, int] | None = None
+    """Load runs: why requests got no result, each message with its count, most common first."""
 
     @property
     def served(self) -> np.ndarray:
@@ -88,7 +91,8 @@ class RunResult:
         (busy: model time / (duration x ``max_concurrent_batches``)); with a latency target,
         ``slo_met_pct`` is the share of served requests within it.
         ``outcomes`` (requests by kind) appears when some request ended in a kind the
-        shares do not count (connect_error, reset, client_error, cancelled).
+        shares do not count (connect_error, reset, client_error, cancelled); ``errors``
+        (a load run's three most common error messages, with counts) when any had one.
         With a ragged axis, ``tokens_per_batch`` (padded) and ``padding_pct`` (padding
         tokens over padded tokens) say what padding cost.
         ``served_rps`` and ``goodput_items_ps`` are over ``duration_s``, or over the time
@@ -112,8 +116,7 @@ class RunResult:
             "failed_pct": 100.0 * float(counts[FAILED]) / n if n else 0.0,
             "timeout_pct": 100.0 * float(counts[TIMEOUT]) / n if n else 0.0,
         }
-        if any(c for code, c in enumerate(counts) if code not in _SHARED):
-            out["outcomes"] = {OUTCOMES[code]: int(c) for code, c in enumerate(counts) if c}
+        out.update(self._unshared(counts))
         server = self.server if self.server is not None and not len(self.batch_items) else None
         for name, values in (("latency", self.latency_s), ("queue_wait", self.queue_wait_s)):
             pcts = np.percentile(values, _QS) * 1000.0 if len(values) else [math.nan] * 4
@@ -153,6 +156,15 @@ class RunResult:
         out.update(self._token_summary())
         return out
 
+    def _unshared(self, counts: np.ndarray) -> dict[str, Any]:
+        """Requests by kind when some kind is not among the shares; the top error messages."""
+        out: dict[str, Any] = {}
+        if any(c for code, c in enumerate(counts) if code not in _SHARED):
+            out["outcomes"] = {OUTCOMES[code]: int(c) for code, c in enumerate(counts) if c}
+        if self.errors:
+            out["errors"] = dict(list(self.errors.items())[:_TOP_ERRORS])
+        return out
+
     def _token_summary(self) -> dict[str, float]:
         """Tokens per batch and the padding share, for a method with a ragged axis."""
         tokens = self.batch_tokens
@@ -169,8 +181,12 @@ class RunResult:
         """The summary as a readable two-column table."""
         rows = []
         for key, value in self.summary().items():
-            if isinstance(value, float):
+            if isinstance(value, float) and math.isnan(value):
+                text = f"- ({self._no_figure(key)})"
+            elif isinstance(value, float):
                 text = f"{value:,.2f}"
+            elif key == "errors":
+                text = "; ".join(f"{n:,} x {message}" for message, n in value.items())
             elif isinstance(value, dict):
                 text = ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
             else:
@@ -179,6 +195,16 @@ class RunResult:
         width = max(len(k) for k, _ in rows)
         head = f"{self.label}\n" if self.label else ""
         return head + "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+    def _no_figure(self, key: str) -> str:
+        """Why the summary has no figure (NaN) for ``key``: said instead of ``nan``."""
+        if key.startswith("model_") and not len(self.batch_duration_s):
+            return "not seen here: the batches ran in the server"
+        if key.startswith(("latency_", "queue_wait_", "slo_", "model_")) and not self.served.any():
+            return "nothing was served"
+        if key.startswith("queue_wait_"):
+            return "not seen: a client sees no queue waits"
+        return "no samples"
 
     def __str__(self) -> str:
         return self.table()

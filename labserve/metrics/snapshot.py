@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -65,12 +66,13 @@ class CostFitView(NamedTuple):
     """Mean padded width of the batches fitted (tokens per item; 0: no ragged axis)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Snapshot:
     """Everything about one runner method at one moment. Immutable; safe to share.
 
     Rates and ``*_window`` figures cover the last ``window_s`` seconds; ``*_overall``
-    figures cover everything since start (or the last reset).
+    figures cover everything since start (or the last reset). Its repr is one short line
+    (a notebook shows it); ``as_dict()`` has every field.
     """
 
     runner: str
@@ -150,6 +152,9 @@ class Snapshot:
     """Padded tokens computed since start (0 without a ragged axis)."""
     padding_tokens_total: int = 0
     """Of those, padding, since start."""
+    config_asked: BatchingConfig | None = None
+    """What ``configure()`` last asked for while it is not yet in force (it applies at the
+    next batch boundary); None when ``config`` is the latest."""
 
     @property
     def pending(self) -> int:
@@ -182,15 +187,27 @@ class Snapshot:
         out["pending"] = self.pending
         return out
 
+    def __repr__(self) -> str:
+        return f"<Snapshot {self}>"
+
     def __str__(self) -> str:
         lat = self.latency_ms_window
+        asked = self.config_asked
+        pending = ""
+        if asked is not None:
+            changed = {
+                k: v for k, v in asked.as_dict().items() if self.config.as_dict().get(k) != v
+            }
+            said = ", ".join(f"{k}={v!r}" for k, v in changed.items()) or "as in force"
+            pending = f" (pending, from the next batch: {said})"
         return (
-            f"{self.runner}.{self.method}: {self.served} served, {self.rejected} rejected, "
-            f"{self.failed} failed, {self.cancelled} cancelled | {self.batches} batches, "
+            f"{self.runner}.{self.method}: {self.served} served, {self.refused} refused, "
+            f"{self.rejected} rejected, {self.timeout} timed out, {self.failed} failed, "
+            f"{self.cancelled} cancelled | {self.batches} batches, "
             f"mean {self.mean_batch_size:.1f} items | p50 {lat.p50:.2f} ms, p99 {lat.p99:.2f} ms | "
             f"queue {self.queue_requests} | {self.config.strategy}, "
             f"max_batch_size={self.config.max_batch_size}, "
-            f"max_latency_ms={self.config.max_latency_ms:g}"
+            f"max_latency_ms={self.config.max_latency_ms:g}{pending}"
         )
 
 
@@ -229,6 +246,9 @@ def _decode(hint: Any, value: Any) -> Any:
     if isinstance(hint, type) and issubclass(hint, tuple):  # a NamedTuple record
         return _decode_record(hint, value)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:  # X | None
+        (other,) = (a for a in args if a is not type(None))
+        return None if value is None else _decode(other, value)
     if origin is dict:
         return {_decode(args[0], k): _decode(args[1], v) for k, v in value.items()}
     if origin is tuple and args[-1] is Ellipsis:

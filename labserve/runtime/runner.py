@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import inspect
 import os
@@ -27,6 +28,7 @@ from labserve.config.file import ConfigFile, load_config_file
 from labserve.generation.config import GENERATION_SETTINGS, GenerationConfig
 from labserve.generation.stats import GenerationSnapshot
 from labserve.metrics.snapshot import BatchRecord, Snapshot
+from labserve.runtime import session
 from labserve.runtime.driver import MethodDriver
 from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
@@ -303,8 +305,13 @@ class RunnerMethod:
         if self._queue is None:
             raise TypeError(f"{self.runner.name}.{self.name} is not batchable: it has no queue")
         if self._driver is None:  # nothing ran yet; the time is the runner's clock
-            return self._queue.snapshot(self.runner.clock.now())
-        return self._driver.snapshot()
+            snap = self._queue.snapshot(self.runner.clock.now())
+        else:
+            snap = self._driver.snapshot()
+        asked = self.config  # read after: a change made meanwhile shows as pending
+        if snap.config != asked:  # configure()'s change waits for the next batch boundary
+            snap = dataclasses.replace(snap, config_asked=asked)
+        return snap
 
     def reset_stats(self) -> None:
         """Forget recorded traffic (counters, samples, batches). Thread-safe."""
@@ -415,6 +422,8 @@ class Runner:
             # The runner's own names win, as they do with __getattr__.
             if not hasattr(Runner, method_name) and method_name not in self.__dict__:
                 self.__dict__[method_name] = method
+        # A re-run cell's Runner of the same name replaces this one (and its server, load).
+        session.track(self, "runner", self.name, self.stop)
 
     @property
     def bg(self) -> BackgroundLoop:
@@ -453,6 +462,13 @@ class Runner:
         """
         if method in self.generators:
             return self.generators[method].configure(**changes)
+        if method not in self.methods:
+            raise ConfigError(
+                "method",
+                method,
+                f"a method of runner {self.name!r} "
+                f"(it has: {', '.join([*self.methods, *self.generators])})",
+            )
         return self._method(method).configure(**changes)
 
     def stats(self, method: str) -> Snapshot:
@@ -496,6 +512,7 @@ class Runner:
                 return
             self._stopped = True
             hooked = self._hooked
+        session.forget(self)
         if hooked and self.bg.running:
             self.bg.remove_shutdown_hook(self._aclose)
             try:
@@ -513,6 +530,7 @@ class Runner:
     async def aclose(self) -> None:
         """Like :meth:`stop`, awaitable from any running event loop."""
         self._stopped = True
+        session.forget(self)
         if self._hooked:
             self.bg.remove_shutdown_hook(self._aclose)
             if self.bg.in_loop_thread():

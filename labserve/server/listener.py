@@ -26,6 +26,8 @@ from tornado import httputil
 from tornado.httpserver import HTTPServer
 from tornado.iostream import IOStream
 
+from labserve.base.descriptors import socket_budget
+
 __all__ = [
     "ACCEPT_RETRY_S",
     "MIN_IDLE_S",
@@ -41,7 +43,6 @@ ACCEPT_RETRY_S = 0.25
 _LOG_EVERY_S = 10.0
 _ACCEPT_BATCH = 128  # connections taken per wake-up, so one flood cannot starve the loop
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-_FD_RESERVE = 64  # descriptors left to the runtime, the model, its files and pipes
 MIN_IDLE_S = 0.5
 """How long a connection may wait for a request before it can be closed to make room: a
 new one gets this long to send its request, however full the server is."""
@@ -54,14 +55,7 @@ def default_max_connections() -> int:
     other half is for an in-kernel load generator's own sockets, in the same process. With
     ``ulimit -n 1024`` it is 480; with 256, 96.
     """
-    try:
-        import resource  # POSIX only
-    except ImportError:
-        return 512
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 512
-    return max(8, min(512, (soft - _FD_RESERVE) // 2))
+    return socket_budget()
 
 
 class BoundedHTTPServer(HTTPServer):

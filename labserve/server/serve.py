@@ -14,6 +14,7 @@ from typing import ParamSpec
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from labserve.runtime import session
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runner import Runner
 from labserve.server.app import make_app
@@ -160,6 +161,11 @@ class Server:
         self.bg.call(self._listen)
         with _running_lock:
             _running[self.port] = self
+        # Named by its address (a re-run on the same port replaced the old one above): one
+        # runner may be served on two. A new runner of one of its runners' names ends it
+        # (it would serve a stopped runner); so does labserve.stop_all().
+        needs = [("runner", n) for n in self._state.runners]
+        session.track(self, "server", self.url, self.stop, needs=needs)
         return self
 
     def _listen(self) -> None:
@@ -182,6 +188,7 @@ class Server:
         if http is None:
             return
         self._http = None
+        session.forget(self)
         with _running_lock:
             if _running.get(self.port) is self:
                 del _running[self.port]

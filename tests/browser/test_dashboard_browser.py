@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import secrets
 import shutil
 import socket
@@ -222,6 +223,16 @@ def rows(page: Any, column: str = "queue_requests") -> int:
     return max((s["rows"] for s in page.evaluate(READ_SOURCE, column)), default=0)
 
 
+def newest_rows(page: Any, column: str = "queue_requests") -> int:
+    """Rows in the newest data source holding ``column`` (the page's latest dashboard).
+
+    After a re-run the replaced dashboard's documents stay in the page, stopped, with all the
+    rows they had: the newest is the one that streams.
+    """
+    sources = page.evaluate(READ_SOURCE, column)
+    return int(sources[-1]["rows"]) if sources else 0
+
+
 def last_values(page: Any, column: str) -> list[float]:
     """``column``'s values in the page's largest data source holding it."""
     sources = page.evaluate(READ_SOURCE, column)
@@ -270,6 +281,13 @@ def _drag_slider_to(page: Any, label: str, index: int, steps: int) -> None:
     page.mouse.up()
 
 
+def _save(page: Any) -> None:
+    """Save the notebook and wait until the save is done."""
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    _wait(lambda: not page.evaluate(
+        "() => window.jupyterapp.shell.currentWidget.context.model.dirty"), "the save")  # fmt: skip
+
+
 def assert_reload_keeps_live_charts(
     page: Any, lab: dict[str, Any], console: list[str], shot: str
 ) -> None:
@@ -277,15 +295,13 @@ def assert_reload_keeps_live_charts(
 
     def live(what: str) -> None:
         _wait(lambda: page.locator(".bk-Figure, .bk-figure").count() >= 6, f"{what}: charts")
-        n = rows(page)
-        _wait(lambda: rows(page) > n + 5, f"{what}: rows streaming", timeout=30)
+        n = newest_rows(page)
+        _wait(lambda: newest_rows(page) > n + 5, f"{what}: rows streaming", timeout=30)
         assert page.get_by_text("Could not create a view").count() == 0, what
         errors = [m for m in console if m.startswith("error")]
         assert not errors, (what, errors)
 
-    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-    _wait(lambda: not page.evaluate(
-        "() => window.jupyterapp.shell.currentWidget.context.model.dirty"), "the save")  # fmt: skip
+    _save(page)
     saved = (lab["dir"] / "dashboard.ipynb").stat().st_size
     assert saved < 50_000, saved  # no BokehJS in the file
     page.reload()
@@ -363,7 +379,10 @@ def test_the_dashboard_streams_in_notebook_7_and_after_a_reload(tmp_path):
             page.screenshot(path=str(ARTIFACTS / "notebook7.png"), full_page=True)
             assert_reload_keeps_live_charts(page, nb7, console, "notebook7-reloaded")
 
-            # A second tab on the same notebook, the kernel alive: live charts there too.
+            # A second tab on the same notebook, the kernel alive: live charts there too. Saved
+            # first: the file saved before the re-run shows the dashboard the re-run replaced
+            # (closed: no ghost keeps it streaming), as a saved notebook would.
+            _save(page)
             second = browser.new_page(viewport={"width": 1500, "height": 1400})
             second.goto(f"{nb7['base']}{nb7['path']}dashboard.ipynb?token={nb7['token']}")
             second.wait_for_function(KERNEL_READY, timeout=90_000)
@@ -493,3 +512,96 @@ def test_lesson_05_run_all_then_its_four_steps(tmp_path):
                 shot("5-refused")
             finally:
                 browser.close()
+
+
+def _run_all(page: Any) -> None:
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
+def _live_charts(page: Any, console: list[str], what: str) -> None:
+    """Six figures, rows streaming into them, no failed view, no error in the console."""
+    try:
+        _wait(lambda: page.locator(".bk-Figure, .bk-figure").count() >= 6, f"{what}: six charts")
+    except AssertionError:
+        # Say why a view failed: JupyterLab shows it behind "Click to show javascript error".
+        for button in page.get_by_text("Click to show javascript error").all():
+            button.click()
+        print("\n".join(page.locator(".jp-OutputArea-output").all_inner_texts()))
+        raise
+    n = newest_rows(page)
+    _wait(lambda: newest_rows(page) > n + 5, f"{what}: rows streaming", timeout=30)
+    assert page.get_by_text("Could not create a view").count() == 0, what
+    # A reloaded page asks the kernel for every widget it had; those the re-run closed
+    # meanwhile (the replaced dashboard's) are "not found": the page says so and goes on.
+    errors = [m for m in console if m.startswith("error") and "Comm not found" not in m]
+    assert not errors, (what, errors)
+
+
+def _new_server(lab: dict[str, Any], old_url: str) -> dict[str, str]:
+    """The server the re-run notebook started (its server.json rewritten with a new URL)."""
+    path = lab["dir"] / "server.json"
+
+    def written() -> dict[str, str] | None:
+        try:
+            server = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return server if server["url"] != old_url else None
+
+    return _wait(written, "the re-run to start a new server", timeout=120)  # type: ignore[no-any-return]
+
+
+def _closed(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=2):
+            return False
+    except OSError:
+        return True
+
+
+def test_refusals_show_and_reload_run_all_and_a_second_browser_leave_no_ghost(lab):
+    """Issue 25 as a new user met it: refusals on the page; reload and Run All at once; a
+    second browser's Run All; each time six live charts, and the old server gone."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        with dashboard_page(pw, lab, "first-hour-failure") as (_browser, page, server, console):
+            _wait(lambda: page.locator(".jp-OutputArea-output", has_text="ready").count(), "ready")
+            # A queue of 8 and one item per call, far past capacity: requests are refused at
+            # admission, and the page says so in the numbers line and on the throughput chart.
+            _patch_config(server, strategy="off", max_batch_size=1, max_queue_size=8)
+            start_load(page, 3000)
+            _wait(lambda: max(last_values(page, "refused_rps")[-3:], default=0) > 0, "refusals")
+            numbers = page.get_by_text("req/s served")
+            _wait(lambda: numbers.count(), "the numbers line")
+            _wait(
+                lambda: re.search(r"\(refused [1-9][0-9.]*%\)", numbers.first.inner_text()),
+                "the numbers line to show a refused share above 0",
+            )
+            page.screenshot(path=str(ARTIFACTS / "first-hour-refusals.png"), full_page=True)
+
+            # Reload and Run All at once, without waiting for the old charts to come back.
+            page.reload()
+            page.wait_for_function(KERNEL_READY, timeout=90_000)
+            _run_all(page)
+            second = _new_server(lab, server["url"])
+            _live_charts(page, console, "reloaded, Run All at once")
+            # No ghost: re-creating the runner closed the old server (its load stopped).
+            _wait(lambda: _closed(server["url"]), "the old server to close")
+
+            # A second browser on the same notebook: its Run All gives six live charts too.
+            other = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page2 = other.new_page(viewport={"width": 1500, "height": 1400})
+                console2: list[str] = []
+                page2.on("console", lambda msg: console2.append(f"{msg.type}: {msg.text}"))
+                page2.goto(f"{lab['base']}{lab['path']}dashboard.ipynb?token={lab['token']}")
+                page2.wait_for_function(KERNEL_READY, timeout=90_000)
+                _run_all(page2)
+                _new_server(lab, second["url"])
+                _live_charts(page2, console2, "a second browser's Run All")
+                _wait(lambda: _closed(second["url"]), "the first browser's server to close")
+                page2.screenshot(path=str(ARTIFACTS / "first-hour-second-browser.png"))
+            finally:
+                other.close()

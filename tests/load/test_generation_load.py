@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import subprocess
+import sys
 import threading
 import time
 
@@ -28,12 +30,14 @@ from labserve.cli import main
 from labserve.generation.api import Finish
 from labserve.lab.demo import TinyLM
 from labserve.load.arrivals import ConstantArrivals, PoissonArrivals
+from labserve.load.gen_result import build_result
 from labserve.load.gen_server_view import find_model_stats, generation_server_view
 from labserve.load.gen_stream import CompletionStream, GenRecord
-from labserve.load.generation import build_result, generation_load_test, start_generation_load
+from labserve.load.generation import generation_load_test, start_generation_load
 from labserve.load.goodput import parse_goodput
 from labserve.load.prompts import GenerationMix
 from labserve.load.sse import SseParser
+from labserve.load.stream_conn import StreamHandler, _StreamConnection
 from labserve.runtime.loop import background_loop
 from labserve.server.app import make_app
 from labserve.server.core import HttpCore
@@ -114,13 +118,13 @@ class StatsBackend(Backend):
 
 @pytest.fixture
 def serve_letters():
-    """``serve_letters(letters, names=("letters",), stats=False)``: the server's base URL."""
+    """``serve_letters(letters, names=..., stats=..., token_everywhere=...)``: its base URL."""
     bg = background_loop()
     servers = []
 
-    def start(letters, *, names=("letters",), stats=False):
+    def start(letters, *, names=("letters",), stats=False, token_everywhere=False):
         state = ServerState(
-            runners={}, token="sesame", token_everywhere=False, max_body_bytes=65536
+            runners={}, token="sesame", token_everywhere=token_everywhere, max_body_bytes=65536
         )
         generators = dict.fromkeys(names, letters)
         backend = StatsBackend(state, generators, letters) if stats else Backend(state, generators)
@@ -660,3 +664,144 @@ def test_a_run_without_requests_has_no_latencies():
     r = build_result(GenRecord(), 1.0)
     assert len(r) == 0 and math.isnan(r.percentiles_ms("ttft")["p50"])
     assert r.summary()["served_rps"] == 0.0 and "0 sent" in r.table()
+
+
+INTERRUPTED = """
+import _thread, json, threading, time, warnings
+import labserve
+from labserve.lab.demo import TinyLM
+
+warnings.simplefilter("ignore", labserve.LoadWarning)
+runner = labserve.Runner(TinyLM, name="tinylm")
+server = labserve.serve(runner, port=0)
+run = labserve.start_generation_load(
+    f"{server.url}/v1/completions", duration_s=60, concurrency=4, output_len=200
+)
+
+def interrupt_when_busy():
+    while run.sent < 8:
+        time.sleep(0.005)
+    _thread.interrupt_main()
+
+threading.Thread(target=interrupt_when_busy, daemon=True).start()
+try:
+    run.result()
+    out = {"interrupted": False}
+except labserve.LoadInterrupted as exc:
+    sent = exc.sent
+    time.sleep(0.5)  # a load still running would send more meanwhile
+    r = exc.result
+    out = {
+        "interrupted": True,
+        "sent": sent,
+        "sent_later": run.sent,
+        "recorded": len(r),
+        "outcomes": sorted(r.summary()["outcomes"]),
+    }
+server.stop()
+runner.stop()
+print(json.dumps(out))
+"""
+
+
+def test_an_interrupt_stops_the_load_and_gives_up_the_streams_in_flight():
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "never retrieved" not in proc.stderr, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["interrupted"] and out["sent"] == out["sent_later"] == out["recorded"]
+    assert "cancelled" in out["outcomes"] and set(out["outcomes"]) <= {"served", "cancelled"}
+
+
+def test_the_cli_sends_bursts(serve_letters, capsys):
+    letters = Letters()
+    url = serve_letters(letters) + "/v1/completions"
+    argv = ["load", url, "--rate", "5", "--burst", "100:0.3:0.1", "--duration", "0.6"]
+    assert main([*argv, "--output-len", "2", "--loop", "asyncio"]) == 0
+    out = capsys.readouterr().out
+    assert "burst 5 req/s, 100 req/s for 0.1 s every 0.3 s" in out
+    assert len(letters.requests) > 6  # the two bursts' 20 or so, with the calm between
+
+
+class _Transport:
+    def __init__(self):
+        self.written = b""
+        self.aborted = False
+
+    def write(self, data):
+        self.written += data
+
+    def abort(self):
+        self.aborted = True
+
+    def is_closing(self):
+        return self.aborted
+
+
+class _Collected(StreamHandler):
+    def __init__(self):
+        self.status, self.data, self.ends = 0, b"", []
+
+    def head(self, status, content_type, now):
+        self.status = status
+
+    def body(self, data, now):
+        self.data += data
+
+    def ended(self, outcome, detail, now):
+        self.ends.append(outcome)
+
+
+@pytest.mark.parametrize(
+    ("reply", "body"),
+    [
+        (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\nhello\r\n1;ext=1\r\n \r\n5\r\nworld\r\n0\r\nX-Trailer: 1\r\n\r\n",
+            b"hello world",
+        ),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", b"hello"),
+    ],
+)
+def test_a_reply_split_anywhere_reads_whole(reply, body):
+    async def read(pieces):
+        conn = _StreamConnection()
+        conn.connection_made(_Transport())
+        handler = _Collected()
+        done = conn.send(b"GET / HTTP/1.1\r\n\r\n", handler)
+        for piece in pieces:
+            conn.data_received(piece)
+        await done
+        return handler, conn
+
+    for cut in range(1, len(reply)):
+        handler, conn = asyncio.run(read([reply[:cut], reply[cut:]]))
+        assert (handler.status, handler.data, handler.ends) == (200, body, [None]), cut
+        assert conn.reusable
+    handler, _ = asyncio.run(read([reply[i : i + 1] for i in range(len(reply))]))
+    assert handler.data == body and handler.ends == [None]
+
+
+def test_requests_past_the_connections_wait_and_the_run_says_so(serve_letters):
+    letters = Letters()
+    url = serve_letters(letters) + "/v1/completions"
+    with pytest.warns(labserve.LoadWarning, match="found all 1 connections streaming"):
+        r = generation_load_test(
+            url, duration_s=0.1, arrivals=ConstantArrivals(50.0), output_len=40, connections=1
+        )
+    assert kinds(r) == {"served": 5}
+    # Each stream takes 40 tokens 1 ms apart at least: the fifth (due at 80 ms) went out
+    # after four of them, at 160 ms or later.
+    assert r.send_lag_s.max() >= 4 * 0.040 - 4 / 50.0
+
+
+def test_the_token_goes_with_every_request(serve_letters):
+    base = serve_letters(Letters(), token_everywhere=True)
+    with pytest.raises(LoadTargetError, match="unauthorized: give the server's token"):
+        generation_load_test(base + "/v1/completions", duration_s=0.1, concurrency=1)
+    r = generation_load_test(
+        base + "/v1/completions", duration_s=0.1, concurrency=1, token="sesame", output_len=2
+    )
+    assert kinds(r) == {"served": len(r)}

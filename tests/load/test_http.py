@@ -210,7 +210,7 @@ def test_a_pool_too_small_for_the_rate_says_so_in_the_warning():
     runner = labserve.Runner(SleepModel(a_ms=20.0, b_ms=0.0), name="slow", on_overload="wait")
     server = labserve.serve(runner)
     try:
-        with pytest.warns(labserve.LoadWarning, match="found all 1 connections busy"):
+        with pytest.warns(labserve.LoadWarning, match=r"found all 1 connections \(the limit\)"):
             result = labserve.load_test(
                 f"{server.url}/runners/slow/predict",
                 example=X,

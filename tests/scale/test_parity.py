@@ -150,7 +150,7 @@ def test_v2_metadata_lists_the_declared_tensors_through_ray(both, raw_http):
 
 
 def test_both_servers_refuse_a_bad_allow_origin_alike(ray_cluster):
-    runner = labserve.Runner(Parity, name="par")
+    runner = labserve.Runner(Parity, name="origins")  # "par" (served above) would be replaced
     try:
         for start in (
             lambda: serve(runner, allow_origin=[None]),

@@ -136,9 +136,9 @@ def test_an_object_of_other_names_is_the_one_argument(served):
 
 
 def test_too_many_inputs_in_process_fail_alone_at_admission():
-    runner = labserve.Runner(Model, name="m")
+    runner = labserve.Runner(Model, name="solo")  # "m" (served above) would be replaced
     try:
-        with pytest.raises(labserve.InputError, match=r"m\.scale cannot take 2 inputs"):
+        with pytest.raises(labserve.InputError, match=r"solo\.scale cannot take 2 inputs"):
             runner.scale.run(np.ones((1, 1)), np.ones((1, 1)))
         assert runner.stats("scale").admitted == 0  # refused before the queue
         assert runner.scale.run(np.ones((1, 1))).tolist() == [[2.0]]

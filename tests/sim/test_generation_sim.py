@@ -9,7 +9,7 @@ import pytest
 
 from labserve.base.lengths import EmpiricalLengths
 from labserve.generation.config import GenerationConfig
-from labserve.sim.generation import StepCost, simulate_generation
+from labserve.sim.generation import StepCost, replay_generation, simulate_generation
 
 CFG = GenerationConfig(request_timeout_ms=0, max_queue_size=100_000)
 
@@ -103,6 +103,14 @@ def test_requests_over_the_context_are_refused_and_counted():
     assert (r.prompt_len == 10).all()
 
 
+def test_a_full_waiting_queue_refuses_and_counts_the_overflow():
+    # Ten arrive at once, before the first step: three wait, the other seven are refused.
+    config = CFG.replace(max_num_seqs=2, max_queue_size=3)
+    r = simulate_generation(config, StepCost(5.0), n_requests=10, input_len=4, output_len=3)
+    assert r.refused == 7
+    assert len(r) == 3 and r.served.all()
+
+
 def test_goodput_counts_requests_meeting_both_targets():
     r = simulate_generation(CFG, StepCost(5.0), n_requests=40, input_len=8, output_len=10)
     span = r.span_s
@@ -133,3 +141,45 @@ def test_step_cost_refuses_negative_terms():
         StepCost(5.0, per_seq_ms=-1)
     with pytest.raises(ValueError, match="fixed_ms"):
         StepCost(math.nan)
+
+
+def test_a_replay_of_a_runs_own_arrivals_and_lengths_gives_the_same_run():
+    kw = dict(input_len="uniform:1:64", output_len="uniform:1:32", rate=200.0, seed=4)
+    config = CFG.replace(max_num_seqs=8, max_num_batched_tokens=64)
+    run = simulate_generation(
+        config, StepCost(2.0, per_batched_token_ms=0.05), n_requests=300, **kw
+    )
+    again = replay_generation(
+        config,
+        StepCost(2.0, per_batched_token_ms=0.05),
+        arrival_s=run.arrival_s,
+        prompt_lens=run.prompt_len,
+        output_lens=run.num_output,
+    )
+    np.testing.assert_array_equal(again.end_s, run.end_s)
+    np.testing.assert_array_equal(again.itl_s, run.itl_s)
+    assert len(again.steps) == len(run.steps)
+
+
+def test_a_replay_keeps_the_given_times():
+    # The second arrives during the first's step 5-10 ms; it joins the next, 10-15 ms.
+    r = replay_generation(
+        CFG, StepCost(5.0), arrival_s=[0.0, 0.007], prompt_lens=[4, 4], output_lens=[3, 1]
+    )
+    assert r.ttft_s == pytest.approx([0.005, 0.015 - 0.007])
+    assert r.e2e_s == pytest.approx([0.015, 0.015 - 0.007])
+    assert r.steps.num_seqs.tolist() == [1, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        ({"arrival_s": [0.0, 1.0], "prompt_lens": [1], "output_lens": [1]}, "of one length"),
+        ({"arrival_s": [1.0, 0.0], "prompt_lens": [1, 1], "output_lens": [1, 1]}, "order"),
+        ({"arrival_s": [0.0], "prompt_lens": [0], "output_lens": [1]}, "prompt_lens must be"),
+        ({"arrival_s": [0.0], "prompt_lens": [1], "output_lens": [1.5]}, "output_lens must be"),
+    ],
+)
+def test_a_bad_replay_is_refused(kw, words):
+    with pytest.raises(ValueError, match=words):
+        replay_generation(CFG, StepCost(5.0), **kw)

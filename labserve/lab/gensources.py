@@ -1,0 +1,380 @@
+"""Generation sources: a generative method to watch and tune, in this process or by URL.
+
+The counterpart of :mod:`labserve.lab.sources` for methods served by continuous batching
+(``@labserve.method(generative=True)``). A :class:`GenerationSource` gives what a dashboard
+needs: the :class:`~labserve.generation.config.GenerationConfig` asked for, a live change
+(applied at the next step), a view (a :class:`~labserve.generation.stats.GenerationSnapshot`),
+a reset, and load (a length mix at a rate). :class:`RunnerGenerationSource` watches a
+runner's method in this process; :class:`HttpGenerationSource` a labserve server's by URL
+(``GET /stats``, ``GET``/``PATCH /config``, load on ``/v1/completions``).
+:func:`generation_sources` makes them from what a user has.
+
+>>> import labserve                                                 # doctest: +SKIP
+>>> [src] = labserve.generation_sources(runner)          # or a URL, a Server
+>>> src.configure(max_num_seqs=8); src.view().snapshot.num_running
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from labserve.base.errors import RemoteError
+from labserve.base.lengths import LengthDist
+from labserve.generation.config import GENERATION_SETTINGS, GenerationConfig
+from labserve.generation.results import StepSeries
+from labserve.generation.stats import GenerationSnapshot
+from labserve.lab.genload import LoadLike, start_runner_generation_load
+from labserve.lab.sources import base_url, is_generative_config, request_json
+from labserve.load.arrivals import Arrivals
+from labserve.load.generation import start_generation_load
+from labserve.runtime.generative import GenerativeMethod
+from labserve.runtime.runner import Runner
+from labserve.server import Server
+
+__all__ = [
+    "GenerationSource",
+    "GenerationView",
+    "HttpGenerationSource",
+    "RunnerGenerationSource",
+    "generation_snapshot_from_dict",
+    "generation_sources",
+]
+
+
+@dataclass(frozen=True)
+class GenerationView:
+    """One look at a generative method: its snapshot and the config asked for."""
+
+    snapshot: GenerationSnapshot
+    config: GenerationConfig
+    """The config asked for: a live change shows here at once, in the snapshot's config once
+    the driver took it (at the next step)."""
+
+
+@runtime_checkable
+class GenerationSource(Protocol):
+    """A generative method to watch and tune, wherever it runs. Every method is thread-safe.
+
+    ``name`` is ``"runner.method"``; ``resettable`` says whether :meth:`reset_stats` resets
+    the method's figures (a remote server's cannot be reset from here).
+    """
+
+    name: str
+    runner: str
+    method: str
+    resettable: bool
+
+    @property
+    def config(self) -> GenerationConfig:
+        """The config asked for (what :meth:`configure` last set, here or elsewhere)."""
+        ...
+
+    @property
+    def alive(self) -> bool:
+        """False once the method cannot answer any more (its runner or server stopped)."""
+        ...
+
+    def configure(self, **changes: Any) -> GenerationConfig:
+        """Change settings at the next step; a refusal (ConfigError) changes nothing."""
+        ...
+
+    def view(self) -> GenerationView:
+        """The method as it is now."""
+        ...
+
+    def reset_stats(self) -> None:
+        """Start the figures over (only when ``resettable``)."""
+        ...
+
+    def start_load(
+        self,
+        *,
+        arrivals: Arrivals,
+        duration_s: float,
+        input_len: LengthDist | str | int,
+        output_len: LengthDist | str | int,
+        seed: int = 0,
+    ) -> LoadLike:
+        """Send generations whose prompt and output lengths are drawn from the two mixes."""
+        ...
+
+
+class RunnerGenerationSource:
+    """A runner's generative method in this process, as a :class:`GenerationSource`.
+
+    ``server``: the server it is watched through, if any (the source ends with it).
+    Load calls the method's ``async_run`` on the runner's background loop.
+    """
+
+    resettable = True
+
+    def __init__(self, method: GenerativeMethod, server: Server | None = None) -> None:
+        if not getattr(method, "generative", False):
+            raise TypeError(f"{method!r} is not a generative method")
+        self.generative_method = method
+        self.server = server
+        self.runner = method.runner.name
+        self.method = method.name
+        self.name = f"{self.runner}.{self.method}"
+
+    @property
+    def config(self) -> GenerationConfig:
+        """The config asked for (in force from the next step)."""
+        return self.generative_method.config
+
+    @property
+    def alive(self) -> bool:
+        """False once the runner (or the server it is watched through) stopped."""
+        if self.server is not None and not self.server.running:
+            return False
+        return not self.generative_method.runner.stopped
+
+    def configure(self, **changes: Any) -> GenerationConfig:
+        """``runner.<method>.configure(**changes)``."""
+        return self.generative_method.configure(**changes)
+
+    def view(self) -> GenerationView:
+        """The method's snapshot and the config asked for."""
+        snap = self.generative_method.stats()
+        return GenerationView(snapshot=snap, config=self.generative_method.config)
+
+    def reset_stats(self) -> None:
+        """Forget the method's recorded sequences and steps."""
+        self.generative_method.reset_stats()
+
+    def start_load(
+        self,
+        *,
+        arrivals: Arrivals,
+        duration_s: float,
+        input_len: LengthDist | str | int,
+        output_len: LengthDist | str | int,
+        seed: int = 0,
+    ) -> LoadLike:
+        """Generations through ``async_run`` on the runner's loop (:mod:`labserve.lab.genload`)."""
+        return start_runner_generation_load(
+            self.generative_method,
+            arrivals=arrivals,
+            duration_s=duration_s,
+            input_len=input_len,
+            output_len=output_len,
+            seed=seed,
+        )
+
+    def __repr__(self) -> str:
+        return f"<RunnerGenerationSource {self.name}>"
+
+
+class HttpGenerationSource:
+    """A generative method of a labserve server, by its URL.
+
+    Reads ``GET /stats`` and ``GET /config``; changes through ``PATCH /config`` (needs the
+    server's ``token``); load streams completions from ``/v1/completions`` of ``model`` (the
+    name the server lists it under) through labserve's generation load generator. Its
+    figures cannot be reset from here. Thread-safe: each call is its own HTTP request
+    (blocking, up to ``timeout_s``).
+    """
+
+    resettable = False
+
+    def __init__(
+        self,
+        url: str,
+        runner: str,
+        method: str,
+        *,
+        model: str | None = None,
+        token: str | None = None,
+        timeout_s: float = 5.0,
+    ) -> None:
+        self.url = base_url(url)
+        self.runner = runner
+        self.method = method
+        self.name = f"{runner}.{method}"
+        self.model = model if model is not None else self.name
+        self.token = token
+        self.timeout_s = timeout_s
+
+    @property
+    def config(self) -> GenerationConfig:
+        """The config asked for (``GET /config``)."""
+        return self._config_of(self._get("/config"))
+
+    @property
+    def alive(self) -> bool:
+        """Always True: a server that stopped answering shows as an error, not as the end."""
+        return True
+
+    def _get(self, path: str) -> Any:
+        return request_json(self.url, path, token=self.token, timeout_s=self.timeout_s)
+
+    def _config_of(self, configs: Any) -> GenerationConfig:
+        try:
+            entry = configs[self.runner][self.method]
+            return GenerationConfig(**{k: v for k, v in entry.items() if k in GENERATION_SETTINGS})
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise RemoteError(
+                f"{self.url}/config", None, "NotFoundError", f"no generative method {self.name}"
+            ) from exc
+
+    def configure(self, **changes: Any) -> GenerationConfig:
+        """``PATCH /config`` with the token; the server's refusal comes back as RemoteError."""
+        body = {"runner": self.runner, "method": self.method, **changes}
+        reply = request_json(
+            self.url, "/config", body=body, token=self.token, timeout_s=self.timeout_s
+        )
+        return self._config_of(reply)
+
+    def view(self) -> GenerationView:
+        """``GET /stats`` and ``GET /config``."""
+        stats = self._get("/stats")
+        config = self.config
+        try:
+            snap = generation_snapshot_from_dict(stats[self.runner][self.method])
+        except (KeyError, TypeError):
+            raise RemoteError(
+                f"{self.url}/stats", None, "NotFoundError", f"no generative method {self.name}"
+            ) from None
+        return GenerationView(snap, config)
+
+    def reset_stats(self) -> None:
+        """Not over HTTP: a server's figures are its own."""
+        raise TypeError(f"{self.url} has no route to reset its figures")
+
+    def start_load(
+        self,
+        *,
+        arrivals: Arrivals,
+        duration_s: float,
+        input_len: LengthDist | str | int,
+        output_len: LengthDist | str | int,
+        seed: int = 0,
+    ) -> LoadLike:
+        """Streamed completions from ``/v1/completions`` (labserve's generation load generator)."""
+        return start_generation_load(
+            f"{self.url}/v1/completions",
+            duration_s=duration_s,
+            arrivals=arrivals,
+            input_len=input_len,
+            output_len=output_len,
+            model=self.model,
+            seed=seed,
+            token=self.token,
+        )
+
+    def __repr__(self) -> str:
+        return f"<HttpGenerationSource {self.name} at {self.url}>"
+
+
+def _nan(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def generation_snapshot_from_dict(data: Mapping[str, Any]) -> GenerationSnapshot:
+    """A :class:`GenerationSnapshot` from its ``as_dict()`` (``GET /stats``'s entry).
+
+    The steps are the few ``recent_steps`` the dict holds (with their times when the server
+    sends them; without, the steps are dated at the snapshot's time); the histograms are
+    not in the dict and come back empty.
+    """
+    recent = dict(data.get("recent_steps") or {})
+    n = len(recent.get("num_seqs", ()))
+
+    def ints(key: str) -> Any:
+        return np.asarray(recent.get(key, [0] * n), dtype=np.int64)
+
+    time_s = float(data["time_s"])
+    end = np.asarray(recent.get("end_s", [time_s] * n), dtype=np.float64)
+    step_ms = np.asarray(recent.get("step_ms", [0.0] * n), dtype=np.float64)
+    start = np.asarray(recent.get("start_s", end - step_ms / 1000.0), dtype=np.float64)
+    zeros = np.zeros(n, np.int64)
+    steps = StepSeries(
+        start_s=start,
+        end_s=end,
+        num_seqs=ints("num_seqs"),
+        num_prefill_tokens=ints("num_prefill_tokens"),
+        num_decode_tokens=ints("num_decode_tokens"),
+        num_running=zeros,
+        num_waiting=zeros,
+        kv_blocks_used=zeros,
+        num_preempted=zeros,
+    )
+    config = GenerationConfig(
+        **{k: v for k, v in dict(data["config"]).items() if k in GENERATION_SETTINGS}
+    )
+    percentiles = {
+        m: {q: _nan(v) for q, v in dict(qs).items()}
+        for m, qs in dict(data.get("percentiles_ms") or {}).items()
+    }
+    return GenerationSnapshot(
+        runner=str(data["runner"]),
+        method=str(data["method"]),
+        time_s=time_s,
+        config=config,
+        num_running=int(data["num_running"]),
+        num_waiting=int(data["num_waiting"]),
+        kv_blocks_used=int(data["kv_blocks_used"]),
+        outcomes={str(k): int(v) for k, v in dict(data.get("outcomes") or {}).items()},
+        num_preemptions=int(data.get("num_preemptions", 0)),
+        prompt_tokens=int(data.get("prompt_tokens", 0)),
+        output_tokens=int(data.get("output_tokens", 0)),
+        window_s=float(data.get("window_s", 0.0)),
+        percentiles_ms=percentiles,
+        output_tokens_per_s=_nan(data.get("output_tokens_per_s")),
+        prompt_tokens_per_s=_nan(data.get("prompt_tokens_per_s")),
+        requests_per_s=_nan(data.get("requests_per_s")),
+        goodput=_nan(data.get("goodput")),
+        steps=steps,
+        histograms={},
+    )
+
+
+def generation_sources(target: Any, *, token: str | None = None) -> list[GenerationSource]:
+    """The generative methods of ``target`` as sources, one per method, in its order.
+
+    ``target``: a Runner, a generative method (``runner.generate``), a Server (its runners,
+    in process), the URL of a labserve server (``token`` for changes), a GenerationSource,
+    or a list of these.
+
+    Raises:
+        TypeError: ``target`` is none of these.
+        ValueError: it has no generative method.
+        RemoteError: the URL did not answer ``GET /config``.
+    """
+    sources: list[GenerationSource]
+    if isinstance(target, str):
+        base = base_url(target)
+        configs = request_json(base, "/config", token=token, timeout_s=5.0)
+        sources = []
+        for runner, methods in configs.items():
+            gens = [m for m, config in methods.items() if is_generative_config(config)]
+            for m in gens:  # the model's name, as the server lists it (/v1/models)
+                model = runner if len(gens) == 1 else f"{runner}.{m}"
+                sources.append(HttpGenerationSource(base, runner, m, model=model, token=token))
+    elif isinstance(target, GenerationSource):
+        sources = [target]
+    elif isinstance(target, GenerativeMethod):
+        sources = [RunnerGenerationSource(target)]
+    elif isinstance(target, Server):
+        sources = [
+            RunnerGenerationSource(g, server=target)
+            for r in target.runners.values()
+            for g in r.generators.values()
+        ]
+    elif isinstance(target, Runner):
+        sources = [RunnerGenerationSource(g) for g in target.generators.values()]
+    elif isinstance(target, (list, tuple)) and target:
+        sources = [s for item in target for s in generation_sources(item, token=token)]
+    else:
+        raise TypeError(
+            "a generation source needs a Runner, a generative method, a Server, a URL, a "
+            f"GenerationSource or a list of them, got {type(target).__name__}"
+        )
+    if not sources:
+        raise ValueError(f"no generative method to watch in {target!r}")
+    return sources

@@ -1,0 +1,167 @@
+"""The HTTP side of a generation load: the model, /stats, and each request's stream. Loop-only.
+
+:class:`GenerationSender` opens a :class:`~labserve.load.stream_conn.StreamPool` to the
+server, finds the model (the only one ``GET /v1/models`` lists, unless named), reads the
+server's ``/stats`` entry for it before and after the run, and streams request ``k``
+(its body from :class:`~labserve.load.prompts.GenerationMix`) into a
+:class:`~labserve.load.gen_stream.CompletionStream` that records it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from labserve.base.errors import LoadTargetError
+from labserve.load.gen_server_view import find_model_stats, generation_server_view
+from labserve.load.gen_stream import CompletionStream, GenRecord
+from labserve.load.http import HttpTarget
+from labserve.load.http_conn import request_bytes
+from labserve.load.prompts import CHAT_PATH, COMPLETIONS_PATH, GenerationMix
+from labserve.load.records import clock_s
+from labserve.load.stream_conn import StreamHandler, StreamPool
+
+__all__ = ["GenerationSender"]
+
+_PREWARM = 64  # connections opened before the clock starts (each is a handshake less in TTFT)
+_SIDE_TIMEOUT_S = 5.0  # /v1/models and /stats, read outside the timed run
+
+
+class _Collect(StreamHandler):
+    """A whole small reply (``/v1/models``, ``/stats``): its status and body."""
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.data = b""
+        self.detail = ""
+
+    def head(self, status: int, content_type: str, now: float) -> None:
+        self.status = status
+
+    def body(self, data: bytes, now: float) -> None:
+        self.data += data
+
+    def ended(self, outcome: int | None, detail: str, now: float) -> None:
+        if outcome is not None:
+            self.status, self.detail = 0, detail
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.data) if self.status == 200 and self.data else None
+        except ValueError:
+            return None
+
+
+class GenerationSender:
+    """Sends request ``k`` of a generation run and records it. Loop-only."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str | None,
+        mix_args: tuple[Any, Any, int, bool],
+        token: str | None,
+        connections: int,
+        timeout_s: float,
+    ) -> None:
+        self.url = url
+        self.target = HttpTarget.parse(url)
+        self.chat = self.target.path.split("?", 1)[0].rstrip("/").endswith(CHAT_PATH)
+        input_len, output_len, seed, ignore_eos = mix_args
+        # The model is known only once /v1/models answers; the mix checks its lengths now.
+        self.mix = GenerationMix(
+            model or "", input_len, output_len, chat=self.chat, seed=seed, ignore_eos=ignore_eos
+        )
+        self.model = model
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        self.auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self.headers |= self.auth
+        self.connections = connections
+        self.timeout_s = timeout_s
+        self.pool: StreamPool | None = None
+        self.stats_before: dict[str, Any] | None = None
+        self.stats_after: dict[str, Any] | None = None
+        self.waited = 0  # open loop: requests that found every connection busy when due
+
+    @property
+    def root(self) -> str:
+        """The path the ``/v1`` routes hang from (``""`` at the server's root)."""
+        path = self.target.path.split("?", 1)[0].rstrip("/")
+        return path[: -len(CHAT_PATH if self.chat else COMPLETIONS_PATH)]
+
+    async def open(self) -> None:
+        """Open the pool, find the model, read /stats, open connections ahead of the clock."""
+        t = self.target
+        self.pool = StreamPool(t.host, t.port, tls=t.tls, limit=self.connections)
+        try:
+            if self.model is None:
+                self.model = await self._only_model()
+            self.mix.model = self.model
+            self.stats_before = await self._stats()
+            await self.pool.prewarm(min(self.connections, _PREWARM), _SIDE_TIMEOUT_S)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Read /stats once more (if it answered before), then close the pool (idempotent)."""
+        if self.pool is None:
+            return
+        if self.stats_before is not None and self.stats_after is None:
+            self.stats_after = await self._stats()
+        pool, self.pool = self.pool, None
+        await pool.close()
+
+    async def send(self, rec: GenRecord, k: int, open_loop: bool) -> None:
+        """Stream request ``k`` (its slot is made) and record its one outcome."""
+        assert self.pool is not None
+        body, _, _ = self.mix.body(k)
+        t = self.target
+        data = request_bytes("POST", t.path, t.host_header, self.headers, body)
+        if open_loop and not self.pool.has_idle:
+            self.waited += 1
+        written_at = await self.pool.stream(data, CompletionStream(rec, k), self.timeout_s)
+        if open_loop:
+            sent = (written_at or clock_s()) - rec.t0
+            rec.lag.append(max(sent - rec.arrival[k], 0.0))
+
+    async def _get(self, path: str) -> _Collect:
+        assert self.pool is not None
+        t = self.target
+        got = _Collect()
+        data = request_bytes("GET", path, t.host_header, self.auth)
+        await self.pool.stream(data, got, _SIDE_TIMEOUT_S)
+        return got
+
+    async def _only_model(self) -> str:
+        got = await self._get(f"{self.root}/v1/models")
+        listed = got.json()
+        where = f"{self.target.base}{self.root}/v1/models"
+        if got.status == 401:
+            said = "unauthorized: give the server's token (token=, --token)"
+            raise LoadTargetError(self.url, said)
+        data = listed.get("data") if isinstance(listed, dict) else None
+        if not isinstance(data, list):
+            said = got.detail or f"status {got.status}"
+            raise LoadTargetError(
+                self.url, f"cannot list the served models at {where} ({said}): give model="
+            )
+        names = [str(m["id"]) for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        if len(names) != 1:
+            served = ", ".join(names) or "none"
+            raise LoadTargetError(
+                self.url, f"say which model with model= (--model); {where} lists {served}"
+            )
+        return str(names[0])
+
+    async def _stats(self) -> dict[str, Any] | None:
+        got = await self._get(f"{self.root}/stats")
+        assert self.model is not None
+        return find_model_stats(got.json(), self.model)
+
+    def server_view(self) -> dict[str, Any] | None:
+        """The server's /stats for the model over the run (None when it had none)."""
+        if self.stats_before is None or self.stats_after is None or self.model is None:
+            return None
+        return generation_server_view(self.stats_before, self.stats_after, self.model)

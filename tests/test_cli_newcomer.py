@@ -1,0 +1,108 @@
+"""The CLI for someone who has not read the code: version, help, checked values, clear output."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import pytest
+
+import labserve
+from labserve.cli import build_parser, main
+
+
+def _actions(parser):
+    for action in parser._actions:
+        yield parser.prog, action
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _actions(sub)
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"labserve {labserve.__version__}\n"
+
+
+def test_every_option_has_help():
+    missing = [
+        f"{prog} {action.option_strings or action.dest}"
+        for prog, action in _actions(build_parser())
+        if not action.help and action.dest != "command"
+    ]
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("cost", "message"),
+    [
+        ("2", "cost must be two numbers a_ms,b_ms"),
+        ("2,0.1,3", "cost must be two numbers a_ms,b_ms"),
+        ("0,0.1", "cost needs a_ms > 0 and b_ms >= 0"),
+        ("2,-1", "cost needs a_ms > 0 and b_ms >= 0"),
+    ],
+)
+def test_a_cost_that_is_not_a_and_b_is_refused(cost, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["sweep", "--rates", "100", "--cost", cost])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_sweep_csv_says_what_it_wrote_and_where(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "--rates", "100", "--duration", "0.2", "--csv", "grid.csv"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 1 rows (" in out and "rate, " in out
+    assert out.rstrip().endswith(f"to {tmp_path / 'grid.csv'}")
+
+
+def test_demo_on_a_pipe_prints_the_table_alone(capsys):
+    assert main(["demo", "--rates", "100", "--step-s", "0.2"]) == 0  # capsys: not a terminal
+    captured = capsys.readouterr()
+    assert "\r" not in captured.out + captured.err and "step 1/1" not in captured.err
+
+
+def test_a_model_in_the_current_folder_loads(tmp_path, monkeypatch, capsys):
+    (tmp_path / "newcomer_model.py").write_text(
+        "import numpy as np\n"
+        "class Scorer:\n"
+        "    def predict(self, x):\n"
+        "        return np.asarray(x).sum(axis=1)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
+    monkeypatch.delitem(sys.modules, "newcomer_model", raising=False)
+    argv = ["profile", "--model", "newcomer_model:Scorer.predict", "--width", "4"]
+    assert main([*argv, "--sizes", "1,2", "--repeats", "1"]) == 0
+    assert "newcomer_model" in sys.modules
+
+
+def test_config_sections_and_export_runner_name_the_runners_there_are(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("runners:\n  scorr:\n    batching:\n      max_batch_size: 4\n")
+    with pytest.raises(SystemExit) as info:
+        main(["export", "labserve", "--config", str(path), "--runner", "nosuch"])
+    assert info.value.code == 2
+    assert "has no section for runner 'nosuch'; its runner sections: 'scorr'" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        main(["serve", "labserve.lab.demo:SleepModel", "--config", str(path), "--port", "0"])
+    err = capsys.readouterr().err
+    assert (
+        "section for runner 'scorr', which is not served; the runners served: 'sleepmodel'" in err
+    )
+
+
+def test_configure_a_method_that_is_not_there_names_those_that_are():
+    from labserve.lab.demo import SleepModel
+
+    runner = labserve.Runner(SleepModel(), name="newcomer")
+    try:
+        with pytest.raises(labserve.ConfigError, match=r"\(it has: predict\), got 'predikt'"):
+            runner.configure("predikt", max_batch_size=4)
+    finally:
+        runner.stop()

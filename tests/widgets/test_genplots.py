@@ -1,0 +1,66 @@
+"""Generation runs step by step, headless: each line holds the run's own per-step values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from bokeh.models import ColumnDataSource, GlyphRenderer
+from jupyter_bokeh import BokehModel
+from labserve.widgets import generation_steps_figure, plot_generation_steps
+
+from labserve.generation.config import GenerationConfig
+from labserve.sim.generation import StepCost, simulate_generation
+
+
+@pytest.fixture(scope="module")
+def runs():
+    kw = dict(n_requests=40, input_len=8, output_len="uniform:1:64", seed=2)
+    config = GenerationConfig(max_num_seqs=8, request_timeout_ms=0)
+    return {
+        "static": simulate_generation(config.replace(strategy="static"), StepCost(5.0), **kw),
+        "continuous": simulate_generation(config, StepCost(5.0), **kw),
+    }
+
+
+def sources(fig) -> dict[str, ColumnDataSource]:
+    return {s.name: s for s in fig.select({"type": ColumnDataSource})}
+
+
+def test_one_step_line_per_run_holding_its_steps(runs):
+    fig = generation_steps_figure(runs, y="num_seqs")
+    by_name = sources(fig)
+    assert set(by_name) == {"static", "continuous"}
+    for name, run in runs.items():
+        assert by_name[name].data["x"] == run.steps.start_s.tolist()
+        assert by_name[name].data["y"] == run.steps.num_seqs.astype(float).tolist()
+    steps = [r for r in fig.select({"type": GlyphRenderer}) if type(r.glyph).__name__ == "Step"]
+    assert len(steps) == 2
+
+
+def test_tokens_in_a_step_are_prefill_plus_decode(runs):
+    data = sources(generation_steps_figure(runs, y="num_batched_tokens"))["continuous"].data
+    steps = runs["continuous"].steps
+    assert data["y"] == (steps.num_prefill_tokens + steps.num_decode_tokens).tolist()
+
+
+def test_a_long_run_is_thinned_to_means_that_keep_its_total(runs):
+    run = runs["static"]
+    data = sources(generation_steps_figure({"s": run}, y="num_seqs", max_points=10))["s"].data
+    assert len(data["y"]) == 10
+    edges = np.linspace(0, len(run.steps), 11).astype(int)
+    weighted = sum(m * n for m, n in zip(data["y"], np.diff(edges), strict=True))
+    assert weighted == pytest.approx(run.steps.num_seqs.sum())
+
+
+def test_bad_input_is_refused_with_what_was_expected(runs):
+    with pytest.raises(ValueError, match="y must be one of"):
+        generation_steps_figure(runs, y="latency")
+    with pytest.raises(ValueError, match="at least one"):
+        generation_steps_figure({})
+    with pytest.raises(TypeError, match="no per-step records"):
+        generation_steps_figure({"x": object()})
+
+
+def test_plot_wraps_the_figure_in_a_widget(runs):
+    chart = plot_generation_steps(runs, y="num_running")
+    assert isinstance(chart, BokehModel)

@@ -1,0 +1,152 @@
+"""The generation dashboard's six Bokeh charts over one ColumnDataSource of ticks.
+
+TTFT and inter-token latency against their targets, sequences running and waiting (and
+preempted), tokens per step split into prefill and decode against the step's budget, KV
+blocks used against the cache's, and throughput (served requests, goodput, output tokens).
+Every chart shares one time axis that the kernel moves in steps (``axes.py``), and one
+source (one row per tick, ``genseries.py``). Whoever streams into them must be the only
+writer of their document (the dashboard's pump). Not thread-safe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bokeh.layouts import column as stack
+from bokeh.layouts import gridplot
+from bokeh.models import ColumnDataSource, LayoutDOM, LinearAxis
+from bokeh.models.widgets.markups import Div
+from bokeh.palettes import Category10
+from bokeh.plotting import figure
+
+from .axes import SteppedAxes
+from .charts import KEY_STYLE, legend_key
+from .chartwidget import ACK_NAME
+from .genseries import GEN_COLUMNS, Rows
+
+__all__ = ["GenerationCharts"]
+
+_C = Category10[10]
+
+
+class GenerationCharts:
+    """TTFT, ITL, sequences, tokens per step, KV blocks, throughput: the last ``follow_s``."""
+
+    def __init__(
+        self, *, follow_s: float = 60.0, hz: float = 5.0, width: int = 470, height: int = 210
+    ) -> None:
+        self.ticks = ColumnDataSource({c: [] for c in GEN_COLUMNS})
+        self.axes = SteppedAxes(follow_s)
+        self._rollover = int((follow_s + 2 * self.axes.step_s) * hz) + 1
+        src = self.ticks
+
+        def timeline(title: str, y_label: str, columns: list[str], **kw: Any) -> Any:
+            log = kw.get("log", False)
+            fig = figure(
+                title=title,
+                x_range=self.axes.x,
+                y_range=self.axes.y(columns, log=log, stacked=kw.get("stacked", False)),
+                y_axis_type="log" if log else "linear",
+                tools="pan,wheel_zoom,reset,save",
+                width=width,
+                height=height,
+            )
+            fig.xaxis.axis_label = "time (s)"
+            fig.yaxis.axis_label = y_label
+            fig.toolbar.logo = None
+            return fig
+
+        ttft = timeline("Time to first token (window)", "ms",
+                        ["ttft_p50", "ttft_p99", "ttft_slo_ms"], log=True)  # fmt: skip
+        ttft.line("t", "ttft_p50", source=src, color=_C[2], line_width=2, legend_label="p50")
+        ttft.line("t", "ttft_p99", source=src, color=_C[3], line_width=2, legend_label="p99")
+        ttft.step("t", "ttft_slo_ms", source=src, color=_C[2], line_dash="dashed", mode="after",
+                  line_width=2, legend_label="ttft_slo_ms")  # fmt: skip
+
+        itl = timeline("Inter-token latency (window)", "ms",
+                       ["itl_p50", "itl_p99", "tpot_p99", "tpot_slo_ms"], log=True)  # fmt: skip
+        itl.line("t", "itl_p50", source=src, color=_C[2], line_width=2, legend_label="ITL p50")
+        itl.line("t", "itl_p99", source=src, color=_C[3], line_width=2, legend_label="ITL p99")
+        itl.line("t", "tpot_p99", source=src, color=_C[1], line_dash="dotted", line_width=2,
+                 legend_label="TPOT p99")  # fmt: skip
+        itl.step("t", "tpot_slo_ms", source=src, color=_C[2], line_dash="dashed", mode="after",
+                 line_width=2, legend_label="tpot_slo_ms")  # fmt: skip
+
+        seqs = timeline("Sequences (now; preempted: last 1 s)", "sequences",
+                        ["num_running", "num_waiting", "max_num_seqs", "preempted"])  # fmt: skip
+        seqs.step("t", "num_running", source=src, color=_C[0], mode="after", line_width=2,
+                  legend_label="running")  # fmt: skip
+        seqs.step("t", "num_waiting", source=src, color=_C[1], mode="after", line_width=2,
+                  legend_label="waiting")  # fmt: skip
+        seqs.step("t", "max_num_seqs", source=src, color=_C[3], mode="after", line_dash="dashed",
+                  legend_label="max_num_seqs")  # fmt: skip
+        seqs.line("t", "preempted", source=src, color=_C[4], legend_label="preempted")
+
+        # A bar per tick (a tick without steps has none). The y axis follows the tokens, not
+        # the budget: a step of a few decode tokens under a budget of thousands stays
+        # readable; the budget's line shows when the steps come near it.
+        step = timeline("Tokens per step (mean of each tick's steps)", "tokens",
+                        ["prefill_per_step", "decode_per_step"], stacked=True)  # fmt: skip
+        step.vbar_stack(["decode_per_step", "prefill_per_step"], x="t", width=0.8 / hz,
+                        source=src, color=[_C[0], _C[1]], line_width=0,
+                        legend_label=["decode", "prefill"])  # fmt: skip
+        step.step("t", "max_num_batched_tokens", source=src, color=_C[3], mode="after",
+                  line_dash="dashed", legend_label="max_num_batched_tokens")  # fmt: skip
+
+        kv = timeline("KV cache (now)", "blocks", ["kv_blocks_used", "num_kv_blocks"])
+        kv.step("t", "kv_blocks_used", source=src, color=_C[0], mode="after", line_width=2,
+                legend_label="blocks used")  # fmt: skip
+        kv.step("t", "num_kv_blocks", source=src, color=_C[3], mode="after", line_dash="dashed",
+                legend_label="num_kv_blocks")  # fmt: skip
+
+        rate = timeline("Throughput (window)", "requests / s", ["requests_per_s", "goodput"])
+        rate.line("t", "requests_per_s", source=src, color=_C[0], line_width=2,
+                  legend_label="served req/s")  # fmt: skip
+        rate.line("t", "goodput", source=src, color=_C[2], line_width=2,
+                  legend_label="goodput req/s")  # fmt: skip
+        rate.extra_y_ranges = {"tokens": self.axes.y(["output_tokens_per_s"])}
+        right = LinearAxis(y_range_name="tokens", axis_label="output tokens / s")
+        rate.add_layout(right, "right")
+        rate.line("t", "output_tokens_per_s", source=src, color=_C[7], line_dash="dashed",
+                  y_range_name="tokens", legend_label="output tokens/s (right)")  # fmt: skip
+
+        self.figures = {"ttft": ttft, "itl": itl, "sequences": seqs, "tokens_per_step": step,
+                        "kv": kv, "throughput": rate}  # fmt: skip
+        cells = {}
+        key_style: dict[str, str | None] = dict(KEY_STYLE)
+        for name, fig in self.figures.items():
+            fig.xgrid.visible = False
+            cells[name] = stack(fig, Div(text=legend_key(fig), styles=key_style), spacing=0)
+        self.layout: LayoutDOM = gridplot(
+            [
+                [cells["ttft"], cells["itl"]],
+                [cells["sequences"], cells["tokens_per_step"]],
+                [cells["kv"], cells["throughput"]],
+            ],
+            toolbar_location="right",
+            merge_tools=True,
+        )
+        # The model a ChartWidget's patches number themselves on (flow control); no view.
+        self.layout.tags = [ColumnDataSource(name=ACK_NAME)]
+
+    def stream(self, tick: Rows) -> None:
+        """Append rows, dropping the oldest past the rollover; move the axes if they must."""
+        if tick["t"]:
+            rows: dict[str, Any] = dict(tick)
+            self.ticks.stream(rows, rollover=self._rollover)
+            data: dict[str, Any] = dict(self.ticks.data)
+            self.axes.update(data, len(tick["t"]))
+
+    def set_window(self, window_s: float) -> None:
+        """Say in the window charts' titles how long the window is."""
+        for name, what in (("ttft", "Time to first token"), ("itl", "Inter-token latency"),
+                           ("throughput", "Throughput")):  # fmt: skip
+            title = f"{what} (last {window_s:.0f} s)"
+            fig = self.figures[name]
+            if fig.title.text != title:
+                fig.title.text = title
+
+    def clear(self) -> None:
+        """Empty every chart (another method was chosen, or the stats were reset)."""
+        self.ticks.data = {c: [] for c in GEN_COLUMNS}
+        self.axes.reset()

@@ -1,0 +1,235 @@
+"""The generation dashboard: scheduler and load controls, streaming charts, a status line.
+
+It watches a generative method (continuous batching) wherever it runs, through a
+``labserve.GenerationSource``: a runner in this process or a labserve server by URL. It
+composes :class:`~labserve.widgets.gencontrols.GenerationControls`,
+:class:`~labserve.widgets.genloadpanel.GenerationLoadControls`,
+:class:`~labserve.widgets.gencharts.GenerationCharts` shown through
+:class:`~labserve.widgets.chartwidget.ChartWidget`, and one
+:class:`~labserve.widgets.genpump.GenerationPump`, the only writer of the charts. It shares
+the request dashboard's machinery, so the same guarantees hold: BokehJS travels in a
+hidden widget (a reloaded page gets it back), a new view or a reloaded page draws the
+document as it is now, patches wait for the page's acknowledgements.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import threading
+import time
+import weakref
+from typing import Any
+
+import ipywidgets as w
+from bokeh.document import Document
+from IPython.display import display
+
+import labserve
+
+from .bokehjs import bokehjs_widget
+from .chartwidget import ChartWidget
+from .gencharts import GenerationCharts
+from .gencontrols import GenerationControls
+from .genloadpanel import GenerationLoadControls
+from .genpump import GenerationPump
+
+__all__ = ["GenerationDashboard"]
+
+_LIVE: weakref.WeakValueDictionary[str, GenerationDashboard] = weakref.WeakValueDictionary()
+"""The newest dashboard on each set of methods (by source kind and name)."""
+_LIVE_LOCK = threading.Lock()
+
+
+class GenerationDashboard:
+    """Controls and live charts for a generative method: in this process or by URL.
+
+    ``target``: a Runner, a generative method (``runner.generate``), a Server, the URL of
+    a labserve server (``token=`` for changes: ``PATCH /config``), or
+    ``labserve.GenerationSource`` objects. ``hz``: views per second; ``follow_s``: the
+    seconds the charts show. ``rate``, ``input_len``, ``output_len``: the load column's
+    first values. Display it (last line of a cell); each display is a fresh view of
+    current data. ``close()`` stops its pump and load.
+
+    >>> from labserve.widgets import GenerationDashboard            # doctest: +SKIP
+    >>> GenerationDashboard(runner)                     # runner = labserve.Runner(TinyLM)
+    >>> GenerationDashboard("http://127.0.0.1:8000", token=token)
+    """
+
+    def __init__(
+        self,
+        target: Any,
+        *,
+        hz: float = 5.0,
+        follow_s: float = 60.0,
+        token: str | None = None,
+        rate: float = 4.0,
+        input_len: str = "lognormal:32:256",
+        output_len: str = "lognormal:64:256",
+    ) -> None:
+        target = target.runner if _is_method_of_runner(target) else target
+        sources = labserve.generation_sources(target, token=token)
+        self.methods = {s.name: s for s in sources}
+        first = sources[0].name
+        self._views: list[ChartWidget] = []
+        self._status_at = -math.inf
+        self.charts = GenerationCharts(follow_s=follow_s, hz=hz)
+        self.doc = Document()
+        self.doc.add_root(self.charts.layout)
+        self.scheduling = GenerationControls(
+            self.methods, first, on_method=self._on_method, on_reset=self._on_reset
+        )
+        self.load = GenerationLoadControls(
+            lambda: self.method, rate=rate, input_len=input_len, output_len=output_len
+        )
+        self.controls: dict[str, Any] = {**self.scheduling.widgets, **self.load.widgets}
+        """Every control by name (the scheduler's, then the load's)."""
+        self.errors: dict[str, w.HTML] = {**self.scheduling.errors, "load": self.load.error}
+        """Where each group's refusals show."""
+        self.status = w.HTML(
+            value="<code>starting…</code>",
+            layout=w.Layout(height="6.4em", overflow="hidden", margin="4px 0"),
+        )
+        self.panel = w.HBox([self.scheduling.box, self.load.box])
+        self.pump = GenerationPump(
+            self.charts,
+            self.doc,
+            lambda: self.method,
+            hz=hz,
+            alive=self._alive,
+            on_tick=self._on_tick,
+            start=False,  # _on_tick reads self.pump
+        )
+        self.pump.start()
+        # A re-run cell (Run All again) makes a new dashboard on the same methods: the old
+        # one stops, so its pump and its load do not live on unseen beside the new one.
+        key = ",".join(f"{type(s).__name__}:{s.name}" for s in sources)
+        with _LIVE_LOCK:
+            old = _LIVE.get(key)
+            _LIVE[key] = self
+        if old is not None:
+            old.close()
+
+    @property
+    def method(self) -> labserve.GenerationSource:
+        """The source of the method the controls and charts follow."""
+        return self.scheduling.method
+
+    def _alive(self) -> bool:
+        """On the pump thread: whether to go on; if not, the status line says why."""
+        if self.method.alive:
+            return True
+        self.load.stop()
+        self.status.value = (
+            f"<code><span style='color:#b60'>{html.escape(self.method.name)} stopped (its "
+            "runner or server stopped): the charts show its last figures, and nothing "
+            "moves any more.</span></code>"
+        )
+        return False
+
+    def _on_method(self) -> None:
+        self.load.stop()
+        self.pump.clear()
+
+    def _on_reset(self) -> None:
+        self.pump.clear()
+
+    def view(self) -> w.VBox:
+        """A new view: the controls and a chart widget rendered from the data as it is now."""
+        with self.pump.lock:
+            charts = ChartWidget(self.charts.layout, lock=self.pump.lock)
+        self._views.append(charts)
+        return w.VBox([self.panel, self.status, charts])
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel.
+        display(bokehjs_widget())
+        bundle = self.view()._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, dict):  # the VBox's own text holds live numbers
+            bundle["text/plain"] = repr(self)
+        return bundle
+
+    def close(self) -> None:
+        """Stop the load and the pump, close the widgets. Idempotent.
+
+        A new dashboard on the same methods (a re-run cell) closes this one.
+        """
+        self.load.stop()
+        self.pump.stop()
+        for view in self._views:
+            view.close()
+        self._views.clear()
+
+    def __repr__(self) -> str:
+        state = "live" if self.pump.running else "stopped"
+        return f"<GenerationDashboard {self.method.name} ({state})>"
+
+    def _on_tick(self, view: labserve.GenerationView | None) -> None:
+        """On the pump thread: the controls follow the config, the status line the figures."""
+        if view is not None:
+            self.scheduling.follow(view.config)
+        load = self.load.poll()
+        now = time.monotonic()
+        if now - self._status_at < 0.5:  # read, not watched
+            return
+        self._status_at = now
+        snap = None if view is None else view.snapshot
+        parts = [] if snap is None else [_settings(snap, view.config if view else None)]
+        if load:
+            parts.append(html.escape(load))
+        error = self.pump.last_error
+        if error is not None:
+            ago = now - self.pump.last_error_at
+            parts.append(
+                f"<span style='color:#c00'>chart update failed {self.pump.errors:,} times "
+                f"(last {ago:.0f} s ago: {html.escape(type(error).__name__)}: "
+                f"{html.escape(str(error))})</span>"
+            )
+        numbers = "" if snap is None else _numbers(snap, self.pump.series.preempted_recent)
+        self.status.value = f"<code>{numbers}<br>{' · '.join(parts)}</code>"
+
+
+def _is_method_of_runner(target: Any) -> bool:
+    """A batchable method given for a runner whose generative methods are wanted."""
+    return isinstance(target, labserve.RunnerMethod)
+
+
+def _fmt(x: float, spec: str, unit: str = "") -> str:
+    return f"{x:{spec}}{unit}" if math.isfinite(x) else "-"
+
+
+def _numbers(snap: labserve.GenerationSnapshot, preempted: float) -> str:
+    """The line a tuner reads: each number with the window it covers."""
+    p = snap.percentiles_ms
+    cfg = snap.config
+    window = f"<i>(last {snap.window_s:.0f} s)</i>"
+    goodput = (
+        f" · goodput <b>{_fmt(snap.goodput, '.2f')}</b> req/s"
+        if cfg.ttft_slo_ms or cfg.tpot_slo_ms
+        else ""
+    )
+    return (
+        f"<b>{_fmt(snap.output_tokens_per_s, ',.0f')}</b> tokens/s · "
+        f"<b>{_fmt(snap.requests_per_s, '.2f')}</b> req/s{goodput} · TTFT p50 "
+        f"<b>{_fmt(p['ttft']['p50'], '.0f')}</b> / p99 <b>{_fmt(p['ttft']['p99'], '.0f')}</b> ms"
+        f" · ITL p50 <b>{_fmt(p['itl']['p50'], '.1f')}</b> / p99 "
+        f"<b>{_fmt(p['itl']['p99'], '.1f')}</b> ms {window} · running "
+        f"<b>{snap.num_running}</b>, waiting <b>{snap.num_waiting}</b>, KV blocks "
+        f"<b>{snap.kv_blocks_used}</b> <i>(now)</i> · preempted <b>{_fmt(preempted, '.0f')}</b>"
+        " <i>(last 1 s)</i>"
+    )
+
+
+def _settings(snap: labserve.GenerationSnapshot, asked: labserve.GenerationConfig | None) -> str:
+    cfg = asked if asked is not None else snap.config
+    text = (
+        f"<b>{html.escape(snap.runner)}.{html.escape(snap.method)}</b>: {cfg.strategy}, "
+        f"{cfg.scheduling_policy}, max_num_seqs={cfg.max_num_seqs}, "
+        f"max_num_batched_tokens={cfg.max_num_batched_tokens}, "
+        f"chunked prefill {'on' if cfg.enable_chunked_prefill else 'off'}"
+    )
+    if cfg.ttft_slo_ms or cfg.tpot_slo_ms:
+        text += f", targets TTFT {cfg.ttft_slo_ms:g} ms, TPOT {cfg.tpot_slo_ms:g} ms"
+    if asked is not None and asked != snap.config:
+        text += " <i>(from the next step)</i>"
+    return text

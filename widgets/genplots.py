@@ -1,0 +1,121 @@
+"""Static charts of generation runs, step by step: occupancy, waiting, tokens, KV blocks.
+
+A generation run (the simulator's or a live run's result) carries per-step columns in its
+``steps`` (``start_s``, ``num_seqs``, ``num_running``, ``num_waiting``,
+``num_prefill_tokens``, ``num_decode_tokens``, ``kv_blocks_used``, ``num_preempted``).
+:func:`plot_generation_steps` draws one of them against time for several runs, so a lesson
+shows ``static`` and continuous batching side by side. Only attributes are read (duck
+typing): the widgets layer uses labserve's public API only.
+
+>>> from labserve.widgets.genplots import plot_generation_steps           # doctest: +SKIP
+>>> plot_generation_steps({"static": a, "continuous": b}, y="num_seqs")   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from bokeh.models import ColumnDataSource, HoverTool, Legend, LegendItem
+from bokeh.palettes import Category10
+from bokeh.plotting import figure
+
+from .chartwidget import ChartWidget
+
+__all__ = ["STEP_COLUMNS", "generation_steps_figure", "plot_generation_steps"]
+
+STEP_COLUMNS: dict[str, str] = {
+    "num_seqs": "sequences in the step",
+    "num_running": "sequences running",
+    "num_waiting": "sequences waiting",
+    "num_prefill_tokens": "prompt tokens in the step",
+    "num_decode_tokens": "decode tokens in the step",
+    "num_batched_tokens": "tokens in the step",
+    "kv_blocks_used": "KV blocks used",
+    "num_preempted": "preemptions in the step",
+}
+"""The per-step columns a chart can show, and their axis labels."""
+
+_COLORS: tuple[str, ...] = Category10[10]
+
+
+def _column(steps: Any, y: str) -> np.ndarray:
+    if y == "num_batched_tokens":
+        return np.asarray(steps.num_prefill_tokens) + np.asarray(steps.num_decode_tokens)
+    return np.asarray(getattr(steps, y), dtype=float)
+
+
+def _thin(x: np.ndarray, y: np.ndarray, most: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``most`` points: means over runs of consecutive steps (the shape survives)."""
+    if len(x) <= most:
+        return x, y
+    edges = np.linspace(0, len(x), most + 1).astype(int)
+    starts = edges[:-1]
+    counts = np.diff(edges)
+    return x[starts], np.add.reduceat(y, starts) / counts
+
+
+def generation_steps_figure(
+    results: Mapping[str, Any],
+    *,
+    y: str = "num_seqs",
+    title: str | None = None,
+    max_points: int = 2000,
+    width: int = 720,
+    height: int = 300,
+) -> Any:
+    """The Bokeh figure behind :func:`plot_generation_steps`.
+
+    Raises:
+        ValueError: no results, or ``y`` is not one of :data:`STEP_COLUMNS`.
+        TypeError: a result has no per-step ``steps``.
+    """
+    if y not in STEP_COLUMNS:
+        raise ValueError(f"y must be one of {', '.join(STEP_COLUMNS)}, got {y!r}")
+    if not results:
+        raise ValueError("results must hold at least one named run, got none")
+    fig = figure(
+        width=width,
+        height=height,
+        title=title or f"{STEP_COLUMNS[y]}, step by step",
+        x_axis_label="time (s)",
+        y_axis_label=STEP_COLUMNS[y],
+        tools="pan,wheel_zoom,box_zoom,reset,save",
+    )
+    items = []
+    for i, (name, result) in enumerate(results.items()):
+        steps = getattr(result, "steps", None)
+        if steps is None or not hasattr(steps, "start_s"):
+            raise TypeError(f"{name!r} has no per-step records (a generation run's .steps)")
+        x, values = _thin(np.asarray(steps.start_s, float), _column(steps, y), max_points)
+        source = ColumnDataSource(
+            {"x": x.tolist(), "y": values.tolist(), "run": [name] * len(x)}, name=name
+        )
+        line = fig.step("x", "y", source=source, mode="after", color=_COLORS[i % 10], line_width=2)
+        items.append(LegendItem(label=name, renderers=[line]))
+    fig.add_tools(HoverTool(tooltips=[("", "@run"), ("t (s)", "@x{0.000}"), ("", "@y{0.[0]}")]))
+    fig.add_layout(Legend(items=items, click_policy="hide"), "right")
+    return fig
+
+
+def plot_generation_steps(
+    results: Mapping[str, Any],
+    *,
+    y: str = "num_seqs",
+    title: str | None = None,
+    max_points: int = 2000,
+    width: int = 720,
+    height: int = 300,
+) -> ChartWidget:
+    """One per-step column of several generation runs against time, a line per run.
+
+    ``results`` maps a name to a run (what ``simulate_generation`` returns); ``y`` is one
+    of :data:`STEP_COLUMNS`. Long runs are thinned to ``max_points`` (means over
+    consecutive steps). Click a legend entry to hide its line.
+    """
+    return ChartWidget(
+        generation_steps_figure(
+            results, y=y, title=title, max_points=max_points, width=width, height=height
+        )
+    )

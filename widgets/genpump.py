@@ -1,0 +1,78 @@
+"""The generation dashboard's pump: pulls a generative method's snapshots, streams chart rows.
+
+Nothing here is on the step path: the driver records, and the pump pulls views from the
+method's source (a runner here, a server by URL) on its own thread, the only writer of the
+charts' Bokeh document (see :class:`~labserve.widgets.ticker.Ticker`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bokeh.document import Document
+
+import labserve
+
+from .chartwidget import one_patch_per_widget
+from .gencharts import GenerationCharts
+from .genseries import GenerationSeries
+from .ticker import Ticker
+
+__all__ = ["GenerationPump"]
+
+
+class GenerationPump(Ticker[labserve.GenerationView]):
+    """One thread that pulls ``source()``'s view ``hz`` times a second into ``charts``.
+
+    ``source()`` returns the ``labserve.GenerationSource`` to watch (another one, or
+    :meth:`clear`, starts the charts over). The rest is :class:`Ticker`'s: one writer per
+    document, :attr:`lock` held while writing, failed ticks counted, ``on_tick(view)`` a
+    few times a second. Thread-safety: :meth:`clear` and :meth:`stop` from any thread.
+    """
+
+    def __init__(
+        self,
+        charts: GenerationCharts,
+        doc: Document,
+        source: Callable[[], labserve.GenerationSource],
+        *,
+        hz: float = 5.0,
+        alive: Callable[[], bool] = lambda: True,
+        on_tick: Callable[[labserve.GenerationView | None], None] | None = None,
+        start: bool = True,
+    ) -> None:
+        self.charts = charts
+        self._source = source
+        self.series = GenerationSeries()
+        """The rows' maker (its ``preempted_recent`` is the last second's preemptions)."""
+        self._watched: labserve.GenerationSource | None = None
+        self._clear = False
+        super().__init__(
+            doc, hz=hz, alive=alive, on_tick=on_tick, start=start, name="labserve-gen-dashboard"
+        )
+
+    @property
+    def snapshot(self) -> labserve.GenerationSnapshot | None:
+        """The last snapshot pulled (None before the first)."""
+        view = self.view
+        return None if view is None else view.snapshot
+
+    def clear(self) -> None:
+        """Empty the charts at the next tick (thread-safe)."""
+        self._clear = True
+
+    def _tick(self) -> None:
+        source = self._source()
+        if source is not self._watched or self._clear:
+            self._watched = source
+            self._clear = False
+            self.series = GenerationSeries()
+            self.view = None
+            with self.lock:
+                self.charts.clear()
+        view = source.view()
+        row = self.series.update(view.snapshot)
+        self.view = view
+        with self.lock, one_patch_per_widget():
+            self.charts.stream(row)
+            self.charts.set_window(view.snapshot.window_s)
