@@ -34,6 +34,7 @@ import labserve
 from .axes import SteppedAxes
 from .chartwidget import ACK_NAME, ChartWidget
 from .series import RATE_WINDOW_S, REASONS, TICK_COLUMNS, Rows, fit_cost, result_rows
+from .tokens import TOKEN_COLUMNS, token_figure
 
 __all__ = ["KEY_STYLE", "Charts", "charts_for_result", "legend_key", "plot"]
 
@@ -67,7 +68,9 @@ class Charts:
     """Queue depth, batch sizes, latency percentiles, throughput, fire reasons, cost model.
 
     ``follow_s``: the time charts show the last that many seconds (live); ``None`` shows
-    everything (a finished run). Not thread-safe: one writer streams into it.
+    everything (a finished run). ``tokens``: a seventh chart, tokens per batch and padding
+    (a method with a ragged axis; its rows then carry :data:`~.tokens.TOKEN_COLUMNS`).
+    Not thread-safe: one writer streams into it.
     """
 
     def __init__(
@@ -77,8 +80,11 @@ class Charts:
         hz: float = 5.0,
         width: int = 470,
         height: int = 220,
+        tokens: bool = False,
     ):
-        self.ticks = ColumnDataSource({c: [] for c in TICK_COLUMNS})
+        self.columns = TICK_COLUMNS + (TOKEN_COLUMNS if tokens else ())
+        """The columns of each row streamed."""
+        self.ticks = ColumnDataSource({c: [] for c in self.columns})
         self.fit_points = ColumnDataSource({"items": [], "duration_ms": []})
         self.fit_line = ColumnDataSource({"items": [], "duration_ms": []})
         # Live: the kernel moves the axes in steps (see axes.py), and the source keeps only
@@ -181,6 +187,7 @@ class Charts:
             "throughput": throughput,
             "reasons": reasons,
             "cost": cost,
+            **({"tokens": token_figure(timeline, self.ticks, _COLORS)} if tokens else {}),
         }
         # The keys are HTML under each plot, not Bokeh legends: a legend is redrawn (on a
         # fresh canvas layer) with every frame, a key is drawn once. And they hide no data.
@@ -196,6 +203,7 @@ class Charts:
                 [cells["queue"], cells["batch_size"]],
                 [cells["latency"], cells["throughput"]],
                 [cells["reasons"], cells["cost"]],
+                *([[cells["tokens"], None]] if tokens else []),
             ],
             toolbar_location="right",
             merge_tools=True,
@@ -206,6 +214,7 @@ class Charts:
     def stream(self, tick: Rows) -> None:
         """Append rows, dropping the oldest past the rollover."""
         if tick["t"]:
+            tick = {c: tick[c] for c in self.columns}
             self.ticks.stream(tick, rollover=self._rollover)
             if self.axes is not None:
                 self.axes.update(self.ticks.data, len(tick["t"]))
@@ -261,7 +270,7 @@ class Charts:
 
     def clear(self) -> None:
         """Empty every chart (another method was chosen, or the stats were reset)."""
-        self.ticks.data = {c: [] for c in TICK_COLUMNS}
+        self.ticks.data = {c: [] for c in self.columns}
         if self.axes is not None:
             self.axes.reset()
         self.show_fit([], [], math.nan, math.nan, math.nan)

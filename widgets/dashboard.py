@@ -30,6 +30,8 @@ from .controls import BatchingControls
 from .loadpanel import LoadControls
 from .pump import Pump
 from .series import Recent
+from .tokencontrols import TokenControls
+from .tokens import has_ragged_axis
 
 __all__ = ["Dashboard"]
 
@@ -64,7 +66,10 @@ class Dashboard:
     one's numbers; ``app.method_sources(proxy_url=...)`` if Serve's proxy is not on port
     8000), or ``labserve.MethodSource`` objects. ``example``: one request, for the load
     controls (default: zeros from the method's ``input_spec`` if it declares one).
-    ``hz``: views per second. Display it (last line of a cell); each display is a fresh
+    ``hz``: views per second. ``tokens``: show tokens per batch and padding (a chart and a
+    readout) with controls over padding, ``length_buckets`` and ``max_batch_tokens``
+    (default: when a method in this process has a ragged axis, ``pad=``; pass True for a
+    URL's). Display it (last line of a cell); each display is a fresh
     view of current data. ``close()`` stops its pump and load.
 
     >>> from labserve.widgets import Dashboard               # doctest: +SKIP
@@ -81,23 +86,41 @@ class Dashboard:
         hz: float = 5.0,
         follow_s: float = 60.0,
         token: str | None = None,
+        tokens: bool | None = None,
     ) -> None:
         self.methods, first = _methods(target, token)
+        if tokens is None:
+            tokens = any(has_ragged_axis(m) for m in self.methods.values())
         self._views: list[ChartWidget] = []
         self._boxes: list[w.VBox] = []
         self._carriers: list[Any] = []
         self._flow_history: deque[tuple[float, int, int]] = deque()
         self._status_at = -math.inf
-        self.charts = Charts(follow_s=follow_s, hz=hz)
+        self.charts = Charts(follow_s=follow_s, hz=hz, tokens=tokens)
         self.doc = Document()
         self.doc.add_root(self.charts.layout)
         self.batching = BatchingControls(
             self.methods, first, on_method=self._on_method, on_reset=self._on_reset
         )
-        self.load = LoadControls(lambda: self.method, example)
-        self.controls: dict[str, Any] = {**self.batching.widgets, **self.load.widgets}
-        """Every control by name (the batching ones, then the load ones)."""
-        self.errors: dict[str, w.HTML] = {**self.batching.errors, "load": self.load.error}
+        self.load = LoadControls(
+            lambda: self.method, example, input_len="lognormal:16:128" if tokens else None
+        )
+        self.tokens = TokenControls(lambda: self.method) if tokens else None
+        """Padding, length buckets and the token budget (a method with a ragged axis)."""
+        token_box = self.tokens.box if self.tokens else w.VBox()
+        token_widgets = self.tokens.widgets if self.tokens else {}
+        self.controls: dict[str, Any] = {
+            **self.batching.widgets,
+            **self.load.widgets,
+            **token_widgets,
+        }
+        """Every control by name (the batching ones, the load ones, then the token ones)."""
+        token_errors = self.tokens.errors if self.tokens else {}
+        self.errors: dict[str, w.HTML] = {
+            **self.batching.errors,
+            "load": self.load.error,
+            **token_errors,
+        }
         """Where each group's refusals show."""
         # Two lines of fixed height: the numbers a tuner compares, then the settings, the load
         # and any warning. A message appearing does not move the charts.
@@ -107,7 +130,8 @@ class Dashboard:
         )
         self.replicas = w.HTML(value="", layout=w.Layout(display="none", margin="0 0 4px 0"))
         """Each replica's numbers (shown when the method runs on several)."""
-        self.panel = w.VBox([w.HBox([self.batching.box, self.load.box]), self.batching.export])
+        self.panel = w.VBox([w.HBox([w.VBox([self.batching.box, token_box]), self.load.box]),
+                             self.batching.export])  # fmt: skip
         self.pump = Pump(
             self.charts,
             self.doc,
@@ -222,6 +246,9 @@ class Dashboard:
         """
         if view is not None:
             self.batching.follow(view.config)
+            if self.tokens is not None:
+                self.tokens.follow(view.config)
+                self.tokens.show_tokens(self.pump.tokens, view.config)
         snap = None if view is None else view.snapshot
         load = self.load.poll()
         behind = self._flow_note()

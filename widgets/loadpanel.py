@@ -37,11 +37,18 @@ class LoadControls:
 
     It runs until stopped (chained runs of one preset period each, the elapsed time shown),
     or for the duration typed. ``example``: the request sent (default: the source's, from
-    a method's ``input_spec``). Thread-safety: :meth:`poll` runs on the dashboard's pump
+    a method's ``input_spec``). ``input_len``: show a field for a length mix (a method with
+    a ragged axis), holding this at first (``"lognormal:16:128"``; empty sends ``example``
+    as it is). Thread-safety: :meth:`poll` runs on the dashboard's pump
     thread, the widgets' callbacks on the kernel's; :meth:`stop` may be called from either.
     """
 
-    def __init__(self, target: Callable[[], labserve.MethodSource], example: Any = None) -> None:
+    def __init__(
+        self,
+        target: Callable[[], labserve.MethodSource],
+        example: Any = None,
+        input_len: str | None = None,
+    ) -> None:
         self._target = target
         self._example = example
         self.run: labserve.LoadRun | None = None
@@ -64,6 +71,10 @@ class LoadControls:
         c["duration"] = w.Text(value="", placeholder="until stopped",
                                description="duration (s)", layout=control_layout(),
                                style=_STYLE, continuous_update=False)  # fmt: skip
+        if input_len is not None:  # each request resized to a length drawn from the mix
+            c["input_len"] = w.Text(value=input_len, description="input lengths",
+                                    placeholder="e.g. lognormal:16:128", style=_STYLE,
+                                    layout=control_layout(), continuous_update=False)  # fmt: skip
         c["start"] = w.ToggleButton(description="start load", icon="play", value=False)
         self.widgets = c
         self.error = w.HTML(layout=w.Layout(min_width="10px"))
@@ -72,6 +83,7 @@ class LoadControls:
         self._show_fields()
         self.box = w.VBox([
             c["pattern"], c["rate"], c["concurrency"], c["duration"],
+            *([c["input_len"]] if "input_len" in c else []),
             w.HBox([c["start"], self.error]),
         ])  # fmt: skip
 
@@ -102,6 +114,8 @@ class LoadControls:
             # Until stopped: one preset period at a time, each chained at the end of the last.
             chunk = duration if duration is not None else CHUNK_S
             kwargs: dict[str, Any] = {"example": example, "duration_s": chunk}
+            if "input_len" in c and c["input_len"].value.strip():
+                kwargs["input_len"] = c["input_len"].value.strip()
             if c["pattern"].value == _CLOSED_LOOP:
                 clients = c["concurrency"].value
                 if not clients.strip().isdigit():

@@ -19,6 +19,7 @@ from .charts import Charts
 from .chartwidget import one_patch_per_widget
 from .series import LiveSeries, Recent
 from .ticker import Ticker
+from .tokens import TokenSeries, TokensRecent
 
 __all__ = ["Pump"]
 
@@ -56,6 +57,7 @@ class Pump(Ticker[labserve.SourceView]):
         self.charts = charts
         self._source = source
         self._series = LiveSeries()
+        self._tokens = TokenSeries()
         self._method: Any = None
         self._watched: labserve.MethodSource | None = None
         self._clear = False
@@ -65,6 +67,11 @@ class Pump(Ticker[labserve.SourceView]):
     def recent(self) -> Recent | None:
         """What moved over the last second (rates, mean batch, rejected %, model busy %)."""
         return self._series.recent
+
+    @property
+    def tokens(self) -> TokensRecent | None:
+        """The last second's batches in tokens: per batch, and how much was padding."""
+        return self._tokens.recent
 
     @property
     def snapshot(self) -> labserve.Snapshot | None:
@@ -88,12 +95,14 @@ class Pump(Ticker[labserve.SourceView]):
             )
             self._clear = False
             self._series = LiveSeries()
+            self._tokens = TokenSeries()
             self.view = None
             with self.lock:
                 self.charts.clear()
         view = self.view = watched.view()
         snap = view.snapshot
         tick = self._series.update(snap)
+        tick.update(self._tokens.update(snap))
         # The cost chart redraws whole: once a second is enough to watch the fit settle.
         refit = self.ticks % max(round(self.hz), 1) == 0
         recent = snap.recent_batches[-256:]

@@ -9,10 +9,15 @@ padded by the method's own codec) and fits the cost with terms named by what the
 
 A :class:`CostSurface` is callable as ``surface(items, tokens) -> seconds``: the simulator
 takes it as a padded method's cost (interpolated between measured points, the fit beyond).
+:func:`load_surface` reads one saved as JSON; with no path, the profile of all-MiniLM-L6-v2
+that ships in the package (a copy of ``benchmarks/tokens/minilm_surface.json``), so a lesson
+can simulate that model without torch.
 """
 
 from __future__ import annotations
 
+import json
+import pathlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +29,10 @@ import numpy as np
 from labserve.lab._fit import fit_nonnegative
 from labserve.runtime.runner import RunnerMethod
 
-__all__ = ["CostSurface", "TokenCost", "profile_tokens"]
+__all__ = ["MINILM_SURFACE", "CostSurface", "TokenCost", "load_surface", "profile_tokens"]
+
+MINILM_SURFACE = pathlib.Path(__file__).with_name("minilm_surface.json")
+"""all-MiniLM-L6-v2's cost surface, measured on one CPU thread (benchmarks/tokens/)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,23 @@ class CostSurface:
             f" + {f.per_token_ms:.5f} ms x padded tokens"
         )
         return "\n".join(lines)
+
+
+def load_surface(path: str | pathlib.Path | None = None) -> CostSurface:
+    """A :class:`CostSurface` saved as JSON (``sizes``, ``widths``, ``median_s``, ``fit``).
+
+    ``path``: None reads :data:`MINILM_SURFACE`, the shipped profile of all-MiniLM-L6-v2.
+
+    >>> load_surface().fit.per_token_ms > 0
+    True
+    """
+    data = json.loads(pathlib.Path(path or MINILM_SURFACE).read_text(encoding="utf-8"))
+    return CostSurface(
+        tuple(int(n) for n in data["sizes"]),
+        tuple(int(w) for w in data["widths"]),
+        tuple(tuple(float(s) for s in row) for row in data["median_s"]),
+        TokenCost(**data["fit"]),
+    )
 
 
 def profile_tokens(

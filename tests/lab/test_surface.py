@@ -1,10 +1,19 @@
 """profile_tokens: the cost surface of a padded model over batch size and padded width."""
 
+import json
+import pathlib
+
 import numpy as np
 import pytest
 
 import labserve
-from labserve.lab.surface import CostSurface, TokenCost, profile_tokens
+from labserve.lab.surface import (
+    MINILM_SURFACE,
+    CostSurface,
+    TokenCost,
+    load_surface,
+    profile_tokens,
+)
 
 
 class VirtualTime:
@@ -80,3 +89,21 @@ def test_the_fit_keeps_every_term_nonnegative():
 
     fit = _fit([(1, 10, 0.003), (2, 20, 0.0025), (4, 40, 0.002)])
     assert fit.per_item_ms >= 0 and fit.per_token_ms >= 0
+
+
+def test_the_shipped_minilm_profile_is_the_benchmarks_one_and_loads():
+    # Lesson 08 simulates from the package's copy: it must not drift from the measured one.
+    benchmark = pathlib.Path(__file__).parents[2] / "benchmarks" / "tokens" / "minilm_surface.json"
+    assert json.loads(MINILM_SURFACE.read_text()) == json.loads(benchmark.read_text())
+    surface = load_surface()
+    assert surface.sizes[0] == 1 and surface.widths[-1] == 256
+    assert surface(1, 8) == pytest.approx(surface.median_s[0][0])  # a measured point
+    assert surface(64, 64 * 16) > surface(64, 64 * 8)  # wider costs more
+
+
+def test_load_surface_reads_a_saved_profile(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"sizes": [1, 4], "widths": [8], "median_s": [[0.01], [0.02]],
+                                "fit": {"fixed_ms": 5.0, "per_token_ms": 0.1}}))  # fmt: skip
+    surface = load_surface(path)
+    assert surface(4, 32) == pytest.approx(0.02) and surface.fit.fixed_ms == 5.0
