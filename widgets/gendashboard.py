@@ -143,7 +143,7 @@ class GenerationDashboard:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel.
-        display(bokehjs_widget())
+        display(bokehjs_widget())  # type: ignore[no-untyped-call]  # unannotated in IPython
         bundle = self.view()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # the VBox's own text holds live numbers
             bundle["text/plain"] = repr(self)
