@@ -14,7 +14,7 @@ from typing import Any
 
 from bokeh.layouts import column as stack
 from bokeh.layouts import gridplot
-from bokeh.models import ColumnDataSource, LayoutDOM, LinearAxis
+from bokeh.models import ColumnDataSource, FixedTicker, LayoutDOM, LinearAxis
 from bokeh.models.widgets.markups import Div
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
@@ -27,6 +27,9 @@ from .genseries import GEN_COLUMNS, Rows
 __all__ = ["GenerationCharts"]
 
 _C = Category10[10]
+_LOG_TICKS = [m * 10.0**k for k in range(-3, 7) for m in (1, 2, 5)]
+"""A log axis's ticks: 1, 2, 5 per decade. Over a single decade BokehJS's own log ticker
+labels 100, 200, ... 1000, heaped at the top of the axis."""
 
 
 class GenerationCharts:
@@ -53,6 +56,8 @@ class GenerationCharts:
             )
             fig.xaxis.axis_label = "time (s)"
             fig.yaxis.axis_label = y_label
+            if log:
+                fig.yaxis.ticker = FixedTicker(ticks=_LOG_TICKS, minor_ticks=[])
             fig.toolbar.logo = None
             return fig
 

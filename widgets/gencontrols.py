@@ -1,7 +1,8 @@
 """The scheduler's controls of a generative method: its knobs, applied at the next step.
 
 Strategy (continuous or static), scheduling policy, ``max_num_seqs``,
-``max_num_batched_tokens``, chunked prefill, and the TTFT and TPOT targets (goodput's), on
+``max_num_batched_tokens``, chunked prefill, the TTFT and TPOT targets (goodput's), and the
+KV cache's size in blocks (``num_kv_blocks``: past it, sequences are preempted), on
 the chosen method's source (a runner in this process, a server by URL). A bad value is
 refused with its reason next to the control, and the control goes back to what holds; a
 change made elsewhere (a cell, ``PATCH /config``) shows in the controls.
@@ -29,7 +30,10 @@ _SLIDERS = {
     "max_num_seqs": MAX_NUM_SEQS_STEPS,
     "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS_STEPS,
 }
-_TARGETS = ("ttft_slo_ms", "tpot_slo_ms")
+_BOXES = {"ttft_slo_ms": "0: no target", "tpot_slo_ms": "0: no target",
+          "num_kv_blocks": "0: no limit"}  # fmt: skip
+"""Settings typed into a box, with what 0 means."""
+_INTS = {*_SLIDERS, "num_kv_blocks"}
 
 
 def _nearest(steps: tuple[int, ...], value: float) -> int:
@@ -77,20 +81,20 @@ class GenerationControls:
             c[f"{key}_text"] = w.Text(layout=w.Layout(width="70px"), continuous_update=False)
         c["enable_chunked_prefill"] = w.Checkbox(description="enable_chunked_prefill",
                                                  indent=False, layout=layout())  # fmt: skip
-        for key in _TARGETS:
-            c[f"{key}_text"] = w.Text(description=key, placeholder="0: no target",
+        for key, zero in _BOXES.items():
+            c[f"{key}_text"] = w.Text(description=key, placeholder=zero,
                                       layout=layout(), style=style,
                                       continuous_update=False)  # fmt: skip
         c["reset"] = w.Button(description="reset statistics", layout=w.Layout(width="160px"))
         self.widgets = c
         self._reset_label()
-        keys = (*_SLIDERS, *_TARGETS, "config")
+        keys = (*_SLIDERS, *_BOXES, "config")
         self.errors = {k: w.HTML(layout=w.Layout(min_width="10px")) for k in keys}
 
         c["method"].observe(lambda _: self._on_method(), names="value")
         for key in ("strategy", "scheduling_policy", "enable_chunked_prefill", *_SLIDERS):
             c[key].observe(lambda ch, key=key: self._on_setting(key, ch["new"]), "value")
-        for key in (*_SLIDERS, *_TARGETS):
+        for key in (*_SLIDERS, *_BOXES):
             c[f"{key}_text"].observe(lambda ch, key=key: self._on_text(key, ch["new"]), "value")
         c["reset"].on_click(lambda _: self._on_reset())
 
@@ -98,7 +102,7 @@ class GenerationControls:
         rows += [c["strategy"], c["scheduling_policy"]]
         rows += [w.HBox([c[k], c[f"{k}_text"], self.errors[k]]) for k in _SLIDERS]
         rows += [c["enable_chunked_prefill"]]
-        rows += [w.HBox([c[f"{k}_text"], self.errors[k]]) for k in _TARGETS]
+        rows += [w.HBox([c[f"{k}_text"], self.errors[k]]) for k in _BOXES]
         rows += [w.HBox([c["reset"], self.errors["config"]])]
         self.box = w.VBox(rows)
         self.show_config(self.method.config)
@@ -129,7 +133,7 @@ class GenerationControls:
                     value = getattr(config, key)
                     c[key].value = _nearest(steps, value)
                     c[f"{key}_text"].value = f"{value}"
-                for key in _TARGETS:
+                for key in _BOXES:
                     c[f"{key}_text"].value = f"{getattr(config, key):g}"
                 self.shown = config
             finally:
@@ -169,9 +173,9 @@ class GenerationControls:
         if not self._acting():
             return
         try:
-            value: Any = int(text) if key in _SLIDERS else float(text)
+            value: Any = int(text) if key in _INTS else float(text)
         except ValueError:
-            kind = "an integer" if key in _SLIDERS else "a number of milliseconds"
+            kind = "an integer" if key in _INTS else "a number of milliseconds"
             self.errors[key].value = error_html(f"{key} must be {kind}, got {text!r}")
             self.show_config(self.method.config)
             return

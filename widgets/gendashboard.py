@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import html
 import math
-import threading
 import time
-import weakref
 from typing import Any
 
 import ipywidgets as w
@@ -35,10 +33,6 @@ from .genloadpanel import GenerationLoadControls
 from .genpump import GenerationPump
 
 __all__ = ["GenerationDashboard"]
-
-_LIVE: weakref.WeakValueDictionary[str, GenerationDashboard] = weakref.WeakValueDictionary()
-"""The newest dashboard on each set of methods (by source kind and name)."""
-_LIVE_LOCK = threading.Lock()
 
 
 class GenerationDashboard:
@@ -72,6 +66,8 @@ class GenerationDashboard:
         self.methods = {s.name: s for s in sources}
         first = sources[0].name
         self._views: list[ChartWidget] = []
+        self._boxes: list[w.VBox] = []
+        self._carriers: list[Any] = []
         self._status_at = -math.inf
         self.charts = GenerationCharts(follow_s=follow_s, hz=hz)
         self.doc = Document()
@@ -101,14 +97,17 @@ class GenerationDashboard:
             start=False,  # _on_tick reads self.pump
         )
         self.pump.start()
-        # A re-run cell (Run All again) makes a new dashboard on the same methods: the old
-        # one stops, so its pump and its load do not live on unseen beside the new one.
-        key = ",".join(f"{type(s).__name__}:{s.name}" for s in sources)
-        with _LIVE_LOCK:
-            old = _LIVE.get(key)
-            _LIVE[key] = self
-        if old is not None:
-            old.close()
+        # A re-run cell's dashboard on the same methods replaces this one (its pump and load
+        # do not live on unseen); a new runner of the name it watches in this process ends
+        # it too. labserve.stop_all() closes it.
+        needs = [
+            ("runner", m.runner)
+            for m in self.methods.values()
+            if isinstance(m, labserve.RunnerGenerationSource)
+        ]
+        self._untrack = labserve.track(
+            self, "generation dashboard", ",".join(self.methods), self.close, needs=needs
+        )
 
     @property
     def method(self) -> labserve.GenerationSource:
@@ -139,26 +138,45 @@ class GenerationDashboard:
         with self.pump.lock:
             charts = ChartWidget(self.charts.layout, lock=self.pump.lock)
         self._views.append(charts)
-        return w.VBox([self.panel, self.status, charts])
+        box = w.VBox([self.panel, self.status, charts])
+        self._boxes.append(box)
+        return box
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel.
-        display(bokehjs_widget())  # type: ignore[no-untyped-call]  # unannotated in IPython
+        # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel. A
+        # new carrier per display: a page reloaded and Run All at once cannot draw the
+        # kernel's one yet (see bokehjs_widget), and every chart then failed for want of it.
+        carrier = bokehjs_widget(fresh=True)
+        self._carriers.append(carrier)
+        display(carrier)  # type: ignore[no-untyped-call]  # unannotated in IPython
         bundle = self.view()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # the VBox's own text holds live numbers
             bundle["text/plain"] = repr(self)
         return bundle
 
     def close(self) -> None:
-        """Stop the load and the pump, close the widgets. Idempotent.
+        """Stop the load and the pump; each view says it is closed. Idempotent.
 
-        A new dashboard on the same methods (a re-run cell) closes this one.
+        A new dashboard on the same methods (a re-run cell) closes this one. A view left on
+        the page reads as closed, with no control that looks alive but does nothing.
         """
         self.load.stop()
         self.pump.stop()
+        self._untrack()
+        note = w.HTML(
+            f"<code>generation dashboard on {html.escape(', '.join(self.methods))} closed: "
+            "its controls and charts stopped. Create a new GenerationDashboard to watch "
+            "again.</code>"
+        )
+        for box in self._boxes:
+            box.children = (note,)
+        self._boxes.clear()
         for view in self._views:
             view.close()
         self._views.clear()
+        for carrier in self._carriers:  # BokehJS stays in the pages that ran it
+            carrier.close()
+        self._carriers.clear()
 
     def __repr__(self) -> str:
         state = "live" if self.pump.running else "stopped"

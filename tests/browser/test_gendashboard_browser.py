@@ -3,9 +3,10 @@
 A notebook serves TinyLM in the kernel and shows ``GenerationDashboard(runner)``; the test
 starts the load from the page and watches the charts' data move (read from BokehJS in the
 page), drags ``max_num_seqs`` and sees the runner's config (``GET /config``) and the charts
-follow, changes it from outside (``PATCH /config``) and sees the slider follow, then saves,
-reloads and runs everything again and sees live charts. JupyterLab is started as
-``test_dashboard_browser.py`` starts it (its helpers are loaded from that file).
+follow, changes it from outside (``PATCH /config``) and sees the slider follow, then saves and
+reloads (live charts, no cell re-run), and reloads and runs everything at once (live charts).
+JupyterLab is started as ``test_dashboard_browser.py`` starts it (its helpers are loaded from
+that file).
 """
 
 from __future__ import annotations
@@ -110,21 +111,26 @@ def _charts_live(page: Any, console: list[str], what: str) -> None:
     then = newest(page)["newest_s"]
     _wait(lambda: newest(page)["newest_s"] > then + 2, f"{what}: rows streaming", timeout=30)
     assert page.get_by_text("Could not create a view").count() == 0, what
-    errors = [m for m in console if m.startswith("error")]
+    # A reloaded page asks the kernel for every widget it had; those a re-run closed
+    # meanwhile (the replaced dashboard's) are "not found": the page says so and goes on.
+    errors = [m for m in console if m.startswith("error") and "Comm not found" not in m]
     assert not errors, (what, errors)
 
 
 def _reload_and_run_all(page: Any, console: list[str]) -> None:
-    """Save, reload with the kernel alive: live charts; Run All again: live charts, load."""
+    """Save, reload with the kernel alive: live charts. Reload and Run All at once: live."""
     dirty = "() => window.jupyterapp.shell.currentWidget.context.model.dirty"
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     _wait(lambda: not page.evaluate(dirty), "the save")
     page.reload()
     page.wait_for_function(KERNEL_READY, timeout=90_000)
     _charts_live(page, console, "reloaded, no cell re-run")
+    # The hard case: Run All before the reloaded page has fetched the kernel's widgets.
+    page.reload()
+    page.wait_for_function(KERNEL_READY, timeout=90_000)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
     _wait(lambda: page.locator(".jp-OutputArea-output", has_text="ready").count(), "re-run")
-    _charts_live(page, console, "reloaded and re-run")
+    _charts_live(page, console, "reloaded and Run All at once")
     page.get_by_role("button", name="start load").click()
     _wait(lambda: max(last_values(page, "decode_per_step") or [0]) > 0, "load after re-run")
     page.screenshot(path=str(ARTIFACTS / "gendashboard-reloaded.png"), full_page=True)

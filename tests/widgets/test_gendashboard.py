@@ -205,6 +205,8 @@ def test_moving_a_control_configures_the_method_and_a_change_elsewhere_shows(das
     c["ttft_slo_ms_text"].value = "300"
     c["tpot_slo_ms_text"].value = "30"
     assert (lm.generate.config.ttft_slo_ms, lm.generate.config.tpot_slo_ms) == (300, 30)
+    c["num_kv_blocks_text"].value = "64"
+    assert lm.generate.config.num_kv_blocks == 64
     # From a cell: the pump's next look brings the controls along.
     lm.generate.configure(max_num_seqs=16, strategy="continuous")
     wait_for(lambda: c["max_num_seqs"].value == 16 and c["strategy"].value == "continuous")
@@ -217,6 +219,7 @@ def test_moving_a_control_configures_the_method_and_a_change_elsewhere_shows(das
         ("max_num_seqs", "0", "max_num_seqs"),
         ("max_num_seqs", "many", "max_num_seqs must be an integer, got 'many'"),
         ("tpot_slo_ms", "-1", "tpot_slo_ms"),
+        ("num_kv_blocks", "1.5", "num_kv_blocks must be an integer, got '1.5'"),
     ],
 )
 def test_a_refused_value_says_why_and_changes_nothing(dash, lm, key, text, message):
@@ -346,11 +349,14 @@ def test_until_stopped_chains_runs_and_stops_them_all():
 def test_a_new_dashboard_on_the_same_method_ends_the_old_one(lm):
     """A re-run cell: the old dashboard's pump and load do not live on beside the new one."""
     old = GenerationDashboard(lm, hz=10, input_len="8", output_len="8")
+    shown = old.view()
     old.controls["start"].value = True
     run = old.load.run
     new = GenerationDashboard(lm, hz=10)
     try:
         assert not old.pump.running and old.load.run is None
+        [note] = shown.children  # the old view says it is closed
+        assert "closed" in note.value
         assert run is not None
         wait_for(lambda: not run.running)
         assert new.pump.running
@@ -368,3 +374,18 @@ def test_a_stopped_runner_ends_the_pump_and_the_status_says_so():
         assert "lm2.generate stopped" in d.status.value
     finally:
         d.close()
+
+
+def test_each_display_brings_its_own_bokehjs_carrier_closed_with_the_dashboard(dash, monkeypatch):
+    # A page reloaded and Run All at once cannot draw a widget the kernel made before; the
+    # charts then had no BokehJS. Each display brings a new hidden carrier.
+    shown: list[Any] = []
+    monkeypatch.setattr("labserve.widgets.gendashboard.display", shown.append)
+    bundle = dash._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"] == repr(dash)  # no live numbers in a saved notebook
+    dash._repr_mimebundle_()
+    assert len(shown) == 2 and shown[0] is not shown[1]
+    assert all(c.layout.display == "none" for c in shown)
+    dash.close()
+    assert all(c.comm is None for c in shown)
