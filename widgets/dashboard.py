@@ -122,11 +122,13 @@ class Dashboard:
             **token_errors,
         }
         """Where each group's refusals show."""
-        # Two lines of fixed height: the numbers a tuner compares, then the settings, the load
-        # and any warning. A message appearing does not move the charts.
+        # A fixed height: the numbers a tuner compares, then the settings, the load and any
+        # warning. A message appearing does not move the charts. Room for three lines: in
+        # JupyterLab beside its file browser the numbers line wraps once, and at 3.6em the
+        # settings line was hidden under it.
         self.status = w.HTML(
             value="<code>starting…</code>",
-            layout=w.Layout(height="3.6em", overflow="hidden", margin="4px 0"),
+            layout=w.Layout(height="6.4em", overflow="hidden", margin="4px 0"),
         )
         self.replicas = w.HTML(value="", layout=w.Layout(display="none", margin="0 0 4px 0"))
         """Each replica's numbers (shown when the method runs on several)."""
