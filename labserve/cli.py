@@ -17,7 +17,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 from tqdm import tqdm
@@ -29,6 +29,11 @@ from labserve.lab.engines import ENGINE_FORMATS
 from labserve.runtime.loop import LOOP_KINDS, BackgroundLoop, loop_kind
 
 __all__ = ["main"]
+
+
+if TYPE_CHECKING:  # generic in typeshed only
+    # What build_parser hands each subcommand's function, to add its parser to.
+    Subcommands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 class UsageError(Exception):
@@ -75,16 +80,6 @@ def _strategies(text: str) -> list[str]:
             f"strategies must be among {', '.join(STRATEGIES)}, got {text!r}"
         )
     return names
-
-
-def _progress(label: str) -> Callable[[int, int], None]:
-    def show(done: int, total: int) -> None:
-        sys.stderr.write(f"\r{label} {done}/{total}")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    return show
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -550,14 +545,8 @@ def _sanitizer_path(args: argparse.Namespace) -> None:
     print(nbval_sanitizer_path())
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``labserve`` command."""
-    from labserve._version import __version__
-
-    parser = argparse.ArgumentParser(prog="labserve", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"labserve {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _demo_command(sub: Subcommands) -> None:
+    """The ``demo`` subcommand (the embedded model under a rising load)."""
     demo = sub.add_parser("demo", help="ramp a load through an embedded model, live table")
     demo.add_argument(
         "--rates",
@@ -568,6 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--step-s", type=float, default=4.0, help="seconds per rate (default 4)")
     demo.set_defaults(run=_demo)
 
+
+def _sweep_command(sub: Subcommands) -> None:
+    """The ``sweep`` subcommand (a simulated grid of settings)."""
     sweep = sub.add_parser("sweep", help="a simulated grid of caps, strategies and rates")
     sweep.add_argument(
         "--rates",
@@ -610,6 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--csv", help="write the table to this CSV file")
     sweep.set_defaults(run=_sweep)
 
+
+def _profile_command(sub: Subcommands) -> None:
+    """The ``profile`` subcommand (a model's cost curve)."""
     prof = sub.add_parser("profile", help="the cost curve of a model against batch size")
     prof.add_argument("--model", default="memory", help="memory, sleep or module:Class.method")
     prof.add_argument(
@@ -622,6 +617,9 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--width", type=int, help="input row width, for a model without example()")
     prof.set_defaults(run=_profile)
 
+
+def _serve_command(sub: Subcommands) -> None:
+    """The ``serve`` subcommand (a Runnable over HTTP, here or on Ray)."""
     srv = sub.add_parser("serve", help="serve a Runnable over HTTP in the foreground")
     srv.add_argument("target", help="module:Class (a labserve.Runnable)")
     srv.add_argument("--name", help="runner name (default: the class name, lowercased)")
@@ -658,6 +656,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.set_defaults(run=_serve)
 
+
+def _load_command(sub: Subcommands) -> None:
+    """The ``load`` subcommand (open- or closed-loop load on an HTTP endpoint)."""
     load = sub.add_parser("load", help="open- or closed-loop load on an HTTP endpoint")
     load.add_argument(
         "url",
@@ -701,6 +702,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen_cli.add_arguments(load)
     load.set_defaults(run=_load)
 
+
+def _export_command(sub: Subcommands) -> None:
+    """The ``export`` subcommand (batching settings for another server)."""
     export = sub.add_parser(
         "export",
         help="batching settings as a labserve/BentoML YAML, Ray Serve or Triton config;"
@@ -737,12 +741,31 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--block-size", type=int, help="tokens per KV-cache block")
     export.set_defaults(run=_export)
 
+
+def _sanitizer_command(sub: Subcommands) -> None:
+    """The ``sanitizer-path`` subcommand (nbval's sanitizer file)."""
     sanitizer = sub.add_parser(
         "sanitizer-path",
         help='the nbval sanitizer file: pytest --nbval --nbval-sanitize-with "$(labserve '
         'sanitizer-path)"',
     )
     sanitizer.set_defaults(run=_sanitizer_path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``labserve`` command."""
+    from labserve._version import __version__
+
+    parser = argparse.ArgumentParser(prog="labserve", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"labserve {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _demo_command(sub)
+    _sweep_command(sub)
+    _profile_command(sub)
+    _serve_command(sub)
+    _load_command(sub)
+    _export_command(sub)
+    _sanitizer_command(sub)
     return parser
 
 

@@ -9,13 +9,13 @@ It uses only labserve's public API; the core never imports it.
 >>> labserve.sweep(..., progress=ProgressBar())   # a sweep's progress in the notebook
 """
 
-from labserve.widgets.bokehjs import load_bokehjs
-from labserve.widgets.charts import Charts, plot
-from labserve.widgets.chartwidget import ChartWidget
-from labserve.widgets.dashboard import Dashboard
-from labserve.widgets.gendashboard import GenerationDashboard
-from labserve.widgets.genplots import generation_steps_figure, plot_generation_steps
-from labserve.widgets.plots import (
+from .bokehjs import load_bokehjs
+from .charts import Charts, plot
+from .chartwidget import ChartWidget
+from .dashboard import Dashboard
+from .gendashboard import GenerationDashboard
+from .genplots import generation_steps_figure, plot_generation_steps
+from .plots import (
     compare_figure,
     compare_series,
     cost_curve_figure,
@@ -24,8 +24,8 @@ from labserve.widgets.plots import (
     plot_sweep,
     sweep_figure,
 )
-from labserve.widgets.progress import ProgressBar
-from labserve.widgets.pump import Pump
+from .progress import ProgressBar
+from .pump import Pump
 
 __all__ = [
     "ChartWidget",

@@ -16,6 +16,7 @@ import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from bokeh.models import Range1d
 
@@ -87,7 +88,7 @@ class YAxis:
         if hi < lo:  # no data
             return
         r = self.range
-        old = (r.start, r.end)
+        old = _span(r)
         if self.log:
             # Whole decades: a log axis ending at, say, 80 labels 10, 20, ... 80 in a heap.
             want = (10.0 ** math.floor(math.log10(lo / _LOG_HEADROOM)),
@@ -118,13 +119,13 @@ class SteppedAxes:
     def __init__(self, follow_s: float, step_s: float | None = None) -> None:
         self.follow_s = follow_s
         self.step_s = step_s if step_s is not None else max(1.0, follow_s / 12.0)
-        self.x = Range1d(0.0, self.step_s)
+        self.x = Range1d(start=0.0, end=self.step_s)
         self.ys: list[YAxis] = []
 
     def y(self, columns: Sequence[str], *, log: bool = False, stacked: bool = False) -> Range1d:
         """A new y range that follows ``columns`` (log: positive values only)."""
-        axis = YAxis(Range1d(1.0, 100.0) if log else Range1d(0.0, 1.0), tuple(columns),
-                     log=log, stacked=stacked)  # fmt: skip
+        y = Range1d(start=1.0, end=100.0) if log else Range1d(start=0.0, end=1.0)
+        axis = YAxis(y, tuple(columns), log=log, stacked=stacked)
         self.ys.append(axis)
         return axis.range
 
@@ -134,13 +135,14 @@ class SteppedAxes:
         if not t or new_rows <= 0:
             return
         last = float(t[-1])  # type: ignore[arg-type]
-        moved = last >= self.x.end or last < self.x.start
+        x_start, x_end = _span(self.x)
+        moved = last >= x_end or last < x_start
         if moved:
             end = (math.floor(last / self.step_s) + 1) * self.step_s
             start = max(float(t[0]), end - self.follow_s - self.step_s)  # type: ignore[arg-type]
             self.x.update(start=start, end=end)
         # On a time step, the whole window (it may shrink); otherwise the new rows only.
-        first = _first_at_or_after(t, self.x.start) if moved else len(t) - new_rows
+        first = _first_at_or_after(t, _span(self.x)[0]) if moved else len(t) - new_rows
         for axis in self.ys:
             lo, hi = axis.extent(data, first)
             axis.fit(lo, hi, shrink=moved)
@@ -152,5 +154,11 @@ class SteppedAxes:
             axis.reset()
 
 
+def _span(r: Range1d) -> tuple[float, float]:
+    # Bokeh types a range's ends as number, datetime or timedelta; these ranges hold numbers.
+    return cast(float, r.start), cast(float, r.end)
+
+
 def _first_at_or_after(t: Sequence[object], start: float) -> int:
-    return bisect.bisect_left(t, start)  # type: ignore[call-overload,no-any-return]
+    # The time column holds numbers (Bokeh's data columns are typed as any object).
+    return bisect.bisect_left(cast("Sequence[float]", t), start)

@@ -131,5 +131,5 @@ def load_bokehjs(force: bool = False) -> None:
         return
     from IPython.display import display
 
-    display(_bundle(), raw=True)
+    display(_bundle(), raw=True)  # type: ignore[no-untyped-call]  # unannotated in IPython
     _loaded = True

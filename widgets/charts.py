@@ -12,20 +12,14 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from bokeh.layouts import column as stack
 from bokeh.layouts import gridplot
-from bokeh.models import (
-    ColumnDataSource,
-    DataRange1d,
-    Div,
-    HoverTool,
-    LayoutDOM,
-    Legend,
-    Range1d,
-)
+from bokeh.models import ColumnDataSource, DataRange1d, HoverTool, LayoutDOM, Range1d
+from bokeh.models.annotations import Legend  # mypy: not via bokeh.models (the same class)
+from bokeh.models.widgets import Div
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
 
@@ -97,7 +91,7 @@ class Charts:
         )
         x_range = self.axes.x if self.axes is not None else DataRange1d(range_padding=0.02)
         self.x_range = x_range
-        size = {"width": width, "height": height}
+        size: dict[str, Any] = {"width": width, "height": height}
         window = f"{RATE_WINDOW_S:g} s"
 
         def timeline(
@@ -111,7 +105,7 @@ class Charts:
             # Counts and rates start at 0; a log axis (batch sizes, latencies) keeps a cap far
             # above the data readable without squashing the data.
             if self.axes is not None:
-                y_range = self.axes.y(columns, log=log, stacked=stacked)
+                y_range: Range1d | DataRange1d = self.axes.y(columns, log=log, stacked=stacked)
             else:
                 y_range = DataRange1d() if log else DataRange1d(start=0)
             fig = figure(title=title, x_range=x_range, y_range=y_range,
@@ -168,7 +162,7 @@ class Charts:
             legend_label=list(REASONS),
         )
 
-        self.cost_y = Range1d(0, 1)
+        self.cost_y = Range1d(start=0, end=1)
         cost = figure(title=f"{_COST_TITLE}: no batches yet", y_range=self.cost_y,
                       tools="pan,wheel_zoom,reset,save", **size)  # fmt: skip
         cost.toolbar.logo = None
@@ -215,9 +209,10 @@ class Charts:
         """Append rows, dropping the oldest past the rollover."""
         if tick["t"]:
             tick = {c: tick[c] for c in self.columns}
-            self.ticks.stream(tick, rollover=self._rollover)
+            # Bokeh types a source's columns as any sequence or array; these are lists.
+            self.ticks.stream(cast("dict[str, Any]", tick), rollover=self._rollover)
             if self.axes is not None:
-                self.axes.update(self.ticks.data, len(tick["t"]))
+                self.axes.update(cast("Rows", self.ticks.data), len(tick["t"]))
 
     def set_latency_window(self, window_s: float) -> None:
         """Say in the latency chart's title which window its percentiles cover."""
@@ -265,7 +260,8 @@ class Charts:
                     text += note
                     break
         title.text = text
-        if not math.isclose(self.cost_y.end, top, rel_tol=0.1):  # no event for a small change
+        end = cast(float, self.cost_y.end)  # Bokeh: a number, datetime or timedelta
+        if not math.isclose(end, top, rel_tol=0.1):  # no event for a small change
             self.cost_y.end = top
 
     def clear(self) -> None:
@@ -276,7 +272,11 @@ class Charts:
         self.show_fit([], [], math.nan, math.nan, math.nan)
 
 
-KEY_STYLE = {"font-size": "11px", "padding-left": "50px", "white-space": "nowrap"}
+KEY_STYLE: dict[str, str | None] = {
+    "font-size": "11px",
+    "padding-left": "50px",
+    "white-space": "nowrap",
+}
 
 
 def legend_key(fig: Any) -> str:

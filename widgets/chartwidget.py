@@ -45,7 +45,8 @@ def one_patch_per_widget() -> Iterator[None]:
 
     A pump tick then costs the page one message instead of four.
     """
-    _batch.pending = pending = {}
+    pending: dict[ChartWidget, list[Any]] = {}
+    _batch.pending = pending
     try:
         yield
     finally:

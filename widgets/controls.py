@@ -146,10 +146,8 @@ class BatchingControls:
                     ("max_batch_size", MAX_BATCH_SIZE_STEPS),
                     ("max_latency_ms", MAX_LATENCY_MS_STEPS),
                 ):
-                    value = getattr(config, key)
-                    c[key].value = min(
-                        steps, key=lambda s, v=value: abs(math.log1p(s) - math.log1p(v))
-                    )
+                    value: float = getattr(config, key)
+                    c[key].value = min(steps, key=lambda s: abs(math.log1p(s) - math.log1p(value)))
                     c[f"{key}_text"].value = f"{value:g}"
                 c["latency_slo_ms_text"].value = f"{config.latency_slo_ms:g}"  # 0: none
                 self.shown = config

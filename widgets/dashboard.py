@@ -185,7 +185,7 @@ class Dashboard:
         # kernel's one yet (see bokehjs_widget), and every chart then failed for want of it.
         carrier = bokehjs_widget(fresh=True)
         self._carriers.append(carrier)
-        display(carrier)
+        display(carrier)  # type: ignore[no-untyped-call]  # unannotated in IPython
         bundle = self.view()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # the VBox's own text holds live numbers
             bundle["text/plain"] = repr(self)

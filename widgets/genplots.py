@@ -17,7 +17,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from bokeh.models import ColumnDataSource, HoverTool, Legend, LegendItem
+from bokeh.models import ColumnDataSource, HoverTool
+from bokeh.models.annotations import Legend, LegendItem  # mypy: not via bokeh.models
+from bokeh.models.renderers import GlyphRenderer
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
 
@@ -41,9 +43,12 @@ _COLORS: tuple[str, ...] = Category10[10]
 
 
 def _column(steps: Any, y: str) -> np.ndarray:
+    column: np.ndarray  # steps is Any here: the column typed on its way out
     if y == "num_batched_tokens":
-        return np.asarray(steps.num_prefill_tokens) + np.asarray(steps.num_decode_tokens)
-    return np.asarray(getattr(steps, y), dtype=float)
+        column = np.asarray(steps.num_prefill_tokens) + np.asarray(steps.num_decode_tokens)
+    else:
+        column = np.asarray(getattr(steps, y), dtype=float)
+    return column
 
 
 def _thin(x: np.ndarray, y: np.ndarray, most: int) -> tuple[np.ndarray, np.ndarray]:
@@ -93,7 +98,8 @@ def generation_steps_figure(
             {"x": x.tolist(), "y": values.tolist(), "run": [name] * len(x)}, name=name
         )
         line = fig.step("x", "y", source=source, mode="after", color=_COLORS[i % 10], line_width=2)
-        items.append(LegendItem(label=name, renderers=[line]))
+        renderers: list[GlyphRenderer[Any]] = [line]  # Any: Bokeh's GlyphRenderer is invariant
+        items.append(LegendItem(label=name, renderers=renderers))
     fig.add_tools(HoverTool(tooltips=[("", "@run"), ("t (s)", "@x{0.000}"), ("", "@y{0.[0]}")]))
     fig.add_layout(Legend(items=items, click_policy="hide"), "right")
     return fig

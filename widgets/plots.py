@@ -13,13 +13,17 @@ per kernel (see :func:`labserve.widgets.load_bokehjs`): nothing is fetched from 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ParamSpec
 
 import numpy as np
 from bokeh.layouts import gridplot
-from bokeh.models import ColumnDataSource, HoverTool, Legend, LegendItem, Span
+from bokeh.models import ColumnDataSource, HoverTool
+from bokeh.models.annotations import Legend, LegendItem, Span  # mypy: not via bokeh.models
+from bokeh.models.renderers import GlyphRenderer
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
 
@@ -36,6 +40,8 @@ __all__ = [
     "plot_sweep",
     "sweep_figure",
 ]
+
+P = ParamSpec("P")
 
 _WIDTH = 720
 _HEIGHT = 300
@@ -58,6 +64,28 @@ _LABELS = {
     "max_latency_ms": "max_latency_ms",
     "rejected_pct": "rejected (%)",
 }
+
+
+def _in_a_widget(
+    build: Callable[P, Any],
+) -> Callable[[Callable[[], None]], Callable[P, ChartWidget]]:
+    """Make the decorated stub ``ChartWidget(build(...))``, keeping its name and docstring.
+
+    The ``plot_*`` function takes ``build``'s parameters: they are declared once, on the
+    ``*_figure`` function.
+    """
+
+    def wrap(stub: Callable[[], None]) -> Callable[P, ChartWidget]:
+        @functools.wraps(stub)
+        def plot(*args: P.args, **kwargs: P.kwargs) -> ChartWidget:
+            return ChartWidget(build(*args, **kwargs))
+
+        # help() and IDEs show build's parameters, and that it returns the ChartWidget.
+        signature = inspect.signature(build).replace(return_annotation=ChartWidget.__name__)
+        setattr(plot, "__signature__", signature)  # noqa: B010 (mypy: functions have no such field)
+        return plot
+
+    return wrap
 
 
 def _label(column: str) -> str:
@@ -149,7 +177,9 @@ def sweep_figure(
         color = _COLORS[i % len(_COLORS)]
         line = fig.line("x", "y", source=source, color=color, line_width=2)
         dots = fig.scatter("x", "y", source=source, color=color, size=6)
-        items.append(LegendItem(label=name, renderers=[line, dots]))
+        # Any: Bokeh types GlyphRenderer invariant in its glyph (a Line's is no Glyph's).
+        renderers: list[GlyphRenderer[Any]] = [line, dots]
+        items.append(LegendItem(label=name, renderers=renderers))
     fig.add_tools(
         HoverTool(
             tooltips=[("", "@group"), (_label(x), "@x{0,0.[00]}"), (_label(y), "@y{0,0.[00]}")]
@@ -163,19 +193,8 @@ def sweep_figure(
     return fig
 
 
-def plot_sweep(
-    table_or_rows: Any,
-    *,
-    x: str = "served_rps",
-    y: str = "latency_p99_ms",
-    group_by: str | Sequence[str] | None = "max_batch_size",
-    title: str | None = None,
-    x_log: bool = False,
-    y_log: bool = False,
-    y_line: float | None = None,
-    width: int = _WIDTH,
-    height: int = _HEIGHT,
-) -> ChartWidget:
+@_in_a_widget(sweep_figure)
+def plot_sweep() -> None:
     """Trade-off curves from :func:`labserve.sweep` rows: ``y`` against ``x``, a line per group.
 
     ``group_by`` is a column, several columns, or None (one line). ``y_line`` draws a dashed
@@ -184,20 +203,6 @@ def plot_sweep(
     >>> plot_sweep(rows, x="rate", y="latency_p50_ms", group_by=("strategy", "max_batch_size"))
     ... # doctest: +SKIP
     """
-    return ChartWidget(
-        sweep_figure(
-            table_or_rows,
-            x=x,
-            y=y,
-            group_by=group_by,
-            title=title,
-            x_log=x_log,
-            y_log=y_log,
-            y_line=y_line,
-            width=width,
-            height=height,
-        )
-    )
 
 
 def cost_curve_figure(
@@ -254,14 +259,12 @@ def cost_curve_figure(
     return gridplot([[cost, rate]], toolbar_location="right")
 
 
-def plot_cost_curve(
-    curve: labserve.CostCurve, *, width: int = _WIDTH, height: int = _HEIGHT
-) -> ChartWidget:
+@_in_a_widget(cost_curve_figure)
+def plot_cost_curve() -> None:
     """A profiled model's cost per item and throughput against batch size, side by side.
 
     ``curve`` is what :func:`labserve.profile` returns; the dashed line is its linear fit.
     """
-    return ChartWidget(cost_curve_figure(curve, width=width, height=height))
 
 
 def _results_of(results: Any) -> list[tuple[str, labserve.RunResult]]:
@@ -376,7 +379,8 @@ def compare_figure(
         x_range=load.x_range,
         tools="xpan,xwheel_zoom,reset,save",
     )
-    p99_items, batch_items = [], []
+    p99_items: list[tuple[str, list[GlyphRenderer[Any]]]] = []  # Any: as in sweep_figure
+    batch_items: list[tuple[str, list[GlyphRenderer[Any]]]] = []
     for i, (name, data) in enumerate(series.items()):
         source = ColumnDataSource(data, name=name)
         color = _COLORS[i % len(_COLORS)]
@@ -393,14 +397,8 @@ def compare_figure(
     return gridplot([[load], [p99], [batch]], toolbar_location="right")
 
 
-def plot_compare(
-    results: Mapping[str, labserve.RunResult] | Sequence[labserve.RunResult],
-    *,
-    bin_s: float = 0.05,
-    latency_line_ms: float | None = None,
-    width: int = _WIDTH,
-    height: int = 200,
-) -> ChartWidget:
+@_in_a_widget(compare_figure)
+def plot_compare() -> None:
     """The same trace through several runs, side by side over time, one line per run.
 
     ``results`` maps a name (the strategy, say) to a :class:`labserve.RunResult`, or is a
@@ -410,8 +408,3 @@ def plot_compare(
     reference (``max_latency_ms``, say). Each chart holds one point per bin, so a long trace
     stays small in the notebook.
     """
-    return ChartWidget(
-        compare_figure(
-            results, bin_s=bin_s, latency_line_ms=latency_line_ms, width=width, height=height
-        )
-    )

@@ -47,7 +47,7 @@ class ProgressBar:
         self._started = time.monotonic()
         self._drawn_at = -float("inf")
         if display:
-            show_in_cell(self)
+            show_in_cell(self)  # type: ignore[no-untyped-call]  # IPython's display is unannotated
 
     def __call__(self, done: int, total: int) -> None:
         """Report ``done`` of ``total`` points (what ``sweep(progress=...)`` calls)."""

@@ -62,7 +62,7 @@ def spread(values: list[float], fmt: str = "{:,.0f}") -> str:
     return " / ".join(fmt.format(v) for v in parts)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -74,9 +74,12 @@ def main() -> None:
         default="labserve",
         help="bare: tornado answering at once (the generator's own limits; no /stats)",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Start the server, then per repeat: wrk, the closed-loop load, the open-loop load."""
     s = args.seconds
-    load_before = os.getloadavg()
     server = subprocess.Popen(
         [sys.executable, str(HERE / "servers.py"), args.server, str(PORT), "sleep"],
         stdout=subprocess.PIPE,
@@ -97,13 +100,11 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(10)
-    load_after = os.getloadavg()
+    return rows
 
-    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
-    print(
-        f"{args.repeats} repeats of {s:g} s each, generator loop {args.loop}; server: "
-        + ("sleep model 2 ms + 0.1 ms x items\n" if args.server == "labserve" else "bare tornado\n")
-    )
+
+def print_rows(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """One table row per repeat; returns each target's measure over the repeats."""
     print(
         "| repeat | wrk -c64 req/s | load -c64 req/s | load/wrk | open: offered | served | "
         "send lag p99 ms | client p50 ms | server p50 ms | served / server's | batch (server) |"
@@ -128,13 +129,31 @@ def main() -> None:
             f"{o['send_lag_p99_ms']:.2f} | {o['latency_p50_ms']:.2f} | "
             f"{server_p50:.2f} | {count_ratio:.3f} | {o['mean_batch']:.1f} |"
         )
+    return {"ratios": ratios, "lags": lags, "kept": kept, "counts": counts, "p50s": p50s}
+
+
+def print_targets(m: dict[str, list[float]]) -> None:
     print("\n| target | min / median / max |")
     print("|---|---|")
-    print(f"| closed loop >= 90% of wrk | {spread(ratios, '{:.0%}')} |")
-    print(f"| open loop send lag p99 <= 2 ms | {spread(lags, '{:.2f} ms')} |")
-    print(f"| served within 5% of offered | {spread(kept, '{:.1%}')} |")
-    print(f"| served count / server's count (1 +- 10%) | {spread(counts, '{:.3f}')} |")
-    print(f"| client p50 / server p50 (1 +- 10%) | {spread(p50s, '{:.2f}')} |")
+    print(f"| closed loop >= 90% of wrk | {spread(m['ratios'], '{:.0%}')} |")
+    print(f"| open loop send lag p99 <= 2 ms | {spread(m['lags'], '{:.2f} ms')} |")
+    print(f"| served within 5% of offered | {spread(m['kept'], '{:.1%}')} |")
+    print(f"| served count / server's count (1 +- 10%) | {spread(m['counts'], '{:.3f}')} |")
+    print(f"| client p50 / server p50 (1 +- 10%) | {spread(m['p50s'], '{:.2f}')} |")
+
+
+def main() -> None:
+    args = parse_args()
+    load_before = os.getloadavg()
+    rows = measure(args)
+    load_after = os.getloadavg()
+
+    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
+    print(
+        f"{args.repeats} repeats of {args.seconds:g} s each, generator loop {args.loop}; server: "
+        + ("sleep model 2 ms + 0.1 ms x items\n" if args.server == "labserve" else "bare tornado\n")
+    )
+    print_targets(print_rows(rows))
     with open(HERE / "load_gen_results.json", "w", encoding="utf-8") as f:
         json.dump({"args": vars(args), "rows": rows}, f, indent=1)
 

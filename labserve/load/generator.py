@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import itertools
 import math
 import time
@@ -59,28 +60,11 @@ _LAG_LIMIT_S = 0.005
 _OPEN_LOOP_CONNECTIONS = 64
 # How often a blocking wait wakes to let Ctrl-C in (a lock wait is not interruptible).
 _WAKE_S = 0.05
+# load_test's parameters for a generation URL only (declared on generation_load_test).
+_GENERATION_ONLY = ("output_len", "model", "goodput")
 
 
-def load_test(
-    target: RunnerMethod | str,
-    *,
-    example: Any = None,
-    duration_s: float,
-    arrivals: Arrivals | None = None,
-    concurrency: int | None = None,
-    think_s: float = 0.0,
-    seed: int = 0,
-    label: str = "",
-    binary: bool = False,
-    token: str | None = None,
-    connections: int | None = None,
-    timeout_s: float = 10.0,
-    input_len: Any = None,
-    output_len: Any = None,
-    model: str | None = None,
-    goodput: Any = None,
-    examples: Sequence[Any] | Callable[[int], Any] | None = None,
-) -> RunResult | GenerationLoadResult:
+def load_test(target: RunnerMethod | str, **options: Any) -> RunResult | GenerationLoadResult:
     """Drive ``target`` with ``example`` requests for ``duration_s``; return the RunResult.
 
     ``target`` is a runner method (in-process) or a URL: labserve's simple route
@@ -122,6 +106,10 @@ def load_test(
     ask and ``goodput`` the targets (``"ttft:300 tpot:30"``); see
     :func:`labserve.load.generation.generation_load_test`.
 
+    Takes :func:`start_load`'s parameters, and for a generation URL ``output_len``,
+    ``model`` and ``goodput`` from :func:`~labserve.load.generation.generation_load_test`
+    (``help()`` shows them all).
+
     Raises:
         LoadInterrupted: when interrupted (Ctrl-C); the load stopped at once, and its
             ``result`` holds what was measured so far.
@@ -132,44 +120,36 @@ def load_test(
     ...                        arrivals=labserve.arrivals("poisson", rate_rps=2000))
     """
     if isinstance(target, str) and is_generation_url(target):
-        if example is not None or examples is not None or think_s or binary:
-            raise TypeError(
-                "example=, examples=, think_s= and binary= are for request loads, not a /v1 URL"
-            )
-        return generation_load_test(
-            target,
-            duration_s=duration_s,
-            arrivals=arrivals,
-            concurrency=concurrency,
-            input_len=32 if input_len is None else input_len,
-            output_len=128 if output_len is None else output_len,
-            model=model,
-            goodput=goodput,
-            seed=seed,
-            token=token,
-            connections=connections,
-            timeout_s=timeout_s,
-            label=label,
-        )
-    if output_len is not None or model is not None or goodput is not None:
+        return _generation_load_test(target, options)
+    if any(options.get(name) is not None for name in _GENERATION_ONLY):
         raise TypeError("output_len=, model= and goodput= are for a /v1 (generation) URL")
-    run = start_load(
-        target,
-        example=example,
-        duration_s=duration_s,
-        arrivals=arrivals,
-        concurrency=concurrency,
-        think_s=think_s,
-        seed=seed,
-        label=label,
-        binary=binary,
-        token=token,
-        connections=connections,
-        timeout_s=timeout_s,
-        input_len=input_len,
-        examples=examples,
-    )
-    return run._wait(None, stacklevel=3)
+    for name in _GENERATION_ONLY:
+        options.pop(name, None)  # None: not set
+    return start_load(target, **options)._wait(None, stacklevel=3)
+
+
+def _generation_load_test(url: str, options: dict[str, Any]) -> GenerationLoadResult:
+    """load_test on a /v1 URL: the options both loads share, and the generation ones."""
+    example, examples = options.pop("example", None), options.pop("examples", None)
+    think_s, binary = options.pop("think_s", 0.0), options.pop("binary", False)
+    if example is not None or examples is not None or think_s or binary:
+        raise TypeError(
+            "example=, examples=, think_s= and binary= are for request loads, not a /v1 URL"
+        )
+    for name in ("input_len", *_GENERATION_ONLY):  # None: generation_load_test's default
+        if options.get(name) is None:
+            options.pop(name, None)
+    # load_test's own default per request, start_load's (generation_load_test alone waits 30 s).
+    options.setdefault("timeout_s", inspect.signature(start_load).parameters["timeout_s"].default)
+    return generation_load_test(url, **options)
+
+
+def _load_test_signature() -> inspect.Signature:
+    """start_load's parameters, then the generation-only ones: what load_test takes."""
+    shared = list(inspect.signature(start_load).parameters.values())
+    generation = inspect.signature(generation_load_test).parameters
+    extra = [_unset_by_default(generation[name]) for name in _GENERATION_ONLY]
+    return inspect.Signature(shared + extra, return_annotation="RunResult | GenerationLoadResult")
 
 
 def start_load(
@@ -272,6 +252,17 @@ def _mix(
 def _refuse_generation_url(target: Any) -> None:
     if isinstance(target, str) and is_generation_url(target):
         raise TypeError(f"{target} is a generation URL: start_generation_load() drives it")
+
+
+def _unset_by_default(p: inspect.Parameter) -> inspect.Parameter:
+    # None (not set) is the default in load_test: generation_load_test's own applies to a /v1 URL.
+    if p.default is None:
+        return p
+    return p.replace(default=None, annotation=f"{p.annotation} | None")
+
+
+# help() and IDEs show every parameter load_test takes, each declared where it is used.
+setattr(load_test, "__signature__", _load_test_signature())  # noqa: B010 (mypy: no such field)
 
 
 def _length_mix(input_len: Any, example: Any, seed: int) -> LengthMix | None:

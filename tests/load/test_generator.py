@@ -133,3 +133,27 @@ def test_result_times_out_while_the_run_goes_on(runner):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LoadWarning)
         run.result(timeout=10)
+
+
+def test_load_test_takes_start_loads_parameters_declared_once(runner):
+    import inspect
+
+    from labserve.load.generation import generation_load_test
+    from labserve.load.generator import start_load
+
+    shown = inspect.signature(load_test).parameters
+    generation = inspect.signature(generation_load_test).parameters
+    output_len = generation["output_len"]
+    expected = [
+        *inspect.signature(start_load).parameters.values(),
+        output_len.replace(default=None, annotation=f"{output_len.annotation} | None"),
+        generation["model"],  # None already
+        generation["goodput"],
+    ]
+    assert list(shown.values()) == expected  # what help() and IDEs show
+    # None is "not set", for any target (as when load_test declared them itself).
+    load_test(runner.predict, example=np.ones((1, 2)), duration_s=0.05, concurrency=1,
+              output_len=None, model=None, goodput=None)  # fmt: skip
+    assert "Drive ``target``" in (load_test.__doc__ or "")
+    with pytest.raises(TypeError, match="duraton_s"):  # a typo is refused, not ignored
+        load_test(runner.predict, example=np.ones((1, 2)), duraton_s=1, concurrency=1)

@@ -14,15 +14,18 @@ from labserve.ray.stats import bucket_quantile_ms, merge_snapshots, stats_payloa
 
 @pytest.fixture
 def two_snapshots():
-    runners = [labserve.Runner(SleepModel(a_ms=1, b_ms=0), name="m") for _ in range(2)]
-    try:
-        for n, runner in zip((5, 11), runners, strict=True):
+    # Two replicas of one runner "m": one after the other, each snapshot taken before the
+    # next is made (a Runner of a name already running replaces it, as a re-run cell does).
+    snaps = []
+    for n in (5, 11):
+        runner = labserve.Runner(SleepModel(a_ms=1, b_ms=0), name="m")
+        try:
             for _ in range(n):
                 runner.predict.run(np.ones((1, 2)))
-        yield [r.stats("predict") for r in runners]
-    finally:
-        for r in runners:
-            r.stop()
+            snaps.append(runner.stats("predict"))
+        finally:
+            runner.stop()
+    return snaps
 
 
 def test_counts_and_histograms_add_up_exactly(two_snapshots):

@@ -201,3 +201,22 @@ def test_compare_names_runs_by_label_and_rejects_what_is_not_a_run(step_runs):
         compare_series({})
     with pytest.raises(ValueError, match="bin_s must be a finite number > 0"):
         compare_series(step_runs, bin_s=0)
+
+
+@pytest.mark.parametrize(
+    ("plot", "build"),
+    [
+        (plot_sweep, sweep_figure),
+        (plot_cost_curve, cost_curve_figure),
+        (plot_compare, compare_figure),
+    ],
+)
+def test_plot_takes_its_figures_parameters_declared_once(plot, build):
+    import inspect
+
+    shown = inspect.signature(plot)
+    assert shown.parameters == inspect.signature(build).parameters  # what help() shows
+    assert shown.return_annotation == "ChartWidget"
+    assert plot.__name__.startswith("plot_") and plot.__doc__
+    with pytest.raises(TypeError, match="widht"):
+        plot(None, widht=300)  # a typo is refused, not ignored
