@@ -264,7 +264,23 @@ def result_rows(result: labserve.RunResult, bin_s: float | None = None) -> Rows:
         else math.nan
     )
 
-    # Queue depth at each bin's end: arrived and not yet started (or rejected unstarted).
+    tick = _empty(TICK_COLUMNS)
+    tick["t"] = t.tolist()
+    _queue_depth(tick, result, t)
+    _latency_percentiles(tick, result, bin_s, n_bins)
+    _outcome_rates(tick, result, bin_s, n_bins)
+    tick["latency_bound"] = [bound] * n_bins
+    tick["max_batch_size"] = [cap] * n_bins
+    tick["max_latency_ms"] = [float(config.get("max_latency_ms", math.nan))] * n_bins
+    tick["latency_slo_ms"] = [float(config.get("latency_slo_ms", 0.0)) or math.nan] * n_bins
+    tick["clock_s"] = [math.nan] * n_bins
+    _batch_columns(tick, result, bin_s, n_bins)
+    return tick
+
+
+def _queue_depth(tick: Rows, result: labserve.RunResult, t: np.ndarray) -> None:
+    """Queue depth at each bin's end: arrived and not yet started (or rejected unstarted)."""
+    finish = result.finish_s
     items = result.items.astype(float)
     arr_order = np.argsort(result.arrival_s, kind="stable")
     arr_sorted = result.arrival_s[arr_order]
@@ -275,22 +291,17 @@ def result_rows(result: labserve.RunResult, bin_s: float | None = None) -> Rows:
     left_cum = np.concatenate([[0.0], np.cumsum(items[left_order])])
     n_in = np.searchsorted(arr_sorted, t, side="right")
     n_out = np.searchsorted(left[left_order], t, side="right")
-
-    tick = _empty(TICK_COLUMNS)
-    tick["t"] = t.tolist()
     tick["queue_requests"] = (n_in - n_out).astype(float).tolist()
     tick["queue_items"] = (arr_cum[n_in] - left_cum[n_out]).tolist()
+
+
+def _latency_percentiles(tick: Rows, result: labserve.RunResult, bin_s: float, n_bins: int) -> None:
+    """Each bin's p50/p95/p99 over the served requests that finished in it."""
+    finish = result.finish_s
     latency_ms = (finish - result.arrival_s) * 1000.0
     which = np.clip(np.floor(np.nan_to_num(finish, nan=-1.0) / bin_s).astype(np.int64), -1, n_bins)
     for column in ("p50", "p95", "p99"):
         tick[column] = [math.nan] * n_bins
-    # A request that got no result may have no finish time (refused at admission): it is
-    # counted when it arrived.
-    ended = np.where(np.isfinite(finish), finish, result.arrival_s)
-    ended_bin = np.clip(np.floor(ended / bin_s).astype(np.int64), 0, n_bins - 1)
-    for outcome, column in _RATE_OUTCOMES:
-        mask = result.outcome == labserve.OUTCOMES.index(outcome)
-        tick[column] = (np.bincount(ended_bin[mask], minlength=n_bins)[:n_bins] / bin_s).tolist()
     served = (result.outcome == 0) & (which >= 0) & (which < n_bins)
     order = np.argsort(which[served], kind="stable")
     bins_sorted = which[served][order]
@@ -301,16 +312,28 @@ def result_rows(result: labserve.RunResult, bin_s: float | None = None) -> Rows:
         if len(chunk):
             p50, p95, p99 = np.percentile(chunk, [50, 95, 99])
             tick["p50"][k], tick["p95"][k], tick["p99"][k] = float(p50), float(p95), float(p99)
-    tick["latency_bound"] = [bound] * n_bins
-    tick["max_batch_size"] = [cap] * n_bins
-    tick["max_latency_ms"] = [float(config.get("max_latency_ms", math.nan))] * n_bins
-    tick["latency_slo_ms"] = [float(config.get("latency_slo_ms", 0.0)) or math.nan] * n_bins
-    tick["clock_s"] = [math.nan] * n_bins
+
+
+def _outcome_rates(tick: Rows, result: labserve.RunResult, bin_s: float, n_bins: int) -> None:
+    """Each outcome's rate per bin, counted when the request ended.
+
+    A request that got no result may have no finish time (refused at admission): it is
+    counted when it arrived.
+    """
+    finish = result.finish_s
+    ended = np.where(np.isfinite(finish), finish, result.arrival_s)
+    ended_bin = np.clip(np.floor(ended / bin_s).astype(np.int64), 0, n_bins - 1)
+    for outcome, column in _RATE_OUTCOMES:
+        mask = result.outcome == labserve.OUTCOMES.index(outcome)
+        tick[column] = (np.bincount(ended_bin[mask], minlength=n_bins)[:n_bins] / bin_s).tolist()
+
+
+def _batch_columns(tick: Rows, result: labserve.RunResult, bin_s: float, n_bins: int) -> None:
+    """Fire reasons' rates and the batch sizes (mean, min, max) of the batches fired per bin."""
     fired_bin = np.clip(np.floor(result.batch_start_s / bin_s).astype(np.int64), 0, n_bins - 1)
     for code, reason in enumerate(REASONS):
         mask = result.batch_reason == code
         tick[reason] = (np.bincount(fired_bin[mask], minlength=n_bins) / bin_s).tolist()
-
     b_items = result.batch_items.astype(float)
     count = np.bincount(fired_bin, minlength=n_bins)[:n_bins]
     total = np.bincount(fired_bin, weights=b_items, minlength=n_bins)[:n_bins]
@@ -323,7 +346,6 @@ def result_rows(result: labserve.RunResult, bin_s: float | None = None) -> Rows:
         tick["batch_mean"] = np.where(none, np.nan, total / count).tolist()
     tick["batch_min"] = np.where(none, np.nan, low).tolist()
     tick["batch_max"] = np.where(none, np.nan, high).tolist()
-    return tick
 
 
 def fit_cost(items: np.ndarray, duration_s: np.ndarray) -> tuple[float, float]:

@@ -449,69 +449,93 @@ def test_lesson_05_run_all_then_its_four_steps(tmp_path):
                     has=page.locator(".bk-Figure")
                 ).first.scroll_into_view_if_needed()
 
-                def last(column: str, n: int = 5) -> list[float]:
-                    values = last_values(page, column)
-                    return [v for v in values[-n:] if v is not None and v == v]
-
-                def shot(name: str) -> None:
-                    page.screenshot(path=str(ARTIFACTS / f"lesson05-{name}.png"), full_page=True)
-
                 ARTIFACTS.mkdir(exist_ok=True)
                 start_load(page, 2500)
-                _wait(lambda: last("served_rps") and max(last("served_rps")) > 1000, "load")
-                overload = page.locator(".widget-dropdown", has_text="on_overload").locator(
-                    "select"
-                )
-                # 1. max_batch_size 4: batches on the cap; the queue grows ('wait'), then with
-                # 'reject' the requests that cannot start in time are refused.
-                _drag_slider_to(page, "max_batch_size", index=2, steps=11)
-                _wait(lambda: last("max_batch_size")[-1:] == [4], "cap 4")
-                _wait(lambda: last("queue_requests") and max(last("queue_requests")) > 50, "queue")
-                overload.select_option("reject")
-                _wait(lambda: last("rejected_rps") and min(last("rejected_rps", 3)) > 0, "rejects")
-                time.sleep(1)  # past the rows that still hold batches fired before the change
-                assert max(last("batch_max")) <= 4
-                time.sleep(3)
-                shot("1-cap-4")
-                # 2. back to 64 and 'wait': nothing rejected within a few seconds.
-                _drag_slider_to(page, "max_batch_size", index=6, steps=11)
-                overload.select_option("wait")
-                _wait(lambda: last("max_batch_size")[-1:] == [64], "cap 64")
-                _wait(lambda: last("rejected_rps", 3) == [0.0] * 3, "no rejects", 20)
-                time.sleep(2)
-                shot("2-cap-64")
-                # 3. a latency target of 15 ms reaches the runner and the chart draws its line.
-                # (How much the batches grow depends on this machine's spare time: not asserted.)
-                target = page.locator(".widget-text", has_text="latency target ms").locator("input")
-                target.fill("15")
-                target.press("Enter")
-                _wait(lambda: last("latency_slo_ms")[-1:] == [15.0], "the target line")
-                time.sleep(2)
-                shot("3-target-15")
-                target.fill("0")
-                target.press("Enter")
-                # 4. strategy off: only `idle` fires, every batch is one request.
-                page.locator(".widget-dropdown", has_text="strategy").locator(
-                    "select"
-                ).select_option("off")
-                _wait(lambda: last("batch_max", 3) == [1.0] * 3, "batches of one", 20)
-                # The target's held batches ('adaptive') leave the last second's rates too.
-                _wait(lambda: last("adaptive", 3) == [0.0] * 3, "no held batches", 20)
-                time.sleep(2)
-                shot("4-off")
-                # 5. a 0 typed next to max_batch_size is refused with its reason; nothing changes.
-                box = page.locator(".widget-slider", has_text="max_batch_size").locator(
-                    "xpath=following-sibling::*[1]//input"
-                )
-                box.fill("0")
-                box.press("Enter")
                 _wait(
-                    lambda: page.get_by_text("max_batch_size must be an integer >= 1").count(),
-                    "why",
+                    lambda: _last(page, "served_rps") and max(_last(page, "served_rps")) > 1000,
+                    "load",
                 )
-                shot("5-refused")
+                for step in (_step_cap_4, _step_cap_64, _step_target_15, _step_off, _step_refused):
+                    step(page)
             finally:
                 browser.close()
+
+
+def _last(page: Any, column: str, n: int = 5) -> list[float]:
+    values = last_values(page, column)
+    return [v for v in values[-n:] if v is not None and v == v]
+
+
+def _shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"lesson05-{name}.png"), full_page=True)
+
+
+def _step_cap_4(page: Any) -> None:
+    """1. max_batch_size 4: batches on the cap; the queue grows ('wait'), then with 'reject'
+    the requests that cannot start in time are refused."""
+    overload = page.locator(".widget-dropdown", has_text="on_overload").locator("select")
+    _drag_slider_to(page, "max_batch_size", index=2, steps=11)
+    _wait(lambda: _last(page, "max_batch_size")[-1:] == [4], "cap 4")
+    _wait(
+        lambda: _last(page, "queue_requests") and max(_last(page, "queue_requests")) > 50,
+        "queue",
+    )
+    overload.select_option("reject")
+    _wait(
+        lambda: _last(page, "rejected_rps") and min(_last(page, "rejected_rps", 3)) > 0,
+        "rejects",
+    )
+    time.sleep(1)  # past the rows that still hold batches fired before the change
+    assert max(_last(page, "batch_max")) <= 4
+    time.sleep(3)
+    _shot(page, "1-cap-4")
+
+
+def _step_cap_64(page: Any) -> None:
+    """2. back to 64 and 'wait': nothing rejected within a few seconds."""
+    overload = page.locator(".widget-dropdown", has_text="on_overload").locator("select")
+    _drag_slider_to(page, "max_batch_size", index=6, steps=11)
+    overload.select_option("wait")
+    _wait(lambda: _last(page, "max_batch_size")[-1:] == [64], "cap 64")
+    _wait(lambda: _last(page, "rejected_rps", 3) == [0.0] * 3, "no rejects", 20)
+    time.sleep(2)
+    _shot(page, "2-cap-64")
+
+
+def _step_target_15(page: Any) -> None:
+    """3. a latency target of 15 ms reaches the runner and the chart draws its line.
+
+    (How much the batches grow depends on this machine's spare time: not asserted.)
+    """
+    target = page.locator(".widget-text", has_text="latency target ms").locator("input")
+    target.fill("15")
+    target.press("Enter")
+    _wait(lambda: _last(page, "latency_slo_ms")[-1:] == [15.0], "the target line")
+    time.sleep(2)
+    _shot(page, "3-target-15")
+    target.fill("0")
+    target.press("Enter")
+
+
+def _step_off(page: Any) -> None:
+    """4. strategy off: only `idle` fires, every batch is one request."""
+    page.locator(".widget-dropdown", has_text="strategy").locator("select").select_option("off")
+    _wait(lambda: _last(page, "batch_max", 3) == [1.0] * 3, "batches of one", 20)
+    # The target's held batches ('adaptive') leave the last second's rates too.
+    _wait(lambda: _last(page, "adaptive", 3) == [0.0] * 3, "no held batches", 20)
+    time.sleep(2)
+    _shot(page, "4-off")
+
+
+def _step_refused(page: Any) -> None:
+    """5. a 0 typed next to max_batch_size is refused with its reason; nothing changes."""
+    box = page.locator(".widget-slider", has_text="max_batch_size").locator(
+        "xpath=following-sibling::*[1]//input"
+    )
+    box.fill("0")
+    box.press("Enter")
+    _wait(lambda: page.get_by_text("max_batch_size must be an integer >= 1").count(), "why")
+    _shot(page, "5-refused")
 
 
 def _run_all(page: Any) -> None:
