@@ -13,13 +13,14 @@ another process, alternating.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import socket
-import subprocess
-import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+
+from tinylm_server import tinylm_server  # this folder's (the script's folder is on sys.path)
 
 import labserve
 
@@ -29,39 +30,16 @@ TUNED = {"max_num_seqs": 256}
 TOKEN = "goodput-bench"
 
 
-def serving(config: dict[str, int]) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "labserve.cli",
-            "serve",
-            "labserve.lab.demo:TinyLM",
-            "--port",
-            str(port),
-            "--token",
-            TOKEN,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert server.stdout is not None
-    server.stdout.readline()
-    base = f"http://127.0.0.1:{port}"
-    if config:
-        body = json.dumps({"tinylm": {"generate": config}}).encode()
-        req = urllib.request.Request(
-            f"{base}/config",
-            body,
-            {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
-            method="PATCH",
-        )
-        urllib.request.urlopen(req, timeout=10).read()
-    return server, f"{base}/v1/completions"
+@contextlib.contextmanager
+def serving(config: dict[str, int]) -> Iterator[str]:
+    """TinyLM served with ``config`` changed live (PATCH /config); yields its completions URL."""
+    with tinylm_server(token=TOKEN) as base:
+        if config:
+            body = json.dumps({"tinylm": {"generate": config}}).encode()
+            headers = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
+            req = urllib.request.Request(f"{base}/config", body, headers, method="PATCH")
+            urllib.request.urlopen(req, timeout=10).read()
+        yield f"{base}/v1/completions"
 
 
 def run(url: str, seconds: float, **load: object) -> dict[str, float]:
@@ -83,12 +61,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    server, url = serving({})
-    try:
+    with serving({}) as url:
         cap = run(url, min(args.seconds, 20.0), concurrency=48)
-    finally:
-        server.terminate()
-        server.wait(10)
     capacity = cap["output_tokens_per_s"] / WORK["output_len"]
     rate = 1.2 * capacity
     print(
@@ -99,12 +73,8 @@ def main() -> None:
     rows = []
     for r in range(args.rounds):
         for name, config in (("defaults", {}), ("tuned", TUNED)):
-            server, url = serving(config)
-            try:
+            with serving(config) as url:
                 got = run(url, args.seconds, arrivals=labserve.arrivals("poisson", rate_rps=rate))
-            finally:
-                server.terminate()
-                server.wait(10)
             got.update(setting=name, round=r, load=os.getloadavg()[0])
             rows.append(got)
             print(

@@ -16,11 +16,10 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from tinylm_server import tinylm_server  # this folder's (the script's folder is on sys.path)
 
 import labserve
 from labserve.lab.demo import TinyLM
@@ -52,34 +51,15 @@ def in_process(seconds: float, streams: int, output: int) -> float:
 
 
 def over_http(seconds: float, streams: int, output: int) -> float:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "labserve.cli",
-            "serve",
-            "labserve.lab.demo:TinyLM",
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        assert server.stdout is not None
-        server.stdout.readline()  # "serving tinylm at ..."
-        url = f"http://127.0.0.1:{port}/v1/completions"
+    with tinylm_server() as base:
         result = labserve.load_test(
-            url, duration_s=seconds, concurrency=streams, input_len=32, output_len=output
+            f"{base}/v1/completions",
+            duration_s=seconds,
+            concurrency=streams,
+            input_len=32,
+            output_len=output,
         )
         return float(result.summary()["output_tokens_per_s"])
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 def main() -> None:

@@ -11,12 +11,9 @@ text, none lost, and ``usage`` must count its prompt and its tokens.
 from __future__ import annotations
 
 import concurrent.futures
-import os
-import socket
-import subprocess
-import sys
 
 import openai
+from tinylm_server import tinylm_server  # this folder's (the script's folder is on sys.path)
 
 N, TOKENS = 64, 64
 
@@ -41,34 +38,12 @@ def one(base_url: str, prompt: str) -> tuple[str, int, int]:
 
 
 def main() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "labserve.cli",
-            "serve",
-            "labserve.lab.demo:TinyLM",
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        assert server.stdout is not None
-        server.stdout.readline()
-        base = f"http://127.0.0.1:{port}/v1"
-        prompts = [f"stream {i}: " + "ab" * (i % 9) for i in range(N)]
+    prompts = [f"stream {i}: " + "ab" * (i % 9) for i in range(N)]
+    with tinylm_server() as base:
+        url = f"{base}/v1"
         with concurrent.futures.ThreadPoolExecutor(N) as pool:
-            together = list(pool.map(lambda p: one(base, p), prompts))
-        alone = [one(base, p) for p in prompts]
-    finally:
-        server.terminate()
-        server.wait(10)
+            together = list(pool.map(lambda p: one(url, p), prompts))
+        alone = [one(url, p) for p in prompts]
     same = sum(t[0] == a[0] for t, a in zip(together, alone, strict=True))
     usage_ok = sum(
         t[1] == len(p.encode()) and t[2] == TOKENS == len(t[0].encode())
