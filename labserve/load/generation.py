@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import math
 import time
 import warnings
@@ -53,23 +54,7 @@ def is_generation_url(url: str) -> bool:
     return path.endswith((COMPLETIONS_PATH, CHAT_PATH))
 
 
-def generation_load_test(
-    url: str,
-    *,
-    duration_s: float,
-    arrivals: Arrivals | None = None,
-    concurrency: int | None = None,
-    input_len: LengthDist | str | int = 32,
-    output_len: LengthDist | str | int = 128,
-    model: str | None = None,
-    goodput: Any = None,
-    ignore_eos: bool = True,
-    seed: int = 0,
-    token: str | None = None,
-    connections: int | None = None,
-    timeout_s: float = 30.0,
-    label: str = "",
-) -> GenerationLoadResult:
+def generation_load_test(url: str, **options: Any) -> GenerationLoadResult:
     """Stream completions from ``url`` for ``duration_s``; return what the client measured.
 
     ``url`` is ``.../v1/completions`` or ``.../v1/chat/completions`` of any
@@ -99,22 +84,7 @@ def generation_load_test(
     ...     duration_s=30, arrivals=labserve.arrivals("poisson", rate_rps=4),
     ...     input_len="lognormal:16:128", output_len=128, goodput="ttft:300 tpot:30")
     """
-    run = start_generation_load(
-        url,
-        duration_s=duration_s,
-        arrivals=arrivals,
-        concurrency=concurrency,
-        input_len=input_len,
-        output_len=output_len,
-        model=model,
-        goodput=goodput,
-        ignore_eos=ignore_eos,
-        seed=seed,
-        token=token,
-        connections=connections,
-        timeout_s=timeout_s,
-        label=label,
-    )
+    run = start_generation_load(url, **options)
     return run._wait(None, stacklevel=3)
 
 
@@ -158,6 +128,14 @@ def start_generation_load(
         assert concurrency is not None
         future = bg.submit(_closed_loop(sender, concurrency, float(duration_s), control))
     return GenerationLoadRun(bg, future, control, sender, float(duration_s), targets, label)
+
+
+# help() and IDEs show start_generation_load's parameters, declared once there.
+setattr(  # noqa: B010 (mypy: functions have no such field)
+    generation_load_test,
+    "__signature__",
+    inspect.signature(start_generation_load).replace(return_annotation="GenerationLoadResult"),
+)
 
 
 def _check_run(
