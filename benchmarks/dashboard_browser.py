@@ -112,7 +112,8 @@ def trace(cdp, page, seconds: float, top: int = 30) -> None:
     Where the profile says "(program)" (native work no script called: painting, compositing,
     layout, message handling), the trace names the task.
     """
-    spans = _main_thread_spans(_trace_events(cdp, page, seconds))
+    events = _trace_events(cdp, page, seconds)
+    spans = _main_thread_spans(events)
     if not spans:
         print("trace: no renderer main thread events")
         return
@@ -120,6 +121,14 @@ def trace(cdp, page, seconds: float, top: int = 30) -> None:
     print(f"trace, {seconds:g} s: main thread in top-level events {busy / 1e6 / seconds:.0%}")
     for name, us in self_us.most_common(top):
         print(f"{100 * us / 1e6 / seconds:5.1f}%  {name}")
+    # What the page loads while it should only be drawing.
+    urls = collections.Counter(
+        str(e.get("args", {}).get("url", "?"))[:100]
+        for e in events
+        if e.get("name") == "ResourceFetcher::requestResource"
+    )
+    for url, n in urls.most_common(5):
+        print(f"requested {n / seconds:.1f}/s: {url}")
 
 
 def _trace_events(cdp, page, seconds: float) -> list[dict]:

@@ -23,21 +23,35 @@ LOAD_MIME = "application/vnd.bokehjs_load.v0+json"
 STUB = "/* BEGIN bokeh.min.js */ /* not saved with the lesson: run this cell to load BokehJS */"
 """What a saved notebook keeps in place of BokehJS (labserve's nbval sanitizer matches both)."""
 _loaded = False
+ACK_NAME = "labserve-ack"
+"""Name of the model in a chart document that carries each patch's sequence number.
+
+A document that holds a model of that name (``Charts`` does) gets flow control: each patch
+sets that model's ``name`` to ``"labserve-ack:<n>"`` on the page, and the page's echo of that
+change says patch n was applied (see ``chartwidget.py``). The kernel's copy of the model never
+changes. In such a document the page echoes nothing else (see the patches below)."""
 
 
 _bundle_cache: dict[str, str] = {}
 
 
-# Two patches to BokehJS's page-side work per frame, measured with a CDP profile of a live
-# dashboard in JupyterLab (benchmarks/RESULTS.md). BokehJS rewrites each renderer's position
-# stylesheet on every paint; each rewrite invalidates the page's style, and BokehJS's next CSS
-# read (it reads CSS variables for every text and fill colour) forces a style pass over
-# JupyterLab's large page. (1) Skip rewrites that change nothing. (2) A glyph renderer's
+# Three patches to BokehJS's page-side work per frame, measured with a CDP profile and trace of
+# a live dashboard in JupyterLab (benchmarks/RESULTS.md). BokehJS rewrites each renderer's
+# position stylesheet on every paint; each rewrite invalidates the page's style, and BokehJS's
+# next CSS read (it reads CSS variables for every text and fill colour) forces a style pass
+# over JupyterLab's large page. (1) Skip rewrites that change nothing. (2) A glyph renderer's
 # element is an empty box placed over its data, which moves on every streamed row: leave it
 # where it is unless the renderer has a context menu (the one thing that element serves).
+# (3) jupyter_bokeh's view sends the kernel every change to its document, including each one
+# the kernel's own patch just made (a stream of rows, new axis ends); each is a kernel message
+# that the kernel answers busy, then idle, and JupyterLab redraws its busy indicators (the
+# favicon is fetched and decoded again) for each. In a document with a labserve-ack model,
+# whose kernel side reads nothing but the ack (ChartWidget._sync_model), data changes other
+# than the ack's reach no document listener; roots and titles still do.
 # Each patch is a no-op if a BokehJS release renames what it patches.
 _BOKEHJS_PATCHES = """
 (function () {
+  const ACK = ACK_NAME;
   try {
     const sheet = window.Bokeh.require("core/dom").InlineStyleSheet.prototype;
     const update = sheet._update;
@@ -56,11 +70,31 @@ _BOKEHJS_PATCHES = """
       };
       view._labserve_patched = true;
     }
+    const doc = window.Bokeh.require("document/document").Document.prototype;
+    const trigger = doc._trigger_on_change;
+    if (typeof trigger === "function" && !doc._labserve_patched) {
+      const echoes = new Set(["ModelChanged", "ColumnsStreamed", "ColumnsPatched",
+                              "ColumnDataChanged"]);
+      doc._trigger_on_change = function (event) {
+        if (this._labserve_ack == null) {
+          for (const m of this._all_models.values()) {
+            if (typeof m.name === "string" && m.name.startsWith(ACK)) this._labserve_ack = m;
+          }
+        }
+        const ack = this._labserve_ack;
+        if (ack == null) return trigger.call(this, event);
+        const keep = (e) => !echoes.has(e.kind) || e.model === ack;
+        for (const e of Array.isArray(event.events) ? event.events : [event]) {
+          if (keep(e)) trigger.call(this, e);
+        }
+      };
+      doc._labserve_patched = true;
+    }
   } catch (error) {
     console.warn("labserve: BokehJS patches not applied", error);
   }
 })();
-"""
+""".replace("ACK_NAME", json.dumps(ACK_NAME))
 
 
 def _bundle() -> dict[str, str]:

@@ -25,7 +25,7 @@ from bokeh.protocol.messages.patch_doc import patch_doc
 from IPython import get_ipython
 from jupyter_bokeh import BokehModel
 
-from .bokehjs import load_bokehjs
+from .bokehjs import ACK_NAME, load_bokehjs
 
 __all__ = ["ACK_NAME", "HOOKS", "ChartWidget", "one_patch_per_widget"]
 
@@ -55,12 +55,6 @@ def one_patch_per_widget() -> Iterator[None]:
             widget._send_patch(events)
 
 
-ACK_NAME = "labserve-ack"
-"""Name of the model in a chart document that carries each patch's sequence number.
-
-A document that holds a model of that name (``Charts`` does) gets flow control: each patch
-sets that model's ``name`` to ``"labserve-ack:<n>"`` on the page, and the page's echo of that
-change says patch n was applied. The kernel's copy of the model never changes."""
 MAX_IN_FLIGHT = 1
 """Patches sent and not yet applied by the page before new changes are held (and merged)."""
 ACK_TIMEOUT_S = 1.0
