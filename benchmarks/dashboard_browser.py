@@ -51,53 +51,71 @@ def busy_s(cdp) -> dict[str, float]:
     return {name: float(metrics[name]) for name in _METRICS}
 
 
-def profile(cdp, seconds: float, top: int = 25, depth: int = 9) -> None:
-    """Self time per function (name, script, line) over ``seconds``, most first."""
+def profile(cdp, seconds: float, top: int = 25) -> None:
+    """Self time per function (name, script, line) over ``seconds``, most first.
+
+    Then the same with what each calls, and the callers of the hottest (and of the functions
+    named in ``PROFILE_CALLERS``, comma-separated).
+    """
     cdp.send("Profiler.enable")
     cdp.send("Profiler.setSamplingInterval", {"interval": 200})
     cdp.send("Profiler.start")
     time.sleep(seconds)
     prof = cdp.send("Profiler.stop")["profile"]
     nodes = {n["id"]: n for n in prof["nodes"]}
-    dt = collections.Counter()
+    dt: collections.Counter[int] = collections.Counter()
     for node_id, delta in zip(prof["samples"], prof["timeDeltas"], strict=True):
         dt[node_id] += delta
     by_fn: collections.Counter[str] = collections.Counter()
     for node_id, us in dt.items():
-        f = nodes[node_id]["callFrame"]
-        url = f["url"].rsplit("/", 1)[-1][:30]
-        by_fn[f"{f['functionName'] or '(anon)'} {url}:{f['lineNumber']}"] += us
+        by_fn[_fn(nodes[node_id])] += us
     total = sum(by_fn.values())
     print(f"CPU profile, {seconds:g} s: {total / 1e6 / seconds:.0%} of a core sampled")
     for name, us in by_fn.most_common(top):
         print(f"{100 * us / total:5.1f}%  {name}")
-    # Where the hottest native calls come from: their callers, `depth` frames up.
     parent = {c: n["id"] for n in prof["nodes"] for c in n.get("children", [])}
+    print("inclusive (the function and what it calls):")
+    for name, us in _inclusive(nodes, parent, dt).most_common(top + 10):
+        if not name.startswith("("):
+            print(f"{100 * us / total:5.1f}%  {name}")
+    wanted = os.environ.get("PROFILE_CALLERS", "").split(",")
+    hottest = dict(by_fn.most_common(4))
+    for hot, _ in by_fn.most_common(top):
+        if not hot.startswith("(") and (hot in hottest or hot.split(" ")[0] in wanted):
+            _print_callers(hot, nodes, parent, dt, total)
+
+
+def _fn(node: dict) -> str:
+    f = node["callFrame"]
+    return f"{f['functionName'] or '(anon)'} {f['url'].rsplit('/', 1)[-1][:30]}:{f['lineNumber']}"
+
+
+def _print_callers(
+    hot: str,
+    nodes: dict[int, dict],
+    parent: dict[int, int],
+    dt: collections.Counter[int],
+    total: float,
+    depth: int = 9,
+) -> None:
+    """Where ``hot``'s samples come from: its callers, ``depth`` frames up."""
 
     def frame(node_id: int) -> str:
         f = nodes[node_id]["callFrame"]
         return f"{f['functionName'] or '(anon)'}:{f['lineNumber']}:{f['columnNumber']}"
 
-    wanted = os.environ.get("PROFILE_CALLERS", "").split(",")
-    for hot, _ in by_fn.most_common(top):
-        if hot.startswith("(") or not (
-            hot in dict(by_fn.most_common(4)) or hot.split(" ")[0] in wanted
-        ):
+    paths: collections.Counter[str] = collections.Counter()
+    for node_id, us in dt.items():
+        if _fn(nodes[node_id]) != hot:
             continue
-        paths: collections.Counter[str] = collections.Counter()
-        for node_id, us in dt.items():
-            f = nodes[node_id]["callFrame"]
-            url = f["url"].rsplit("/", 1)[-1][:30]
-            if f"{f['functionName'] or '(anon)'} {url}:{f['lineNumber']}" != hot:
-                continue
-            chain, up = [], parent.get(node_id)
-            while up is not None and len(chain) < depth:
-                chain.append(frame(up))
-                up = parent.get(up)
-            paths[" < ".join(chain)] += us
-        print(f"callers of {hot}:")
-        for path, us in paths.most_common(8):
-            print(f"   {100 * us / total:5.1f}%  {path}")
+        chain, up = [], parent.get(node_id)
+        while up is not None and len(chain) < depth:
+            chain.append(frame(up))
+            up = parent.get(up)
+        paths[" < ".join(chain)] += us
+    print(f"callers of {hot}:")
+    for path, us in paths.most_common(8):
+        print(f"   {100 * us / total:5.1f}%  {path}")
 
 
 _TRACE_CATEGORIES = (
@@ -188,6 +206,22 @@ def _self_times(spans: list[tuple[float, float, str]]) -> tuple[float, collectio
         if name:
             stack.append([stop, name, 0.0, start])
     return busy, self_us
+
+
+def _inclusive(
+    nodes: dict[int, dict], parent: dict[int, int], dt: collections.Counter[int]
+) -> collections.Counter[str]:
+    """Each function's time with what it calls: counted once per sample it is on the stack."""
+    inclusive: collections.Counter[str] = collections.Counter()
+    for node_id, us in dt.items():
+        seen: set[str] = set()
+        up: int | None = node_id
+        while up is not None:
+            seen.add(_fn(nodes[up]))
+            up = parent.get(up)
+        for name in seen:
+            inclusive[name] += us
+    return inclusive
 
 
 def renderer_cpu_s() -> dict[int, float]:
