@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -56,7 +57,20 @@ def one_patch_per_widget() -> Iterator[None]:
 
 
 MAX_IN_FLIGHT = 1
-"""Patches sent and not yet applied by the page before new changes are held (and merged)."""
+"""Patches asking for an acknowledgement, sent and not yet applied by the page, before new
+changes are held (and merged)."""
+ACK_EVERY_S = 1.0
+"""A page that keeps up is asked to acknowledge a patch this often, not every patch. Each
+answer is a kernel message, which the kernel announces busy, then idle; JupyterLab redraws its
+busy indicators (and swaps its favicon) for each: at 5 Hz that cost the page more than its
+charts (benchmarks/RESULTS.md)."""
+SLOW_ACK_S = 0.15
+"""An acknowledgement later than this (under a 5 Hz tick) says the page is not keeping up:
+from then on every patch asks for one, and new changes are held while one is outstanding.
+The same while a patch asking for one has waited this long."""
+CALM_S = 2.0
+"""Acknowledgements must have been quick for this long before patches stop asking for one
+each (so also at the start, and after a page read the whole state)."""
 ACK_TIMEOUT_S = 1.0
 """While a cell runs, the kernel's main thread cannot read the page's answers: with none for
 this long, one patch goes out anyway (so the charts move, once a second, during a cell). The
@@ -128,6 +142,7 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
     """
 
     _closed = False
+    _clock = staticmethod(time.monotonic)
 
     def __init__(self, model: Any, *, lock: Any = None, **kwargs: Any) -> None:
         """Show ``model``; ``lock``: held by the document's writer while it writes, if any.
@@ -140,6 +155,9 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
         self._held: list[Any] = []
         self._sent = 0  # patches sent (their sequence numbers)
         self._acked = 0  # the newest sequence number a page said it applied
+        self._asked = 0  # the newest patch that asked for an acknowledgement
+        self._asked_at = -math.inf
+        self._calm_since: float | None = None  # acknowledgements all quick since then
         self._answered = False  # a page answered since the state was last read
         self._last_sent = 0.0
         self.updates = 0
@@ -170,6 +188,7 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
             with self._flow:
                 self._acked = self._sent
                 self._answered = False
+                self._calm_since = None
         return state
 
     def _document_patched(self, event: Any) -> None:
@@ -182,30 +201,40 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
             self._send_patch([event])
 
     def _send_patch(self, events: list[Any]) -> None:
-        # Flow control: each patch carries a sequence number that the page echoes once it
-        # has applied it (see ACK_NAME and _sync_model). With MAX_IN_FLIGHT patches not yet
-        # applied, new changes are held, and go out merged when the page catches up: a slow
-        # page draws less often, with the newest data, instead of falling further and
-        # further behind.
+        # Flow control: a patch may ask the page to acknowledge it (its sequence number, which
+        # the page echoes once it has applied it: see ACK_NAME and _sync_model). While one is
+        # outstanding, new changes are held, and go out merged when the page catches up: a
+        # slow page draws less often, with the newest data, instead of falling further and
+        # further behind. A page that has kept up for CALM_S is asked once every ACK_EVERY_S
+        # instead, and changes are held only once an acknowledgement is SLOW_ACK_S late.
         with self._flow:
             self._held += events
             self.updates += 1
-            now = time.monotonic()
+            now = self._clock()
             quick = _cells.running or not self._answered
             timeout = ACK_TIMEOUT_S if quick else SILENT_TIMEOUT_S
+            calm = self._calm_since is not None and now - self._calm_since >= CALM_S
+            waiting = self._asked > self._acked
             if (
                 self._ack_model is not None
-                and self._sent - self._acked >= MAX_IN_FLIGHT
-                and now - self._last_sent < timeout
+                and waiting
+                and (not calm or now - self._asked_at >= SLOW_ACK_S)
             ):
-                self.merged += 1
-                return
+                if now - self._last_sent < timeout:
+                    self.merged += 1
+                    return
+                self._calm_since, calm = None, False  # no answer in time: this one asks
             events, self._held = _merged(self._held), []
             self._sent += 1
             self._last_sent = now
             seq = self._sent
+            ask = self._ack_model is not None and (
+                not calm or (not waiting and now - self._asked_at >= ACK_EVERY_S)
+            )
+            if ask:
+                self._asked, self._asked_at = seq, now
         doc = events[0].document
-        if self._ack_model is not None:
+        if ask and self._ack_model is not None:
             events.append(ModelChangedEvent(doc, self._ack_model, "name", f"{ACK_NAME}:{seq}"))
         # jupyter_bokeh sends a patch as three comm messages (header, metadata, content) that
         # BokehJS reassembles in order. A view that starts listening between two of them (a
@@ -238,6 +267,12 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
             except ValueError:
                 return
             with self._flow:
+                now = self._clock()
+                if seq == self._asked:  # how long the page took: is it keeping up?
+                    if now - self._asked_at > SLOW_ACK_S:
+                        self._calm_since = None
+                    elif self._calm_since is None:
+                        self._calm_since = now
                 self._acked = max(self._acked, min(seq, self._sent))
                 self._answered = True
 

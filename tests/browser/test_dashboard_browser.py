@@ -161,6 +161,35 @@ STALENESS = """() => {
 }"""
 
 
+# For two seconds: the streams applied to the dashboard's ticks source, and what its
+# document's listeners (jupyter_bokeh's view sends each to the kernel) were told.
+ECHOES = """async () => {
+  let ticks = null, doc = null;
+  for (const d of (window.Bokeh && window.Bokeh.documents) || []) {
+    for (const m of d.all_models) {
+      const data = m.data;
+      if (data && (typeof data.get === "function" ? data.has("clock_s") : "clock_s" in data)) {
+        ticks = m;
+        doc = d;
+      }
+    }
+  }
+  const seen = [];
+  let streams = 0;
+  const listener = (e) => {
+    const name = e.model && typeof e.model.name === "string" ? e.model.name.split(":")[0] : "";
+    seen.push(`${e.kind} ${e.attr || ""} ${name}`);
+  };
+  const counted = () => { streams += 1; };
+  doc.on_change(listener);
+  ticks.streaming.connect(counted);
+  await new Promise((resolve) => setTimeout(resolve, 2000));
+  doc.remove_on_change(listener);
+  ticks.streaming.disconnect(counted);
+  return {streams, seen};
+}"""
+
+
 KERNEL_READY = (
     "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
     " && window.jupyterapp.shell.currentWidget.sessionContext"
@@ -328,6 +357,11 @@ def test_the_dashboard_renders_streams_and_its_slider_configures_the_server(lab)
             before = rows(page, "queue_requests")
             _wait(lambda: rows(page, "queue_requests") > before + 10, "ticks to keep streaming")
             _wait(lambda: max(last_values(page, "batch_max"), default=0) > 0, "batches to show")
+            # The page applies the kernel's streams without sending them back: its document
+            # tells its listeners of nothing but the acknowledgements (labserve's BokehJS patch).
+            echoes = page.evaluate(ECHOES)
+            assert echoes["streams"] >= 3, echoes
+            assert set(echoes["seen"]) <= {"ModelChanged name labserve-ack"}, echoes
 
             # Drag max_batch_size to 4 (option 2 of 1, 2, 4, ..., 1024): the server follows,
             # and the batch-size chart's cap line and new batches follow the server.

@@ -20,7 +20,14 @@ from bokeh.protocol.exceptions import ProtocolError
 from bokeh.protocol.receiver import Receiver
 from jupyter_bokeh import BokehModel
 from labserve.widgets import Charts, ChartWidget, Dashboard, Pump, loadpanel, plot
-from labserve.widgets.chartwidget import ACK_TIMEOUT_S, MAX_IN_FLIGHT, SILENT_TIMEOUT_S
+from labserve.widgets.chartwidget import (
+    ACK_EVERY_S,
+    ACK_TIMEOUT_S,
+    CALM_S,
+    MAX_IN_FLIGHT,
+    SILENT_TIMEOUT_S,
+    SLOW_ACK_S,
+)
 from labserve.widgets.series import TICK_COLUMNS, LiveSeries, fit_cost, result_rows
 
 import labserve
@@ -501,6 +508,92 @@ def test_a_page_that_reads_the_whole_state_releases_the_patches_in_flight():
     assert "render_bundle" in widget.get_state()  # what ipywidgets sends a page that asks
     _tick(charts, 2.0)
     assert len(sent) == (MAX_IN_FLIGHT + 1) * 3
+
+
+class _Clock:
+    """The widget's clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _asks(patch: dict) -> list[str]:
+    """The acknowledgement a patch asks for (the ack model's new name), if any."""
+    return [e["new"] for e in patch["events"] if e.get("attr") == "name"]
+
+
+def _calm_widget(tick_s: float = 0.2) -> tuple[Charts, ChartWidget, list[dict], _Clock, float]:
+    """A widget whose page has acknowledged every patch within a few ms for CALM_S."""
+    charts, widget, sent = _streaming_widget()
+    clock = _Clock()
+    widget._clock = clock
+    t = 0.0
+    while clock.now < 1000.0 + CALM_S + 2 * tick_s:
+        _tick(charts, t)
+        clock.now += 0.005
+        _ack(widget, widget._sent)
+        clock.now += tick_s - 0.005
+        t += 1.0
+    return charts, widget, sent, clock, t
+
+
+def test_a_page_that_keeps_up_is_asked_for_an_acknowledgement_once_a_second():
+    # Each answer is a kernel message that JupyterLab shows as busy, then idle: at 5 Hz
+    # that flicker cost the page more than drawing its charts.
+    charts, widget, sent, clock, t = _calm_widget()
+    first = len(sent)
+    for _ in range(25):  # five seconds at 5 Hz, each asked-for patch answered at once
+        _tick(charts, t)
+        if _asks(sent[-1]):
+            _ack(widget, widget._sent)
+        clock.now += 0.2
+        t += 1.0
+    patches = sent[first::3]
+    assert len(patches) == 25 and widget.merged == 0  # every tick went out
+    asked = [p for p in patches if _asks(p)]
+    assert 5 * 0.2 / ACK_EVERY_S - 1 <= len(asked) <= 5 / ACK_EVERY_S + 1
+
+
+def test_a_page_that_stops_answering_gets_changes_held_after_a_slow_ack():
+    charts, widget, sent, clock, t = _calm_widget()
+    for _ in range(round(ACK_EVERY_S / 0.2) + 1):  # ticks until one asks; then no answer
+        _tick(charts, t)
+        t += 1.0
+        if _asks(sent[-1]):
+            break
+        clock.now += 0.2
+    assert _asks(sent[-1])
+    n = len(sent)
+    clock.now += SLOW_ACK_S / 2
+    _tick(charts, t)  # not yet late: goes out, asking for nothing
+    assert len(sent) == n + 3 and not _asks(sent[-1])
+    n = len(sent)
+    clock.now += SLOW_ACK_S / 2
+    for k in range(5):  # late: held and merged, as for a page that never kept up
+        _tick(charts, t + 1.0 + k)
+        clock.now += 0.2
+    assert len(sent) == n and widget.merged == 5
+
+
+def test_after_a_slow_acknowledgement_every_patch_asks_for_one_again():
+    charts, widget, sent, clock, t = _calm_widget()
+    for _ in range(round(ACK_EVERY_S / 0.1) + 1):  # ticks until one asks
+        clock.now += 0.1
+        _tick(charts, t)
+        t += 1.0
+        if _asks(sent[-1]):
+            break
+    assert _asks(sent[-1])
+    clock.now += SLOW_ACK_S + 0.1
+    _ack(widget, widget._sent)  # answered, but late: the page is falling behind
+    n = len(sent)
+    _tick(charts, t)
+    assert len(sent) == n + 3 and _asks(sent[-1]) == [f"labserve-ack:{widget._sent}"]
+    _tick(charts, t + 1.0)  # one patch in flight again: held
+    assert len(sent) == n + 3 and widget.merged == 1
 
 
 def test_the_cost_fit_is_drawn_only_over_the_data_and_ignores_a_stall():
