@@ -172,7 +172,11 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
 
     @property
     def acknowledged(self) -> int:
-        """Patches a page said it applied (0 until a view has drawn the charts)."""
+        """The newest patch a page said it applied (0 until a view has drawn the charts).
+
+        A page that keeps up is asked about one patch a second (see ACK_EVERY_S), so this
+        may trail the patches sent by that much.
+        """
         return self._acked
 
     def get_state(self, key: Any = None) -> dict[str, Any]:
