@@ -93,7 +93,8 @@ def test_config_sections_and_export_runner_name_the_runners_there_are(tmp_path, 
         main(["serve", "labserve.lab.demo:SleepModel", "--config", str(path), "--port", "0"])
     err = capsys.readouterr().err
     assert (
-        "section for runner 'scorr', which is not served; the runners served: 'sleepmodel'" in err
+        f"{path}: runners.scorr must be a section for a runner there is"
+        " (the runners there are: 'sleepmodel'), got 'scorr'" in err
     )
 
 
