@@ -36,6 +36,19 @@ def cpu_s(pid):
     return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_s(pid):
+    """CPU seconds so far of each thread of ``pid``, by thread name (names repeat: summed)."""
+    found: dict[str, float] = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as f:
+                name = f.read().strip()
+            found[name] = found.get(name, 0.0) + cpu_s(f"{pid}/task/{task}")
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+    return found
+
+
 def pids(pattern):
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
     return [int(p) for p in out]
@@ -60,6 +73,7 @@ def measure(path, replica_pattern, label, spy=None):
     boards = pids("StatsBoard")
     c0, p0 = sum(cpu_s(r) for r in reps), cpu_s(proxy)
     b0, m0 = sum(cpu_s(b) for b in boards), machine_s()
+    t0 = thread_cpu_s(rep)
     sp = None
     if spy:
         sp = subprocess.Popen(
@@ -84,6 +98,7 @@ def measure(path, replica_pattern, label, spy=None):
     result = rb.wrkrun.run(f"http://127.0.0.1:{rb.PORT}{path}", seconds=rb.SECONDS)
     c1, p1 = sum(cpu_s(r) for r in reps), cpu_s(proxy)
     b1, m1 = sum(cpu_s(b) for b in boards), machine_s()
+    t1 = thread_cpu_s(rep)
     if sp:
         sp.wait()
     n = result["rps"] * rb.SECONDS
@@ -91,6 +106,11 @@ def measure(path, replica_pattern, label, spy=None):
     latency = f"{result['p50_ms']} / {result['p99_ms']}"
     cells = " | ".join(f"{x:.2f}" for x in per)
     print(f"| {label} | {result['rps']:.0f} | {cells} | {latency} |", flush=True)
+    if os.environ.get("THREADS"):  # the first replica's threads, ms of CPU per its request
+        mine = n / len(reps)
+        spent = {k: 1000 * (t1[k] - t0.get(k, 0.0)) / mine for k in t1}
+        top = sorted(spent.items(), key=lambda kv: -kv[1])[:8]
+        print("    threads: " + ", ".join(f"{k} {v:.2f}" for k, v in top), flush=True)
 
 
 def labserve_run(strategy, spy=None):
