@@ -454,18 +454,15 @@ def _check_sections(path: str, served: list[str], *, runner: str | None = None) 
     """
     from labserve.config.file import load_config_file
 
-    sections = list(load_config_file(path).runners)
+    file = load_config_file(path)
+    sections = list(file.runners)
     have = ", ".join(repr(n) for n in sections) or "none (only the global runners.batching)"
     if runner is not None and runner not in sections:
         raise UsageError(
             f"{path} has no section for runner {runner!r}; its runner sections: {have}"
         )
-    unknown = [n for n in sections if served and n not in served]
-    if unknown:
-        raise UsageError(
-            f"{path} has a section for runner {unknown[0]!r}, which is not served; "
-            f"the runners served: {', '.join(repr(n) for n in served)}"
-        )
+    if served:
+        file.check_runners(served)  # before the model loads (serve() checks it again)
 
 
 _GENERATION_FLAGS = (

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import shutil
+import signal
+import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -93,7 +100,8 @@ def test_config_sections_and_export_runner_name_the_runners_there_are(tmp_path, 
         main(["serve", "labserve.lab.demo:SleepModel", "--config", str(path), "--port", "0"])
     err = capsys.readouterr().err
     assert (
-        "section for runner 'scorr', which is not served; the runners served: 'sleepmodel'" in err
+        f"{path}: runners.scorr must be a section for a runner there is"
+        " (the runners there are: 'sleepmodel'), got 'scorr'" in err
     )
 
 
@@ -106,3 +114,73 @@ def test_configure_a_method_that_is_not_there_names_those_that_are():
             runner.configure("predikt", max_batch_size=4)
     finally:
         runner.stop()
+
+
+_SCORER = """import numpy as np
+import labserve
+
+class Scorer(labserve.Runnable):
+    @labserve.method(batchable=True)
+    def predict(self, x):
+        return np.asarray(x).sum(axis=1, keepdims=True)
+"""
+
+
+def _status(url: str, body: bytes | None = None) -> tuple[int, bytes]:
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read()
+
+
+@pytest.mark.parametrize(
+    ("target", "runner", "model_file"),
+    [
+        ("labserve.lab.demo:SleepModel", "sleepmodel", None),
+        # From the folder holding mymodel.py, which is on no path: it is importable there.
+        ("mymodel:Scorer", "scorer", _SCORER),
+    ],
+)
+def test_serve_prints_the_routes_it_serves_and_each_answers(target, runner, model_file, tmp_path):
+    if model_file is not None:
+        (tmp_path / "mymodel.py").write_text(model_file)
+    # The installed command, as a newcomer types it, from a folder of their own.
+    command = shutil.which("labserve", path=os.path.dirname(sys.executable))
+    assert command is not None
+    proc = subprocess.Popen(
+        [command, "serve", target, "--port", "0", "--loop", "asyncio"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        lines: list[str] = []
+        while not lines or not lines[-1].startswith("  also:"):
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, (lines, proc.communicate(timeout=20)[1])  # it ended: say why
+            lines.append(line)
+        first = re.match(rf"serving {runner} at (http://127\.0\.0\.1:\d+) ", lines[0])
+        assert first, lines[0]
+        url = first[1]
+        posts = [line.split()[1] for line in lines[1:-1]]
+        assert posts == [f"{url}/runners/{runner}/predict"]
+        status, body = _status(posts[0], b"[[1, 2, 3]]")
+        assert (status, json.loads(body)) == (200, [[6]])
+        # Every route the line names exists (a POST route answers a GET with 405, not 404).
+        named = re.findall(r"(?:^|[ ,;])(/[\w/.]*|http://\S+/)(?=[ ,;]|$)", lines[-1])
+        paths = [p.removeprefix(url) or "/" for p in named]
+        assert {f"/v2/models/{runner}/infer", "/stats", "/metrics", "/healthz", "/"} <= set(paths)
+        for path in paths:
+            assert _status(url + path)[0] in (200, 405), path
+        assert _status(url + "/nosuch")[0] == 404  # (what a route that does not exist gets)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()

@@ -6,8 +6,9 @@ JupyterLab's large page), lays the plots out again and sends each new range back
 kernel. Here the ranges are plain ``Range1d`` that the pump sets: the time axis advances in
 steps of a few seconds, and each y axis grows to a round number as soon as data passes its
 end, and shrinks (at a time step) only when the window's data fits in well under half of it.
-Between those moments a tick redraws the glyphs and nothing else. Not thread-safe: one
-writer (the pump) calls :meth:`SteppedAxes.update`.
+Between those moments a tick redraws the glyphs and nothing else. A log axis also carries
+its ticks (:func:`log_ticks`), set with its range. Not thread-safe: one writer (the pump)
+calls :meth:`SteppedAxes.update`.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
-from bokeh.models import Range1d
+from bokeh.models import FixedTicker, LogTickFormatter, Range1d
 
-__all__ = ["SteppedAxes", "YAxis", "nice_ceil", "nice_floor"]
+__all__ = ["SteppedAxes", "YAxis", "log_ticks", "nice_ceil", "nice_floor", "tick_log_axis"]
 
 _NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 """Round numbers an axis ends on (times a power of ten): fine enough not to squash the data."""
@@ -30,6 +31,12 @@ _LOG_HEADROOM = 1.2
 """A log axis spans this factor beyond the data at each end (then rounds)."""
 _SHRINK = 2.5
 """An axis shrinks only when a round end this many times smaller would hold the window."""
+_LOG_DETAIL_DECADES = 2
+"""A log axis of up to this many decades is labelled 1, 2, 5 per decade; a wider one at
+each decade, with unlabelled ticks at 2..9 (at the dashboard's chart height, 1, 2, 5 over
+three decades put ten labels 11-14 px apart: legible, not readable at a glance)."""
+_PLAIN_EXPONENT = 5
+"""Decade labels from 10^-4 to 10^4 are written as plain numbers (0.001, 100), not 10^k."""
 
 Values = Callable[[Mapping[str, Sequence[float]], int], float | None]
 
@@ -52,6 +59,33 @@ def nice_floor(x: float) -> float:
     return 10.0 ** (k - 1)  # pragma: no cover
 
 
+def log_ticks(start: float, end: float) -> tuple[list[float], list[float]]:
+    """The (major, minor) ticks of a log axis from ``start`` to ``end`` (both > 0).
+
+    BokehJS's own log ticker labels a span under two decades as if it were linear (10, 20,
+    ... 100, heaped at the top of the axis, their minor ticks a black smear), and whether a
+    span of exactly two decades counts as two depends on rounding (0.1-10 does not).
+    """
+    first = math.floor(math.log10(start) + 1e-9)
+    last = math.ceil(math.log10(end) - 1e-9)
+    lo, hi = start * (1 - 1e-9), end * (1 + 1e-9)
+    detail = last - first <= _LOG_DETAIL_DECADES
+
+    def ticks(mantissas: Sequence[int]) -> list[float]:
+        out = (float(f"{m}e{k}") for k in range(first, last + 1) for m in mantissas)
+        return [t for t in out if lo <= t <= hi]
+
+    if detail:
+        return ticks((1, 2, 5)), []
+    return ticks((1,)), ticks(range(2, 10))
+
+
+def tick_log_axis(fig: Any, ticker: FixedTicker) -> None:
+    """Give ``fig``'s log y axis ``ticker`` (which a :class:`YAxis` moves with its range)."""
+    fig.yaxis.ticker = ticker
+    fig.yaxis.formatter = LogTickFormatter(min_exponent=_PLAIN_EXPONENT)
+
+
 def _finite(values: Sequence[object]) -> list[float]:
     out = []
     for v in values:
@@ -62,13 +96,31 @@ def _finite(values: Sequence[object]) -> list[float]:
 
 @dataclass
 class YAxis:
-    """One chart's y range, from its ``columns`` (summed per row if ``stacked``)."""
+    """One chart's y range, from its ``columns`` (summed per row if ``stacked``).
+
+    ``ticker``: a log axis's ticks, set whenever the range changes (:func:`log_ticks`).
+    """
 
     range: Range1d
     columns: tuple[str, ...]
     log: bool = False
     stacked: bool = False
+    ticker: FixedTicker | None = None
     _seen: bool = field(default=False, repr=False)
+
+    @classmethod
+    def empty(
+        cls,
+        columns: Sequence[str],
+        *,
+        log: bool = False,
+        stacked: bool = False,
+        ticker: FixedTicker | None = None,
+    ) -> YAxis:
+        """A y axis over ``columns`` showing the empty chart's range (log: 1 to 100)."""
+        axis = cls(Range1d(), tuple(columns), log=log, stacked=stacked, ticker=ticker)
+        axis.reset()
+        return axis
 
     def extent(self, data: Mapping[str, Sequence[object]], first: int) -> tuple[float, float]:
         """(lowest, highest) finite value of the rows from ``first`` on; (inf, -inf) if none."""
@@ -102,15 +154,21 @@ class YAxis:
         new = want if not self._seen else (start, end)
         self._seen = True
         if new != old:
-            r.update(start=new[0], end=new[1])
+            self._set(*new)
 
     def reset(self) -> None:
         """Back to the empty chart's range."""
         self._seen = False
         if self.log:
-            self.range.update(start=1.0, end=100.0)
+            self._set(1.0, 100.0)
         else:
-            self.range.update(start=0.0, end=1.0)
+            self._set(0.0, 1.0)
+
+    def _set(self, start: float, end: float) -> None:
+        self.range.update(start=start, end=end)
+        if self.ticker is not None:
+            major, minor = log_ticks(start, end)
+            self.ticker.update(ticks=major, minor_ticks=minor)
 
 
 class SteppedAxes:
@@ -122,10 +180,19 @@ class SteppedAxes:
         self.x = Range1d(start=0.0, end=self.step_s)
         self.ys: list[YAxis] = []
 
-    def y(self, columns: Sequence[str], *, log: bool = False, stacked: bool = False) -> Range1d:
-        """A new y range that follows ``columns`` (log: positive values only)."""
-        y = Range1d(start=1.0, end=100.0) if log else Range1d(start=0.0, end=1.0)
-        axis = YAxis(y, tuple(columns), log=log, stacked=stacked)
+    def y(
+        self,
+        columns: Sequence[str],
+        *,
+        log: bool = False,
+        stacked: bool = False,
+        ticker: FixedTicker | None = None,
+    ) -> Range1d:
+        """A new y range that follows ``columns`` (log: positive values only).
+
+        ``ticker``: gets the ticks that match the range (see :func:`tick_log_axis`).
+        """
+        axis = YAxis.empty(columns, log=log, stacked=stacked, ticker=ticker)
         self.ys.append(axis)
         return axis.range
 

@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 from bokeh.layouts import column as stack
 from bokeh.layouts import gridplot
-from bokeh.models import ColumnDataSource, DataRange1d, HoverTool, LayoutDOM, Range1d
+from bokeh.models import ColumnDataSource, DataRange1d, FixedTicker, HoverTool, LayoutDOM, Range1d
 from bokeh.models.annotations import Legend  # mypy: not via bokeh.models (the same class)
 from bokeh.models.widgets import Div
 from bokeh.palettes import Category10
@@ -25,7 +25,7 @@ from bokeh.plotting import figure
 
 import labserve
 
-from .axes import SteppedAxes
+from .axes import SteppedAxes, YAxis, tick_log_axis
 from .chartwidget import ACK_NAME, ChartWidget
 from .series import RATE_WINDOW_S, REASONS, TICK_COLUMNS, Rows, fit_cost, result_rows
 from .tokens import TOKEN_COLUMNS, token_figure
@@ -62,8 +62,9 @@ class Charts:
     """Queue depth, batch sizes, latency percentiles, throughput, fire reasons, cost model.
 
     ``follow_s``: the time charts show the last that many seconds (live); ``None`` shows
-    everything (a finished run). ``tokens``: a seventh chart, tokens per batch and padding
-    (a method with a ragged axis; its rows then carry :data:`~.tokens.TOKEN_COLUMNS`).
+    everything (a finished run: its log axes are fitted by :meth:`fit_log_axes`).
+    ``tokens``: a seventh chart, tokens per batch and padding (a method with a ragged axis;
+    its rows then carry :data:`~.tokens.TOKEN_COLUMNS`).
     Not thread-safe: one writer streams into it.
     """
 
@@ -90,6 +91,7 @@ class Charts:
             else math.ceil((self.axes.follow_s + 2 * self.axes.step_s) * hz)
         )
         x_range = self.axes.x if self.axes is not None else DataRange1d(range_padding=0.02)
+        self._log_axes: list[YAxis] = []
         self.x_range = x_range
         size: dict[str, Any] = {"width": width, "height": height}
         window = f"{RATE_WINDOW_S:g} s"
@@ -104,13 +106,12 @@ class Charts:
         ) -> Any:
             # Counts and rates start at 0; a log axis (batch sizes, latencies) keeps a cap far
             # above the data readable without squashing the data.
-            if self.axes is not None:
-                y_range: Range1d | DataRange1d = self.axes.y(columns, log=log, stacked=stacked)
-            else:
-                y_range = DataRange1d() if log else DataRange1d(start=0)
+            y_range, ticker = self._y_range(columns, log=log, stacked=stacked)
             fig = figure(title=title, x_range=x_range, y_range=y_range,
                          y_axis_type="log" if log else "linear",
                          tools="pan,wheel_zoom,reset,save", **size)  # fmt: skip
+            if ticker is not None:
+                tick_log_axis(fig, ticker)
             fig.xaxis.axis_label = "time (s)"
             fig.yaxis.axis_label = y_label
             fig.toolbar.logo = None
@@ -126,8 +127,11 @@ class Charts:
         sizes = timeline("Batch size (each tick's batches)", "items per batch",
                          ["batch_min", "batch_max", "batch_mean", "max_batch_size"],
                          log=True)  # fmt: skip
-        sizes.varea("t", "batch_min", "batch_max", source=self.ticks, color=_COLORS[0],
-                    alpha=0.25, legend_label="min-max")  # fmt: skip
+        # A bar per tick, not a varea: BokehJS draws a varea as one polygon through every
+        # finite row, so it bridged the ticks without batches (NaN) that an idle gap leaves.
+        self.band = sizes.vbar("t", width=1.0 / hz, bottom="batch_min", top="batch_max",
+                               source=self.ticks, fill_color=_COLORS[0], fill_alpha=0.25,
+                               line_color=None, legend_label="min-max")  # fmt: skip
         sizes.line("t", "batch_mean", source=self.ticks, color=_COLORS[0], line_width=2,
                    legend_label="mean")  # fmt: skip
         sizes.step("t", "max_batch_size", source=self.ticks, color=_COLORS[3], line_dash="dashed",
@@ -205,6 +209,20 @@ class Charts:
         # The model a ChartWidget's patches number themselves on (flow control); no view.
         self.layout.tags = [ColumnDataSource(name=ACK_NAME)]
 
+    def _y_range(
+        self, columns: list[str], *, log: bool, stacked: bool
+    ) -> tuple[Range1d | DataRange1d, FixedTicker | None]:
+        """A time chart's y range, and a log axis's ticker (which moves with the range)."""
+        ticker = FixedTicker() if log else None
+        if self.axes is not None:
+            return self.axes.y(columns, log=log, stacked=stacked, ticker=ticker), ticker
+        if log:
+            # Without a time window, log axes still follow the data in whole decades (a
+            # DataRange1d over a constant, or over no data, gave heaped labels).
+            self._log_axes.append(YAxis.empty(columns, log=True, ticker=ticker))
+            return self._log_axes[-1].range, ticker
+        return DataRange1d(start=0), None
+
     def stream(self, tick: Rows) -> None:
         """Append rows, dropping the oldest past the rollover."""
         if tick["t"]:
@@ -213,6 +231,12 @@ class Charts:
             self.ticks.stream(cast("dict[str, Any]", tick), rollover=self._rollover)
             if self.axes is not None:
                 self.axes.update(cast("Rows", self.ticks.data), len(tick["t"]))
+
+    def fit_log_axes(self) -> None:
+        """Without a time window (a finished run): fit the log axes to the rows, in decades."""
+        data = cast("Rows", self.ticks.data)
+        for axis in self._log_axes:
+            axis.fit(*axis.extent(data, 0), shrink=True)
 
     def set_latency_window(self, window_s: float) -> None:
         """Say in the latency chart's title which window its percentiles cover."""
@@ -269,6 +293,8 @@ class Charts:
         self.ticks.data = {c: [] for c in self.columns}
         if self.axes is not None:
             self.axes.reset()
+        for axis in self._log_axes:
+            axis.reset()
         self.show_fit([], [], math.nan, math.nan, math.nan)
 
 
@@ -286,7 +312,7 @@ def legend_key(fig: Any) -> str:
         for item in legend.items:
             glyph = item.renderers[0].glyph
             color = getattr(glyph, "line_color", None) or getattr(glyph, "fill_color", "gray")
-            if "Area" in type(glyph).__name__ or "VArea" in type(glyph).__name__:
+            if "Area" in type(glyph).__name__ or "Bar" in type(glyph).__name__:
                 color = glyph.fill_color
                 mark = "&#9608;"  # a block: a filled band
             else:
@@ -300,7 +326,11 @@ def legend_key(fig: Any) -> str:
 def charts_for_result(result: labserve.RunResult, bin_s: float | None = None) -> Charts:
     """The dashboard's charts filled from a finished run (no widget)."""
     charts = Charts(follow_s=None)
-    charts.ticks.data = result_rows(result, bin_s)
+    rows = result_rows(result, bin_s)
+    charts.ticks.data = rows
+    charts.fit_log_axes()
+    t = rows["t"]
+    charts.band.glyph.width = t[1] - t[0] if len(t) > 1 else t[0]  # each bin's bar
     items = result.batch_items.astype(float)
     a_ms, b_ms = fit_cost(items, result.batch_duration_s)
     cap = float(result.config.get("max_batch_size", max(items, default=1.0)))

@@ -19,7 +19,7 @@ from bokeh.models.widgets.markups import Div
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
 
-from .axes import SteppedAxes
+from .axes import SteppedAxes, tick_log_axis
 from .charts import KEY_STYLE, legend_key
 from .chartwidget import ACK_NAME
 from .genseries import GEN_COLUMNS, Rows
@@ -27,9 +27,6 @@ from .genseries import GEN_COLUMNS, Rows
 __all__ = ["GenerationCharts"]
 
 _C = Category10[10]
-_LOG_TICKS = [m * 10.0**k for k in range(-3, 7) for m in (1, 2, 5)]
-"""A log axis's ticks: 1, 2, 5 per decade. Over a single decade BokehJS's own log ticker
-labels 100, 200, ... 1000, heaped at the top of the axis."""
 
 
 class GenerationCharts:
@@ -45,10 +42,14 @@ class GenerationCharts:
 
         def timeline(title: str, y_label: str, columns: list[str], **kw: Any) -> Any:
             log = kw.get("log", False)
+            # Ticks that move with the range (axes.log_ticks): 1, 2, 5 per decade over a few
+            # decades, the decades only over more (fixed 1, 2, 5 ticks heaped up there).
+            ticker = FixedTicker() if log else None
+            stacked = kw.get("stacked", False)
             fig = figure(
                 title=title,
                 x_range=self.axes.x,
-                y_range=self.axes.y(columns, log=log, stacked=kw.get("stacked", False)),
+                y_range=self.axes.y(columns, log=log, stacked=stacked, ticker=ticker),
                 y_axis_type="log" if log else "linear",
                 tools="pan,wheel_zoom,reset,save",
                 width=width,
@@ -56,8 +57,8 @@ class GenerationCharts:
             )
             fig.xaxis.axis_label = "time (s)"
             fig.yaxis.axis_label = y_label
-            if log:
-                fig.yaxis.ticker = FixedTicker(ticks=_LOG_TICKS, minor_ticks=[])
+            if ticker is not None:
+                tick_log_axis(fig, ticker)
             fig.toolbar.logo = None
             return fig
 

@@ -15,7 +15,11 @@ consecutive batches. A request predicted to start ``j`` full batches after the r
 ends is late by the sum of ``j + 1`` such errors, so admission refuses what is predicted to
 start within :meth:`OverloadMargin.margin_s` of the cap for its ``j``: a high quantile
 (:data:`QUANTILE`) of the sums of ``j + 1`` consecutive errors over the last :data:`WINDOW`
-batches. Batch ends are measured, not the starts of the requests that were served, since
+batches. The largest, over a few seconds: the late sheds come from rare stalls (a thread
+waiting for the GIL or a core), and a margin that left out the top 2% of a second's batches
+(an earlier version) still let 0.4-1.9% of what was shed through, on a quiet machine; the
+largest over 512 batches, 0-0.8% (benchmarks/RESULTS.md, issue 24). Batch ends are
+measured, not the starts of the requests that were served, since
 those are what remains after the late ones were shed. Refusing a little early costs no
 throughput while the queue still holds a full batch when the slot frees: the next batch's
 requests (``j = 0``) need the smallest margin, so the batch that matters for throughput
@@ -30,10 +34,10 @@ from collections import deque
 
 __all__ = ["MAX_SPANS", "QUANTILE", "WINDOW", "OverloadMargin"]
 
-WINDOW = 128
-"""Batches whose errors are kept (about a second at 8 ms a batch)."""
-QUANTILE = 0.98
-"""Which of the summed errors sets a margin: the 3rd largest of 128."""
+WINDOW = 512
+"""Batches whose errors are kept (about four seconds at 8 ms a batch)."""
+QUANTILE = 1.0
+"""Which of the summed errors sets a margin: the largest in the window."""
 MAX_SPANS = 8
 """The longest run of batches whose summed errors are kept; a prediction spanning more is
 given that margin scaled up in proportion (errors add up at worst linearly)."""
@@ -45,11 +49,11 @@ class OverloadMargin:
     >>> margin = OverloadMargin()
     >>> for late_s in [0.0001] * 60 + [0.0009] * 4:  # batch ends against their due times
     ...     margin.observe(late_s)
-    >>> round(margin.margin_s(0), 6)  # the next batch: the largest but for the top 2%
+    >>> round(margin.margin_s(0), 6)  # the next batch: the largest error in the window
     0.0009
     >>> round(margin.margin_s(1), 6)  # one more full batch ahead: two errors add up
     0.0018
-    >>> for late_s in [-0.001] * 128:  # every batch early: no margin
+    >>> for late_s in [-0.001] * 600:  # every batch early, for a whole window: no margin
     ...     margin.observe(late_s)
     >>> margin.margin_s(2)
     0.0

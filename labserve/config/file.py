@@ -26,7 +26,7 @@ section of the file > the method's decorator > the file's global section > defau
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,19 @@ class ConfigFile:
     def generation_for(self, name: str) -> Mapping[str, Any]:
         """The runner's ``generation`` section (empty when the file has none)."""
         return self.generation.get(name, {})
+
+    def check_runners(self, names: Iterable[str]) -> None:
+        """Refuse a runner section that names none of ``names`` (the runners there are).
+
+        A typo in a runner's name would otherwise leave its settings unused, silently.
+        Raises ConfigError naming the file, the section and ``names``.
+        """
+        there = list(names)
+        for name in self.runners:
+            if name not in there:
+                listed = ", ".join(repr(n) for n in there) or "none"
+                rule = f"a section for a runner there is (the runners there are: {listed})"
+                raise ConfigError(f"runners.{name}", name, rule, source=self.source)
 
 
 def _mapping(value: Any, key: str, source: str) -> Mapping[str, Any]:

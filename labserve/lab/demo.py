@@ -54,9 +54,9 @@ class MemoryBoundModel(Runnable):
     """A dense layer big enough that a single row's call is dominated by reading the weights.
 
     ``width`` x ``width`` float32 weights (64 MiB at the default 4096): one row reads all of
-    them for a few thousand multiply-adds, a batch of 64 reads them once for 64 times the
-    work, so batching gives a real, large throughput gain on a CPU. Weights come from
-    ``seed``. Input: float32 rows of ``width``; output: float32 rows of 16 scores.
+    them for one multiply-add each, a batch of 64 reads them once for 64 times the work, so
+    batching gives a real, large throughput gain on a CPU. Weights come from ``seed``.
+    Input: float32 rows of ``width``; output: float32 rows of 16 scores.
     """
 
     def __init__(self, width: int = 4096, seed: int = 0) -> None:

@@ -200,11 +200,21 @@ class Snapshot:
             }
             said = ", ".join(f"{k}={v!r}" for k, v in changed.items()) or "as in force"
             pending = f" (pending, from the next batch: {said})"
+        # No batch yet (or none served in the window): say so rather than print nan.
+        batches = (
+            f"{self.batches} batches, mean {self.mean_batch_size:.1f} items"
+            if self.batches
+            else "no batches yet"
+        )
+        latency = (
+            f"p50 {lat.p50:.2f} ms, p99 {lat.p99:.2f} ms"
+            if lat.p50 == lat.p50
+            else "no latency in the window"
+        )
         return (
             f"{self.runner}.{self.method}: {self.served} served, {self.refused} refused, "
             f"{self.rejected} rejected, {self.timeout} timed out, {self.failed} failed, "
-            f"{self.cancelled} cancelled | {self.batches} batches, "
-            f"mean {self.mean_batch_size:.1f} items | p50 {lat.p50:.2f} ms, p99 {lat.p99:.2f} ms | "
+            f"{self.cancelled} cancelled | {batches} | {latency} | "
             f"queue {self.queue_requests} | {self.config.strategy}, "
             f"max_batch_size={self.config.max_batch_size}, "
             f"max_latency_ms={self.config.max_latency_ms:g}{pending}"

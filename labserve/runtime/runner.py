@@ -381,6 +381,8 @@ class Runner:
         self._lock = threading.Lock()
         self._hooked = False
         file = load_config_file(config)
+        self.config_file: ConfigFile = file
+        """The config file read (``config`` or ``$LABSERVE_CONFIG``; empty if none)."""
         # Settings only a generative method has (max_num_seqs, ...) go to those methods.
         generating = {k: batching.pop(k) for k in list(batching) if _generation_only(k)}
         arguments = BatchingLayer.from_mapping(batching, path="Runner ")

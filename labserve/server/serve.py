@@ -47,6 +47,24 @@ def _check_seconds(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
 
 
+def _check_config_sections(runners: list[Runner]) -> None:
+    """Refuse a config file whose runner sections name runners there are not.
+
+    The runners there are: ``runners``, and others running in this kernel (one file may
+    configure two servers). A ``Runner(config=...)`` alone cannot tell: the file's other
+    sections may be for runners made later. Raises ConfigError naming the file, the section
+    and the runners there are.
+    """
+    names = [r.name for r in runners]
+    names += [n for kind, n in session.running() if kind == "runner" and n not in names]
+    checked: set[str] = set()
+    for runner in runners:
+        file = runner.config_file
+        if file.source is not None and file.source not in checked:
+            checked.add(file.source)
+            file.check_runners(names)
+
+
 class Server:
     """An HTTP server for runners, on labserve's background loop.
 
@@ -58,7 +76,8 @@ class Server:
     page of another origin (403) or with a Content-Type its route does not document (415).
 
     Args:
-        runners: the runners to serve, by their names.
+        runners: the runners to serve, by their names. A runner section of a config file
+            they read must name one of them, or another runner in this kernel (ConfigError).
         host: the address to bind; anything but loopback needs ``token``.
         port: the port; 0 picks a free one.
         token: required by ``PATCH /config``, and by every route off loopback; generated
@@ -97,6 +116,7 @@ class Server:
         names = [r.name for r in runner_list]
         if len(set(names)) != len(names):
             raise ValueError(f"runner names must be unique, got {names}")
+        _check_config_sections(runner_list)
         if not _loopback(host) and token is None:
             raise ValueError(
                 f"binding {host!r} (not loopback) needs token=...: every route will require it"

@@ -390,8 +390,12 @@ def test_the_dashboard_renders_streams_and_its_slider_configures_the_server(lab)
             assert_reload_keeps_live_charts(page, lab, console, "dashboard-reloaded")
 
 
-def test_the_dashboard_streams_in_notebook_7_and_after_a_reload(tmp_path):
-    """The same dashboard in Jupyter Notebook 7 (``/notebooks/<path>``): Run All, live charts."""
+def test_the_dashboard_streams_in_notebook_7_after_a_reload_run_all_and_in_a_second_browser(
+    tmp_path,
+):
+    """The same dashboard in Jupyter Notebook 7 (``/notebooks/<path>``): Run All, live charts;
+    after a reload (with and without a re-run), in a second tab, after a reload and Run All at
+    once, and after a second browser's Run All (issue 25's sequence, as in JupyterLab)."""
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -425,6 +429,8 @@ def test_the_dashboard_streams_in_notebook_7_and_after_a_reload(tmp_path):
             _wait(lambda: rows(second) > n + 5, "tab 2 rows streaming", timeout=30)
             assert second.get_by_text("Could not create a view").count() == 0
             second.screenshot(path=str(ARTIFACTS / "notebook7-second-tab.png"), full_page=True)
+            second.close()
+            reload_run_all_and_a_second_browser(pw, nb7, page, console, "notebook7")
 
 
 def measure_staleness(page: Any, seconds: float) -> list[float]:
@@ -617,6 +623,39 @@ def _closed(url: str) -> bool:
         return True
 
 
+def reload_run_all_and_a_second_browser(
+    pw: Any, lab: dict[str, Any], page: Any, console: list[str], shot: str
+) -> None:
+    """Reload and Run All at once; then a second browser's Run All: six live charts each
+    time, and the server each Run All replaced closed (no ghost). Screenshot ``shot``-*."""
+    server = json.loads((lab["dir"] / "server.json").read_text())  # the one running now
+    # Reload and Run All at once, without waiting for the old charts to come back.
+    page.reload()
+    page.wait_for_function(KERNEL_READY, timeout=90_000)
+    _run_all(page)
+    second = _new_server(lab, server["url"])
+    _live_charts(page, console, "reloaded, Run All at once")
+    # No ghost: re-creating the runner closed the old server (its load stopped).
+    _wait(lambda: _closed(server["url"]), "the old server to close")
+    page.screenshot(path=str(ARTIFACTS / f"{shot}-reload-run-all.png"), full_page=True)
+
+    # A second browser on the same notebook: its Run All gives six live charts too.
+    other = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    try:
+        page2 = other.new_page(viewport={"width": 1500, "height": 1400})
+        console2: list[str] = []
+        page2.on("console", lambda msg: console2.append(f"{msg.type}: {msg.text}"))
+        page2.goto(f"{lab['base']}{lab['path']}dashboard.ipynb?token={lab['token']}")
+        page2.wait_for_function(KERNEL_READY, timeout=90_000)
+        _run_all(page2)
+        _new_server(lab, second["url"])
+        _live_charts(page2, console2, "a second browser's Run All")
+        _wait(lambda: _closed(second["url"]), "the first browser's server to close")
+        page2.screenshot(path=str(ARTIFACTS / f"{shot}-second-browser.png"))
+    finally:
+        other.close()
+
+
 def test_refusals_show_and_reload_run_all_and_a_second_browser_leave_no_ghost(lab):
     """Issue 25 as a new user met it: refusals on the page; reload and Run All at once; a
     second browser's Run All; each time six live charts, and the old server gone."""
@@ -638,28 +677,4 @@ def test_refusals_show_and_reload_run_all_and_a_second_browser_leave_no_ghost(la
                 "the numbers line to show a refused share above 0",
             )
             page.screenshot(path=str(ARTIFACTS / "first-hour-refusals.png"), full_page=True)
-
-            # Reload and Run All at once, without waiting for the old charts to come back.
-            page.reload()
-            page.wait_for_function(KERNEL_READY, timeout=90_000)
-            _run_all(page)
-            second = _new_server(lab, server["url"])
-            _live_charts(page, console, "reloaded, Run All at once")
-            # No ghost: re-creating the runner closed the old server (its load stopped).
-            _wait(lambda: _closed(server["url"]), "the old server to close")
-
-            # A second browser on the same notebook: its Run All gives six live charts too.
-            other = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            try:
-                page2 = other.new_page(viewport={"width": 1500, "height": 1400})
-                console2: list[str] = []
-                page2.on("console", lambda msg: console2.append(f"{msg.type}: {msg.text}"))
-                page2.goto(f"{lab['base']}{lab['path']}dashboard.ipynb?token={lab['token']}")
-                page2.wait_for_function(KERNEL_READY, timeout=90_000)
-                _run_all(page2)
-                _new_server(lab, second["url"])
-                _live_charts(page2, console2, "a second browser's Run All")
-                _wait(lambda: _closed(second["url"]), "the first browser's server to close")
-                page2.screenshot(path=str(ARTIFACTS / "first-hour-second-browser.png"))
-            finally:
-                other.close()
+            reload_run_all_and_a_second_browser(pw, lab, page, console, "first-hour")

@@ -38,3 +38,16 @@ def test_stats_right_after_configure_says_the_change_is_pending():
         assert "pending" not in repr(after)
     finally:
         runner.stop()
+
+
+def test_a_fresh_snapshot_says_there_is_nothing_yet_instead_of_nan():
+    runner = labserve.Runner(SleepModel(a_ms=0.1, b_ms=0.0), name="fresh")
+    try:
+        text = str(runner.predict.stats())
+        runner.predict.run(np.ones((1, 4)))
+        served = str(runner.predict.stats())
+    finally:
+        runner.stop()
+    assert "nan" not in text
+    assert "no batches yet | no latency in the window" in text
+    assert "1 batches, mean 1.0 items | p50 " in served

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import labserve
+from labserve.runtime import session
 from labserve.server import Server, serve
 
 
@@ -268,4 +269,36 @@ def test_serve_takes_servers_own_parameters_declared_once():
             serve(runner, max_conections=7)  # a typo is refused, not ignored
     finally:
         server.stop()
+        runner.stop()
+
+
+def test_a_config_section_for_a_runner_there_is_not_is_refused_naming_file_and_runners(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "shared.yaml"
+    path.write_text(
+        "runners:\n  model:\n    batching: {max_batch_size: 4}\n"
+        "  other:\n    batching: {max_batch_size: 8}\n"
+    )
+    runner = labserve.Runner(Model, name="model", config=path)
+    try:
+        # A section for a runner not served, and none of that name in this kernel: a typo.
+        before = session.running()
+        with pytest.raises(labserve.ConfigError) as info:
+            serve(runner)
+        assert str(info.value) == (
+            f"{path}: runners.other must be a section for a runner there is"
+            " (the runners there are: 'model'), got 'other'"
+        )
+        assert session.running() == before  # no server started
+        # The same file read from $LABSERVE_CONFIG, shared by two servers in this kernel.
+        monkeypatch.setenv("LABSERVE_CONFIG", str(path))
+        other = labserve.Runner(Model, name="other")
+        assert other.predict.config.max_batch_size == 8
+        with serve(runner), serve(other) as second:
+            assert call(second, "/healthz")[0] == 200
+        other.stop()
+        with pytest.raises(labserve.ConfigError, match=r"runners.other .*there are: 'model'"):
+            serve(labserve.Runner(Model, name="model"))
+    finally:
         runner.stop()

@@ -2,11 +2,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from bokeh.document import Document
-from labserve.widgets.axes import SteppedAxes, nice_ceil, nice_floor
-from labserve.widgets.charts import Charts
-from labserve.widgets.series import TICK_COLUMNS
+from bokeh.models import Range1d
+from labserve.widgets.axes import SteppedAxes, log_ticks, nice_ceil, nice_floor
+from labserve.widgets.charts import Charts, charts_for_result
+from labserve.widgets.series import TICK_COLUMNS, result_rows
+
+import labserve
 
 
 @pytest.mark.parametrize(
@@ -93,3 +97,65 @@ def test_no_rows_no_change():
     axes = SteppedAxes(60.0)
     axes.update({"t": []}, 0)
     assert (axes.x.start, axes.x.end) == (0.0, 5.0)
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "major", "minor"),
+    [(10.0, 100.0, [10.0, 20.0, 50.0, 100.0], []),  # BokehJS's own: 10, 20, 30, ... 100
+     (0.1, 10.0, [0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0], []),
+     (1.0, 1e4, [1.0, 10.0, 100.0, 1e3, 1e4],
+      [m * 10.0**k for k in range(4) for m in range(2, 10)])],
+)  # fmt: skip
+def test_log_ticks_are_round_and_sparse_over_any_span(start, end, major, minor):
+    got_major, got_minor = log_ticks(start, end)
+    assert got_major == pytest.approx(major) and got_minor == pytest.approx(minor)
+
+
+def _ticks(fig) -> tuple[float, float, list[float]]:
+    r = fig.y_range
+    return r.start, r.end, list(fig.yaxis[0].ticker.ticks)
+
+
+def test_a_log_axis_carries_ticks_that_follow_its_range():
+    charts = Charts(follow_s=60.0)
+    sizes, latency = charts.figures["batch_size"], charts.figures["latency"]
+    assert _ticks(sizes) == (1.0, 100.0, [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0])  # empty
+    # Before any batch only the cap is drawn: one decade, labelled 10, 20, 50, 100.
+    charts.stream(_row(0.0, max_batch_size=64.0, max_latency_ms=10.0, latency_bound=12.0))
+    assert _ticks(sizes) == (10.0, 100.0, [10.0, 20.0, 50.0, 100.0])
+    charts.stream(_row(0.2, p50=0.5, p99=3000.0, max_latency_ms=0.0))  # a 0 ms cap: not drawn
+    assert _ticks(latency) == (0.1, 1e4, [0.1, 1.0, 10.0, 100.0, 1e3, 1e4])
+    charts.clear()
+    assert _ticks(latency) == (1.0, 100.0, [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0])
+
+
+def test_a_finished_runs_log_axes_are_fitted_in_whole_decades():
+    # Every batch of 1 item under a cap of 4: a DataRange1d spanned 0.95-4.2 (heaped labels).
+    run = labserve.simulate(np.arange(0.0, 2.0, 0.01), duration_s=2.0, cost=(1.0, 0.1),
+                            strategy="fixed", max_batch_size=4, max_latency_ms=1)  # fmt: skip
+    charts = charts_for_result(run)
+    sizes = charts.figures["batch_size"]
+    assert isinstance(sizes.y_range, Range1d)
+    assert _ticks(sizes) == (0.1, 10.0, [0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0])
+    start, end, _ = _ticks(charts.figures["latency"])
+    p99 = np.nanmax(result_rows(run)["p99"])
+    assert start < p99 < end and math.log10(start) % 1 == 0 and math.log10(end) % 1 == 0
+    # A run with no batch at all: the cap's decade (the default 32), and no latency at all.
+    empty = charts_for_result(labserve.simulate([], duration_s=1.0))
+    assert _ticks(empty.figures["batch_size"]) == (10.0, 100.0, [10.0, 20.0, 50.0, 100.0])
+
+
+def test_the_batch_size_band_is_drawn_per_row_so_an_idle_tick_breaks_it():
+    charts = Charts(follow_s=60.0, hz=5.0)
+    # Each row its own bar from min to max (a varea is one polygon through every finite row).
+    glyph = charts.band.glyph
+    assert (glyph.bottom, glyph.top, glyph.width) == ("batch_min", "batch_max", 0.2)
+    assert type(glyph).__name__ in ("VBar", "Quad")
+    # A tick without batches leaves NaN there, live and for a finished run's empty bins.
+    run = labserve.simulate(np.r_[np.arange(0.0, 1.0, 0.01), np.arange(2.0, 3.0, 0.01)],
+                            duration_s=3.0, cost=(1.0, 0.1))  # fmt: skip
+    rows = result_rows(run, bin_s=0.1)
+    idle = [k for k, t in enumerate(rows["t"]) if 1.2 < t < 2.0]
+    assert idle and all(math.isnan(rows[c][k]) for k in idle for c in ("batch_min", "batch_max"))
+    finished = charts_for_result(run, bin_s=0.1)
+    assert finished.band.glyph.width == pytest.approx(0.1)  # a bar per bin
