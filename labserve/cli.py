@@ -13,6 +13,7 @@ import functools
 import importlib
 import json
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -273,15 +274,35 @@ def _serve_here(cls: type[Any], args: argparse.Namespace) -> None:
         f" /config, /healthz; GET {server.url}/ describes them all, /openapi.json for tools",
         flush=True,
     )
-    stop = threading.Event()
     try:
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        print("stopping", flush=True)
+        _wait_for_stop()
     finally:
         server.stop()
         runner.stop()
+
+
+def _wait_for_stop() -> None:
+    """Block until Ctrl-C (SIGINT) or SIGTERM, then say which; main thread only.
+
+    Both are handled here rather than left to Python: SIGTERM (what a process manager or
+    ``docker stop`` sends) would end the process at once, with nothing drained, and a shell
+    starts a background job (``labserve serve ... &``) with SIGINT ignored.
+    """
+    stop = threading.Event()
+    got: list[str] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        got.append(signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    print(f"stopping ({got[0]})", flush=True)
 
 
 def _serve_on_ray(cls: type[Any], args: argparse.Namespace) -> None:
@@ -309,11 +330,7 @@ def _serve_on_ray(cls: type[Any], args: argparse.Namespace) -> None:
             f"{app.url(args.host, args.port)}  (token {app.token}); Ctrl-C stops",
             flush=True,
         )
-        stop = threading.Event()
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        print("stopping", flush=True)
+        _wait_for_stop()
     finally:
         if app is not None:
             app.stop()

@@ -1,4 +1,7 @@
 import csv
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -142,3 +145,38 @@ def test_serve_runs_in_the_foreground_and_stops_on_ctrl_c(tmp_path):
             proc.communicate()
     assert proc.returncode == 0, err
     assert "stopping" in out and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("signum", "ignored_at_start"),
+    [(signal.SIGTERM, False), (signal.SIGINT, True)],
+    ids=["SIGTERM, as a process manager stops it", "SIGINT, started as a background job"],
+)
+def test_serve_stops_cleanly_on_sigterm_and_on_sigint_it_was_started_ignoring(
+    signum, ignored_at_start
+):
+    # A shell starts a background job with SIGINT ignored; SIGTERM's default kills at once.
+    command = ["serve", "labserve.lab.demo:SleepModel", "--port", "0", "--loop", "asyncio"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "labserve.cli", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        if ignored_at_start
+        else None,
+    )
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("serving sleepmodel at http://127.0.0.1:"), (
+            first,
+            proc.stderr.read() if proc.poll() is not None else "",
+        )
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert f"stopping ({signal.Signals(signum).name})" in out and "Traceback" not in err
