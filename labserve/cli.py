@@ -253,15 +253,25 @@ def _serve_here(cls: type[Any], args: argparse.Namespace) -> None:
 
     if args.config:
         _check_sections(args.config, [args.name or cls.__name__.lower()])
-    runner = Runner(cls, name=args.name, config=args.config)
-    server = serve(
-        runner,
-        host=args.host,
-        port=args.port,
-        token=args.token,
-        allow_origin=args.allow_origin,
-        allow_hosts=args.allow_host,
-    )
+    with _StopSignals() as signals:
+        runner = Runner(cls, name=args.name, config=args.config)
+        server = serve(
+            runner,
+            host=args.host,
+            port=args.port,
+            token=args.token,
+            allow_origin=args.allow_origin,
+            allow_hosts=args.allow_host,
+        )
+        try:
+            _say_routes(runner, server)
+            signals.wait()
+        finally:
+            server.stop()
+            runner.stop()
+
+
+def _say_routes(runner: Any, server: Any) -> None:
     loop = "uvloop" if server.bg.uvloop else "asyncio"
     print(
         f"serving {runner.name} at {server.url}  (token {server.token}, {loop} loop); Ctrl-C stops",
@@ -274,35 +284,38 @@ def _serve_here(cls: type[Any], args: argparse.Namespace) -> None:
         f" /config, /healthz; GET {server.url}/ describes them all, /openapi.json for tools",
         flush=True,
     )
-    try:
-        _wait_for_stop()
-    finally:
-        server.stop()
-        runner.stop()
 
 
-def _wait_for_stop() -> None:
-    """Block until Ctrl-C (SIGINT) or SIGTERM, then say which; main thread only.
+class _StopSignals:
+    """While entered, Ctrl-C (SIGINT) and SIGTERM stop the serve loop; main thread only.
 
     Both are handled here rather than left to Python: SIGTERM (what a process manager or
     ``docker stop`` sends) would end the process at once, with nothing drained, and a shell
-    starts a background job (``labserve serve ... &``) with SIGINT ignored.
+    starts a background job (``labserve serve ... &``) with SIGINT ignored. Entered before
+    the server starts, so that a signal during start-up is not lost either.
     """
-    stop = threading.Event()
-    got: list[str] = []
 
-    def on_signal(signum: int, frame: Any) -> None:
-        got.append(signal.Signals(signum).name)
-        stop.set()
+    def __enter__(self) -> _StopSignals:
+        self._stop = threading.Event()
+        self._got: list[str] = []
+        self._previous = {
+            s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)
+        }
+        return self
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        for signum, handler in previous.items():
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
             signal.signal(signum, handler)
-    print(f"stopping ({got[0]})", flush=True)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._got.append(signal.Signals(signum).name)
+        self._stop.set()
+
+    def wait(self) -> None:
+        """Block until a signal came (or had come), then say which."""
+        while not self._stop.wait(0.5):
+            pass
+        print(f"stopping ({self._got[0]})", flush=True)
 
 
 def _serve_on_ray(cls: type[Any], args: argparse.Namespace) -> None:
@@ -314,27 +327,28 @@ def _serve_on_ray(cls: type[Any], args: argparse.Namespace) -> None:
         raise UsageError(f"--ray needs the ray extra: pip install 'labserve[ray]' ({exc})") from exc
     if args.host not in ("127.0.0.1", "localhost", "::1") and args.token is None:
         raise UsageError(f"binding {args.host!r} (not loopback) needs --token")
-    owned = cluster.start(address=args.ray_address, host=args.host, port=args.port)
-    app = None
-    try:
-        app = labserve.ray.deploy(
-            cls,
-            name=args.name,
-            config=args.config,
-            num_replicas=args.replicas,
-            token=args.token,
-            token_everywhere=args.host not in ("127.0.0.1", "localhost", "::1"),
-        )
-        print(
-            f"serving {app.runner} on Ray Serve ({args.replicas} replicas) at "
-            f"{app.url(args.host, args.port)}  (token {app.token}); Ctrl-C stops",
-            flush=True,
-        )
-        _wait_for_stop()
-    finally:
-        if app is not None:
-            app.stop()
-        cluster.stop(owned=owned)
+    with _StopSignals() as signals:
+        owned = cluster.start(address=args.ray_address, host=args.host, port=args.port)
+        app = None
+        try:
+            app = labserve.ray.deploy(
+                cls,
+                name=args.name,
+                config=args.config,
+                num_replicas=args.replicas,
+                token=args.token,
+                token_everywhere=args.host not in ("127.0.0.1", "localhost", "::1"),
+            )
+            print(
+                f"serving {app.runner} on Ray Serve ({args.replicas} replicas) at "
+                f"{app.url(args.host, args.port)}  (token {app.token}); Ctrl-C stops",
+                flush=True,
+            )
+            signals.wait()
+        finally:
+            if app is not None:
+                app.stop()
+            cluster.stop(owned=owned)
 
 
 def _load(args: argparse.Namespace) -> None:
