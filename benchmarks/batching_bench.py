@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import functools
 import gc
+import itertools
 import json
 import os
 import platform
@@ -426,6 +427,10 @@ def summarize(trace: Trace, start: float, out: Outcomes, model: Model) -> dict[s
     window = [(size, seconds) for t, size, seconds in list(model.batches) if w0 <= t < w1]
     sizes = [size for size, _ in window]
     model_s = sum(seconds for _, seconds in window if seconds == seconds)  # skip NaN (unfinished)
+    # The model's idle time between one batch's end and the next one's start (one batch at
+    # a time here): what keeps a saturated model under its ceiling.
+    runs = sorted((t, t + d) for t, _, d in list(model.batches) if w0 <= t < w1 and d == d)
+    gaps_ms = np.array([1000 * (b[0] - a[1]) for a, b in itertools.pairwise(runs)])
     n_served = int(served.sum())
     lag_ms = (out.launched[measured] - intended[measured]) * 1000
     refused = measured & (status == REJECTED)
@@ -444,6 +449,10 @@ def summarize(trace: Trace, start: float, out: Outcomes, model: Model) -> dict[s
         "mean_batch": round(float(np.mean(sizes)), 2) if sizes else None,
         "batches": len(sizes),
         "model_ms_per_request": round(1000 * model_s / n_served, 4) if n_served else None,
+        "model_busy_pct": round(100 * model_s / trace.duration, 2),
+        "gap_between_batches_p50_ms": percentile(gaps_ms, 50),
+        "gap_between_batches_p99_ms": percentile(gaps_ms, 99),
+        "gap_between_batches_mean_ms": round(float(gaps_ms.mean()), 3) if len(gaps_ms) else None,
         "refused_call_to_refusal_p50_ms": percentile(refused_ms, 50),
         "refused_call_to_refusal_p99_ms": percentile(refused_ms, 99),
         "refused_call_to_refusal_max_ms": percentile(refused_ms, 100),

@@ -667,9 +667,12 @@ def test_a_run_without_requests_has_no_latencies():
 
 
 INTERRUPTED = """
-import _thread, json, threading, time, warnings
+import _thread, json, signal, threading, time, warnings
 import labserve
 from labserve.lab.demo import TinyLM
+
+# Ctrl-C as a kernel has it, even when the suite runs as a background job (SIGINT ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 warnings.simplefilter("ignore", labserve.LoadWarning)
 runner = labserve.Runner(TinyLM, name="tinylm")

@@ -9,10 +9,14 @@ import pytest
 
 SCRIPT = textwrap.dedent(
     """
-    import _thread, json, sys, threading, time, warnings
+    import _thread, json, signal, sys, threading, time, warnings
     import numpy as np
     import labserve
     from labserve.lab.demo import SleepModel
+
+    # Ctrl-C as a kernel has it, even when the suite runs as a background job (SIGINT is
+    # ignored there, and interrupt_main() then does nothing).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     warnings.simplefilter("ignore", labserve.LoadWarning)
     runner = labserve.Runner(SleepModel(a_ms=1.0, b_ms=0.0), name="m", on_overload="wait")
