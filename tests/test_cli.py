@@ -137,14 +137,22 @@ def test_serve_runs_in_the_foreground_and_stops_on_ctrl_c(tmp_path):
             except urllib.error.HTTPError as exc:
                 status = exc.code
             assert (status == 200) is allowed, (headers, status)
-        proc.send_signal(signal.SIGINT)
+    finally:
+        _assert_stops_cleanly(proc, signal.SIGINT)
+
+
+def _assert_stops_cleanly(proc: subprocess.Popen[str], signum: int) -> None:
+    """Send ``signum`` to a running ``labserve serve``: it exits 0 and says what stopped it."""
+    if proc.poll() is None:
+        proc.send_signal(signum)
+    try:
         out, err = proc.communicate(timeout=20)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err
-    assert "stopping" in out and "Traceback" not in err
+    assert f"stopping ({signal.Signals(signum).name})" in out and "Traceback" not in err
 
 
 @pytest.mark.parametrize(
@@ -172,11 +180,5 @@ def test_serve_stops_cleanly_on_sigterm_and_on_sigint_it_was_started_ignoring(
             first,
             proc.stderr.read() if proc.poll() is not None else "",
         )
-        proc.send_signal(signum)
-        out, err = proc.communicate(timeout=20)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
-    assert f"stopping ({signal.Signals(signum).name})" in out and "Traceback" not in err
+        _assert_stops_cleanly(proc, signum)
