@@ -13,8 +13,9 @@ One local Ray (`ray.init(num_cpus=2)`), Serve's proxy on 127.0.0.1:8123.
   Ray Serve deployment with @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.02) doing
   the same sleep; both with max_ongoing_requests 128 and half a CPU per replica.
   `strategies` adds labserve on `fixed` (waits like @serve.batch) and alternates adaptive,
-  fixed, plain, plain, fixed, adaptive. `alternate N R`: labserve's default and plain, N
-  rounds each (labserve, plain, plain, labserve, ...), R replicas each, and the medians.
+  fixed, plain, plain, fixed, adaptive. `alternate N R [STRATEGY]`: labserve (default
+  strategy unless given) and plain, N rounds each (labserve, plain, plain, labserve, ...), R
+  replicas each, and the medians.
 - handle: 64 closed-loop callers on a DeploymentHandle for 10 s; sleep model 20 ms + 1 ms x
   items, cap 8 (one replica's capacity: 8 / 28 ms = 285 req/s); one replica, then two.
 - sweep: a 1,000-point simulated grid of 10 s Poisson traces, serial, then as Ray tasks.
@@ -135,11 +136,12 @@ def proxy(strategies: bool = False) -> None:
     print()
 
 
-def alternate(rounds: int, replicas: int) -> None:
-    """labserve's default and plain @serve.batch, ``rounds`` each, alternating; the medians."""
+def alternate(rounds: int, replicas: int, strategy: str = "adaptive") -> None:
+    """labserve (its default strategy unless given) and plain @serve.batch, ``rounds`` each,
+    alternating; the medians."""
     print(
         f"## Through Ray's proxy: wrk -t1 -c64 -d{SECONDS}s, {replicas} replica(s) each, "
-        f"{rounds} alternating rounds\n"
+        f"{rounds} alternating rounds, labserve on {strategy}\n"
     )
     print("| deployment | req/s | latency p50 / p99 | replies | mean batch | fired by |")
     print("|---|---:|---:|---|---:|---|")
@@ -148,7 +150,7 @@ def alternate(rounds: int, replicas: int) -> None:
     for i in range(rounds):
         for kind in order[i % 2]:
             row = (
-                labserve_round("adaptive", replicas)
+                labserve_round(strategy, replicas)
                 if kind == "labserve"
                 else plain_round(replicas)
             )
@@ -269,8 +271,8 @@ def main() -> None:
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     try:
         if parts[0] == "alternate":
-            numbers = [int(p) for p in parts[1:]] + [5, 1][len(parts) - 1 :]
-            alternate(numbers[0], numbers[1])
+            numbers = [int(p) for p in parts[1:3]] + [5, 1][len(parts[1:3]) :]
+            alternate(numbers[0], numbers[1], *parts[3:4])
             return
         for part in parts:
             {

@@ -11,7 +11,7 @@ ray_bench's PlainBatch), warms them, runs wrk -t1 -c64 for 10 s and reads from /
 and after, the CPU time of the replicas (summed), of the proxy, of labserve's stats board
 actor, and of the whole machine (every process: Ray's own, wrk, anything else running).
 ``<round>spy`` also records the replica with py-spy for 8 s
-(100 Hz, threads, raw format) into /tmp/ray_cpu_<round>.txt.
+(100 Hz, threads, raw format) into /tmp/ray_cpu_<round>.txt; with SPY=proxy, Ray's proxy instead.
 """
 
 import functools
@@ -81,7 +81,7 @@ def measure(path, replica_pattern, label, spy=None):
                 ".venv/bin/py-spy",
                 "record",
                 "--pid",
-                str(rep),
+                str(proxy if os.environ.get("SPY") == "proxy" else rep),
                 "--duration",
                 "8",
                 "--rate",
