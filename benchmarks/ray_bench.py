@@ -15,7 +15,8 @@ One local Ray (`ray.init(num_cpus=2)`), Serve's proxy on 127.0.0.1:8123.
   `strategies` adds labserve on `fixed` (waits like @serve.batch) and alternates adaptive,
   fixed, plain, plain, fixed, adaptive. `alternate N R [STRATEGY]`: labserve (default
   strategy unless given) and plain, N rounds each (labserve, plain, plain, labserve, ...), R
-  replicas each, and the medians.
+  replicas each, and the medians; STRATEGY `response` puts plain answering with a Starlette
+  Response (as labserve's replica does) in labserve's place.
 - handle: 64 closed-loop callers on a DeploymentHandle for 10 s; sleep model 20 ms + 1 ms x
   items, cap 8 (one replica's capacity: 8 / 28 ms = 285 req/s); one replica, then two.
 - sweep: a 1,000-point simulated grid of 10 s Poisson traces, serial, then as Ray tasks.
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 import ray
 from ray import serve
+from starlette.responses import Response
 
 import labserve
 import labserve.ray
@@ -59,8 +61,7 @@ def warm(path: str) -> None:
     wrkrun.run(f"http://127.0.0.1:{PORT}{path}", seconds=3)
 
 
-@serve.deployment(max_ongoing_requests=128, ray_actor_options={"num_cpus": 0.5})
-class PlainBatch:
+class _PlainBatch:
     """Ray Serve's own batching: the same sleep, per batch."""
 
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.02)
@@ -71,6 +72,20 @@ class PlainBatch:
     async def __call__(self, request: Any) -> Any:
         body = json.loads(await request.body())
         return [await self.predict(body[0])]
+
+
+class _PlainBatchResponse(_PlainBatch):
+    """The same, answering with a Starlette Response, as labserve's replica does."""
+
+    async def __call__(self, request: Any) -> Any:
+        body = json.loads(await request.body())
+        out = json.dumps([await self.predict(body[0])]).encode()
+        return Response(out, 200, {"content-type": "application/json"})
+
+
+_replica = serve.deployment(max_ongoing_requests=128, ray_actor_options={"num_cpus": 0.5})
+PlainBatch = _replica(_PlainBatch)
+PlainBatchResponse = _replica(_PlainBatchResponse)
 
 
 def labserve_round(strategy: str = "adaptive", replicas: int = 1) -> str:
@@ -107,12 +122,14 @@ def labserve_round(strategy: str = "adaptive", replicas: int = 1) -> str:
         app.stop()
 
 
-def plain_round(replicas: int = 1) -> str:
-    serve.run(PlainBatch.options(num_replicas=replicas).bind(), name="plain", route_prefix="/")
+def plain_round(replicas: int = 1, response: bool = False) -> str:
+    deployment = PlainBatchResponse if response else PlainBatch
+    serve.run(deployment.options(num_replicas=replicas).bind(), name="plain", route_prefix="/")
     try:
         warm("/")
         rps, status, latency = wrk("/")
-        return f"| plain @serve.batch | {rps:,.0f} | {latency} | {status} | - | - |"
+        label = "plain, a Starlette Response" if response else "plain @serve.batch"
+        return f"| {label} | {rps:,.0f} | {latency} | {status} | - | - |"
     finally:
         serve.delete("plain")
 
@@ -138,7 +155,8 @@ def proxy(strategies: bool = False) -> None:
 
 def alternate(rounds: int, replicas: int, strategy: str = "adaptive") -> None:
     """labserve (its default strategy unless given) and plain @serve.batch, ``rounds`` each,
-    alternating; the medians."""
+    alternating; the medians. ``strategy`` "response": plain answering with a Starlette
+    Response in labserve's place (what the reply type alone costs through the proxy)."""
     print(
         f"## Through Ray's proxy: wrk -t1 -c64 -d{SECONDS}s, {replicas} replica(s) each, "
         f"{rounds} alternating rounds, labserve on {strategy}\n"
@@ -149,11 +167,12 @@ def alternate(rounds: int, replicas: int, strategy: str = "adaptive") -> None:
     runs: dict[str, list[str]] = {"labserve": [], "plain": []}
     for i in range(rounds):
         for kind in order[i % 2]:
-            row = (
-                labserve_round(strategy, replicas)
-                if kind == "labserve"
-                else plain_round(replicas)
-            )
+            if kind == "plain":
+                row = plain_round(replicas)
+            elif strategy == "response":
+                row = plain_round(replicas, response=True)
+            else:
+                row = labserve_round(strategy, replicas)
             runs[kind].append(row)
             print(row, flush=True)
     rps = {k: [float(r.split("|")[2].replace(",", "")) for r in rows] for k, rows in runs.items()}
