@@ -31,6 +31,7 @@ import functools
 import gc
 import itertools
 import json
+import math
 import os
 import platform
 import subprocess
@@ -424,12 +425,13 @@ def summarize(trace: Trace, start: float, out: Outcomes, model: Model) -> dict[s
     ok = measured & (status == OK)
     latency_ms = (out.done[ok] - intended[ok]) * 1000
     served = (status == OK) & (out.done >= w0) & (out.done < w1)
-    window = [(size, seconds) for t, size, seconds in list(model.batches) if w0 <= t < w1]
-    sizes = [size for size, _ in window]
-    model_s = sum(seconds for _, seconds in window if seconds == seconds)  # skip NaN (unfinished)
+    window = [(t, size, seconds) for t, size, seconds in list(model.batches) if w0 <= t < w1]
+    sizes = [size for _, size, _ in window]
+    finished = [(t, seconds) for t, _, seconds in window if not math.isnan(seconds)]
+    model_s = sum(seconds for _, seconds in finished)
     # The model's idle time between one batch's end and the next one's start (one batch at
     # a time here): what keeps a saturated model under its ceiling.
-    runs = sorted((t, t + d) for t, _, d in list(model.batches) if w0 <= t < w1 and d == d)
+    runs = sorted((t, t + d) for t, d in finished)
     gaps_ms = np.array([1000 * (b[0] - a[1]) for a, b in itertools.pairwise(runs)])
     n_served = int(served.sum())
     lag_ms = (out.launched[measured] - intended[measured]) * 1000

@@ -208,7 +208,7 @@ class Snapshot:
         )
         latency = (
             f"p50 {lat.p50:.2f} ms, p99 {lat.p99:.2f} ms"
-            if lat.p50 == lat.p50
+            if not math.isnan(lat.p50)
             else "no latency in the window"
         )
         return (
