@@ -16,7 +16,8 @@ One local Ray (`ray.init(num_cpus=2)`), Serve's proxy on 127.0.0.1:8123.
   fixed, plain, plain, fixed, adaptive. `alternate N R [STRATEGY]`: labserve (default
   strategy unless given) and plain, N rounds each (labserve, plain, plain, labserve, ...), R
   replicas each, and the medians; STRATEGY `response` puts plain answering with a Starlette
-  Response (as labserve's replica does) in labserve's place.
+  Response (as labserve's replica does) in labserve's place. `split N R` (default 10 2):
+  labserve, its queue without its HTTP routes, and plain, N rounds each.
 - handle: 64 closed-loop callers on a DeploymentHandle for 10 s; sleep model 20 ms + 1 ms x
   items, cap 8 (one replica's capacity: 8 / 28 ms = 285 req/s); one replica, then two.
 - sweep: a 1,000-point simulated grid of 10 s Poisson traces, serial, then as Ray tasks.
@@ -61,8 +62,17 @@ def warm(path: str) -> None:
     wrkrun.run(f"http://127.0.0.1:{PORT}{path}", seconds=3)
 
 
-class _PlainBatch:
-    """Ray Serve's own batching: the same sleep, per batch."""
+@serve.deployment(max_ongoing_requests=128, ray_actor_options={"num_cpus": 0.5})
+class PlainBatch:
+    """Ray Serve's own batching: the same sleep, per batch.
+
+    ``response``: answer with a Starlette Response, as labserve's replica does, instead of the
+    list Ray encodes itself. (Decorated in place: a bare class reachable by its module name
+    would be pickled by reference, and Ray's workers cannot import this script.)
+    """
+
+    def __init__(self, response: bool = False) -> None:
+        self.response = response
 
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.02)
     async def predict(self, rows: list[list[float]]) -> list[list[float]]:
@@ -71,21 +81,72 @@ class _PlainBatch:
 
     async def __call__(self, request: Any) -> Any:
         body = json.loads(await request.body())
-        return [await self.predict(body[0])]
+        out = [await self.predict(body[0])]
+        if self.response:
+            return Response(json.dumps(out).encode(), 200, {"content-type": "application/json"})
+        return out
 
 
-class _PlainBatchResponse(_PlainBatch):
-    """The same, answering with a Starlette Response, as labserve's replica does."""
+@serve.deployment(max_ongoing_requests=128, ray_actor_options={"num_cpus": 0.5})
+class QueueOnly:
+    """labserve's queue without its HTTP routes: plain's parsing, then a Runner on the
+    replica's own loop, as labserve's replica runs it (its private host loop, for that)."""
+
+    def __init__(self) -> None:
+        from labserve.ray.replica import _HostLoop
+
+        self.runner = labserve.Runner(
+            SleepModel(2.0, 0.1),
+            name="q",
+            loop=_HostLoop("q"),
+            max_batch_size=64,
+            max_latency_ms=20,
+        )
+        self.runner.predict.start()
 
     async def __call__(self, request: Any) -> Any:
         body = json.loads(await request.body())
-        out = json.dumps([await self.predict(body[0])]).encode()
-        return Response(out, 200, {"content-type": "application/json"})
+        out = await self.runner.predict.async_run(np.asarray(body, dtype=float))
+        return out.tolist()
 
 
-_replica = serve.deployment(max_ongoing_requests=128, ray_actor_options={"num_cpus": 0.5})
-PlainBatch = _replica(_PlainBatch)
-PlainBatchResponse = _replica(_PlainBatchResponse)
+def queue_round(replicas: int = 1) -> str:
+    serve.run(QueueOnly.options(num_replicas=replicas).bind(), name="q", route_prefix="/")
+    try:
+        warm("/")
+        rps, status, latency = wrk("/")
+        return f"| labserve's queue, no routes | {rps:,.0f} | {latency} | {status} | - | - |"
+    finally:
+        serve.delete("q")
+
+
+def split(rounds: int, replicas: int) -> None:
+    """labserve's replica, its queue alone (plain's request handling around it), and plain
+    @serve.batch, ``rounds`` each, in turn (forwards, then backwards); the medians."""
+    print(
+        f"## Through Ray's proxy: wrk -t1 -c64 -d{SECONDS}s, {replicas} replica(s) each, "
+        f"{rounds} rounds each: labserve, its queue without its routes, plain\n"
+    )
+    print("| deployment | req/s | latency p50 / p99 | replies | mean batch | fired by |")
+    print("|---|---:|---:|---|---:|---|")
+    kinds = {
+        "labserve": functools.partial(labserve_round, "adaptive", replicas),
+        "queue only": functools.partial(queue_round, replicas),
+        "plain": functools.partial(plain_round, replicas),
+    }
+    order = list(kinds)
+    rps: dict[str, list[float]] = {k: [] for k in order}
+    for i in range(rounds):
+        for kind in order if i % 2 == 0 else order[::-1]:
+            row = kinds[kind]()
+            rps[kind].append(float(row.split("|")[2].replace(",", "")))
+            print(row, flush=True)
+    med = {k: float(np.median(v)) for k, v in rps.items()}
+    print(
+        "\nmedians: "
+        + ", ".join(f"{k} {v:.0f} req/s ({v / med['plain']:.2f}x plain)" for k, v in med.items())
+        + "\n"
+    )
 
 
 def labserve_round(strategy: str = "adaptive", replicas: int = 1) -> str:
@@ -123,8 +184,8 @@ def labserve_round(strategy: str = "adaptive", replicas: int = 1) -> str:
 
 
 def plain_round(replicas: int = 1, response: bool = False) -> str:
-    deployment = PlainBatchResponse if response else PlainBatch
-    serve.run(deployment.options(num_replicas=replicas).bind(), name="plain", route_prefix="/")
+    app = PlainBatch.options(num_replicas=replicas).bind(response)
+    serve.run(app, name="plain", route_prefix="/")
     try:
         warm("/")
         rps, status, latency = wrk("/")
@@ -284,11 +345,15 @@ def main() -> None:
     parts = sys.argv[1:] or ["proxy", "handle", "sweep"]
     temp = tempfile.mkdtemp(prefix="lsbench", dir="/tmp")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
-    if {"proxy", "strategies", "handle", "alternate"} & set(
+    if {"proxy", "strategies", "handle", "alternate", "split"} & set(
         parts
     ):  # the sweep needs no Serve (its controller costs CPU)
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     try:
+        if parts[0] == "split":
+            numbers = [int(p) for p in parts[1:3]] + [10, 2][len(parts[1:3]) :]
+            split(numbers[0], numbers[1])
+            return
         if parts[0] == "alternate":
             numbers = [int(p) for p in parts[1:3]] + [5, 1][len(parts[1:3]) :]
             alternate(numbers[0], numbers[1], *parts[3:4])
