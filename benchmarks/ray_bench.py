@@ -92,7 +92,7 @@ class QueueOnly:
     """labserve's queue without its HTTP routes: plain's parsing, then a Runner on the
     replica's own loop, as labserve's replica runs it (its private host loop, for that)."""
 
-    def __init__(self) -> None:
+    def __init__(self, strategy: str = "adaptive") -> None:
         from labserve.ray.replica import _HostLoop
 
         self.runner = labserve.Runner(
@@ -101,6 +101,7 @@ class QueueOnly:
             loop=_HostLoop("q"),
             max_batch_size=64,
             max_latency_ms=20,
+            strategy=strategy,
         )
         self.runner.predict.start()
 
@@ -110,12 +111,14 @@ class QueueOnly:
         return out.tolist()
 
 
-def queue_round(replicas: int = 1) -> str:
-    serve.run(QueueOnly.options(num_replicas=replicas).bind(), name="q", route_prefix="/")
+def queue_round(replicas: int = 1, strategy: str = "adaptive") -> str:
+    app = QueueOnly.options(num_replicas=replicas).bind(strategy)
+    serve.run(app, name="q", route_prefix="/")
     try:
         warm("/")
         rps, status, latency = wrk("/")
-        return f"| labserve's queue, no routes | {rps:,.0f} | {latency} | {status} | - | - |"
+        label = f"labserve's queue, no routes, {strategy}"
+        return f"| {label} | {rps:,.0f} | {latency} | {status} | - | - |"
     finally:
         serve.delete("q")
 
