@@ -32,6 +32,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,16 +112,36 @@ class QueueOnly:
         return out.tolist()
 
 
-def queue_round(replicas: int = 1, strategy: str = "adaptive") -> str:
-    app = QueueOnly.options(num_replicas=replicas).bind(strategy)
-    serve.run(app, name="q", route_prefix="/")
+def served_round(app: Any, name: str, label: str) -> str:
+    """Run ``app`` on Serve at ``/``, warm it, measure it with wrk, delete it: its row."""
+    serve.run(app, name=name, route_prefix="/")
     try:
         warm("/")
         rps, status, latency = wrk("/")
-        label = f"labserve's queue, no routes, {strategy}"
         return f"| {label} | {rps:,.0f} | {latency} | {status} | - | - |"
     finally:
-        serve.delete("q")
+        serve.delete(name)
+
+
+def queue_round(replicas: int = 1, strategy: str = "adaptive") -> str:
+    app = QueueOnly.options(num_replicas=replicas).bind(strategy)
+    return served_round(app, "q", f"labserve's queue, no routes, {strategy}")
+
+
+def in_turn(kinds: dict[str, Callable[[], str]], rounds: int) -> dict[str, list[str]]:
+    """Each kind's round, ``rounds`` times, in turn (forwards, then backwards); rows by kind."""
+    order = list(kinds)
+    rows: dict[str, list[str]] = {k: [] for k in order}
+    for i in range(rounds):
+        for kind in order if i % 2 == 0 else order[::-1]:
+            row = kinds[kind]()
+            rows[kind].append(row)
+            print(row, flush=True)
+    return rows
+
+
+def rps_of(rows: list[str]) -> list[float]:
+    return [float(r.split("|")[2].replace(",", "")) for r in rows]
 
 
 def split(rounds: int, replicas: int) -> None:
@@ -132,19 +153,15 @@ def split(rounds: int, replicas: int) -> None:
     )
     print("| deployment | req/s | latency p50 / p99 | replies | mean batch | fired by |")
     print("|---|---:|---:|---|---:|---|")
-    kinds = {
-        "labserve": functools.partial(labserve_round, "adaptive", replicas),
-        "queue only": functools.partial(queue_round, replicas),
-        "plain": functools.partial(plain_round, replicas),
-    }
-    order = list(kinds)
-    rps: dict[str, list[float]] = {k: [] for k in order}
-    for i in range(rounds):
-        for kind in order if i % 2 == 0 else order[::-1]:
-            row = kinds[kind]()
-            rps[kind].append(float(row.split("|")[2].replace(",", "")))
-            print(row, flush=True)
-    med = {k: float(np.median(v)) for k, v in rps.items()}
+    rows = in_turn(
+        {
+            "labserve": functools.partial(labserve_round, "adaptive", replicas),
+            "queue only": functools.partial(queue_round, replicas),
+            "plain": functools.partial(plain_round, replicas),
+        },
+        rounds,
+    )
+    med = {k: float(np.median(rps_of(v))) for k, v in rows.items()}
     print(
         "\nmedians: "
         + ", ".join(f"{k} {v:.0f} req/s ({v / med['plain']:.2f}x plain)" for k, v in med.items())
@@ -188,14 +205,8 @@ def labserve_round(strategy: str = "adaptive", replicas: int = 1) -> str:
 
 def plain_round(replicas: int = 1, response: bool = False) -> str:
     app = PlainBatch.options(num_replicas=replicas).bind(response)
-    serve.run(app, name="plain", route_prefix="/")
-    try:
-        warm("/")
-        rps, status, latency = wrk("/")
-        label = "plain, a Starlette Response" if response else "plain @serve.batch"
-        return f"| {label} | {rps:,.0f} | {latency} | {status} | - | - |"
-    finally:
-        serve.delete("plain")
+    label = "plain, a Starlette Response" if response else "plain @serve.batch"
+    return served_round(app, "plain", label)
 
 
 def proxy(strategies: bool = False) -> None:
@@ -227,19 +238,13 @@ def alternate(rounds: int, replicas: int, strategy: str = "adaptive") -> None:
     )
     print("| deployment | req/s | latency p50 / p99 | replies | mean batch | fired by |")
     print("|---|---:|---:|---|---:|---|")
-    order = [("labserve", "plain"), ("plain", "labserve")]
-    runs: dict[str, list[str]] = {"labserve": [], "plain": []}
-    for i in range(rounds):
-        for kind in order[i % 2]:
-            if kind == "plain":
-                row = plain_round(replicas)
-            elif strategy == "response":
-                row = plain_round(replicas, response=True)
-            else:
-                row = labserve_round(strategy, replicas)
-            runs[kind].append(row)
-            print(row, flush=True)
-    rps = {k: [float(r.split("|")[2].replace(",", "")) for r in rows] for k, rows in runs.items()}
+    mine = (
+        functools.partial(plain_round, replicas, response=True)
+        if strategy == "response"
+        else functools.partial(labserve_round, strategy, replicas)
+    )
+    runs = in_turn({"labserve": mine, "plain": functools.partial(plain_round, replicas)}, rounds)
+    rps = {k: rps_of(rows) for k, rows in runs.items()}
     p99 = {
         k: [float(r.split("|")[3].split("/")[1].split()[0]) for r in rows]
         for k, rows in runs.items()
@@ -353,13 +358,13 @@ def main() -> None:
     ):  # the sweep needs no Serve (its controller costs CPU)
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     try:
-        if parts[0] == "split":
-            numbers = [int(p) for p in parts[1:3]] + [10, 2][len(parts[1:3]) :]
-            split(numbers[0], numbers[1])
-            return
-        if parts[0] == "alternate":
-            numbers = [int(p) for p in parts[1:3]] + [5, 1][len(parts[1:3]) :]
-            alternate(numbers[0], numbers[1], *parts[3:4])
+        if parts[0] in ("split", "alternate"):
+            given = [int(p) for p in parts[1:3]]
+            rounds, replicas = given + ([10, 2] if parts[0] == "split" else [5, 1])[len(given) :]
+            if parts[0] == "split":
+                split(rounds, replicas)
+            else:
+                alternate(rounds, replicas, *parts[3:4])
             return
         for part in parts:
             {
