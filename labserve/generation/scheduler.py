@@ -23,15 +23,28 @@ vLLM V1's rules, step by step (``strategy="continuous"``):
 Time is passed in (``now``, seconds), never read. Every admitted sequence ends in exactly
 one :class:`~labserve.generation.sequence.Finished`. One step is planned at a time: the
 owner calls :meth:`Scheduler.schedule`, runs the model, then :meth:`Scheduler.complete`.
+
+The scheduler is the one owner of a method's generation state: the config in force and
+the pending one, each sequence's one record (:class:`~labserve.generation.sequence.SeqState`
+and its status), the deadlines, the admission decision and the stop decision. Settings
+are of three kinds (:data:`~labserve.generation.config.ARRIVAL_SETTINGS` and the rest):
+those that act on arrivals (``request_timeout_ms``, ``max_queue_size``) act from the moment
+:meth:`Scheduler.configure` accepts them, for every sequence admitted after; those that
+shape steps apply at the next :meth:`Scheduler.schedule`, and a change there that leaves a
+live sequence one the config can never run ends it then (``stranded``, with the error
+admission would have given it). Ends are immediate: :meth:`Scheduler.abort` and
+:meth:`Scheduler.expire` end a sequence at once, even while its step is in flight (the
+step's token for it is then dropped); the owner frees its model state before the next step.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from typing import Any
 
-from labserve.base.errors import QueueFullError
+from labserve.base.errors import LabServeError, QueueFullError
 from labserve.generation.admission import check_admission
 from labserve.generation.config import GenerationConfig
 from labserve.generation.sequence import (
@@ -55,21 +68,24 @@ _OUTCOME: dict[FinishReason, SeqOutcome] = {
     "cancelled": "cancelled",
     "timeout": "timeout",
     "failed": "failed",
+    "stranded": "refused",
 }
 
 
 class Scheduler:
     """Plans each step of a generative method under a :class:`GenerationConfig`.
 
-    Not thread-safe: its owner (one driver) calls it from one thread.
+    Not thread-safe: its owner (one driver) calls it from one thread, except
+    :meth:`configure` and the read-only properties, which any thread may call (each is
+    one reference read or written under the GIL).
 
     Args:
-        config: the knobs in force; :meth:`configure` replaces them at the next step.
+        config: the knobs in force; :meth:`configure` replaces them.
         max_model_len: the model's context in tokens (prompt plus outputs); 0: no limit.
         name: the method's name, for errors.
 
     >>> s = Scheduler(GenerationConfig(max_num_seqs=2))
-    >>> s.add(1, prompt_len=3, max_tokens=2, now=0.0)
+    >>> _ = s.add(1, prompt_len=3, max_tokens=2, now=0.0)
     >>> plan = s.schedule(0.0)
     >>> [(x.seq_id, x.num_new_tokens, x.kind) for x in plan.scheduled]
     [(1, 3, 'prefill')]
@@ -82,15 +98,14 @@ class Scheduler:
     def __init__(
         self, config: GenerationConfig, *, max_model_len: int = 0, name: str = "generate"
     ) -> None:
-        self.config = config
+        self._config = config
+        self._pending_config: GenerationConfig | None = None
         self.max_model_len = max_model_len
         self.name = name
-        self._pending_config: GenerationConfig | None = None
         self._seqs: dict[int, SeqState] = {}
         self._running: list[SeqState] = []  # in the order they started running
         self._waiting = WaitingQueue(config.scheduling_policy)
         self._deadlines: list[tuple[float, int, SeqState]] = []
-        self._aborts: list[SeqState] = []
         self._order = 0
         self._steps = 0
         self._kv_used = 0
@@ -101,6 +116,19 @@ class Scheduler:
         """The record of the last completed step."""
 
     # -- what the owner reads -----------------------------------------------------------
+
+    @property
+    def config(self) -> GenerationConfig:
+        """The config in force (the one the last step was planned with). Any thread."""
+        return self._config
+
+    @property
+    def latest_config(self) -> GenerationConfig:
+        """The config asked for last: pending until the next step, else the one in force.
+
+        Its arrival settings already act on every sequence admitted. Any thread.
+        """
+        return self._pending_config or self._config
 
     @property
     def num_running(self) -> int:
@@ -119,26 +147,58 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        """Whether a step would compute anything, or an abort awaits its outcome."""
-        return bool(self._running or self._waiting or self._aborts)
+        """Whether a sequence is live (running or waiting)."""
+        return bool(self._seqs)
+
+    @property
+    def step_in_flight(self) -> bool:
+        """Whether a planned step has not been completed yet."""
+        return self._inflight is not None
+
+    @property
+    def next_deadline_s(self) -> float | None:
+        """When the next live sequence times out (None: none has a timeout)."""
+        heap = self._deadlines
+        while heap and heap[0][2].finished:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def __contains__(self, seq_id: object) -> bool:
         return seq_id in self._seqs
 
     def sequence(self, seq_id: int) -> SeqState:
-        """A live sequence's state (read only, for the owner's bookkeeping)."""
+        """A live sequence's record (read only, for the owner's bookkeeping)."""
         return self._seqs[seq_id]
+
+    def live(self) -> list[SeqState]:
+        """Every live sequence's record, in admission order."""
+        return list(self._seqs.values())
 
     # -- events -----------------------------------------------------------------------
 
     def configure(self, config: GenerationConfig) -> None:
-        """Replace the config at the next step (atomic: a step sees one config)."""
+        """Ask for ``config``. Any thread (one reference written).
+
+        Its arrival settings act on every sequence admitted from now on; the rest apply
+        at the next step (a step sees one config).
+        """
         self._pending_config = config
 
     def add(
-        self, seq_id: int, prompt_len: int, max_tokens: int, now: float, *, priority: int = 0
-    ) -> None:
-        """Admit a sequence at ``now`` (its arrival time).
+        self,
+        seq_id: int,
+        prompt_len: int,
+        max_tokens: int,
+        now: float,
+        *,
+        priority: int = 0,
+        token_ids: list[int] | None = None,
+        handle: Any = None,
+    ) -> SeqState:
+        """Admit a sequence at ``now`` (its arrival time): the one admission decision.
+
+        ``token_ids``: its prompt's ids (the list is the sequence's own from then on: the
+        scheduler appends each output); ``handle``: the owner's, kept on the record.
 
         Raises:
             LengthLimitError: it cannot fit the model's context, the step's token budget
@@ -147,49 +207,70 @@ class Scheduler:
             QueueFullError: ``max_queue_size`` sequences wait already.
             ValueError: ``seq_id`` is live already.
         """
-        config = self._pending_config or self.config
+        config = self.latest_config
         check_admission(prompt_len, max_tokens, config, self.max_model_len)
         if seq_id in self._seqs:
             raise ValueError(f"sequence id {seq_id!r} is live already")
         if len(self._waiting) >= config.max_queue_size:
             raise QueueFullError(self.name, config.max_queue_size, retry_after_s=0.1)
-        timeout_s = config.request_timeout_s
-        deadline = now + timeout_s if timeout_s > 0 else math.inf
         self._order += 1
-        seq = SeqState(seq_id, prompt_len, max_tokens, now, deadline, priority, self._order)
+        seq = SeqState(
+            seq_id,
+            prompt_len,
+            max_tokens,
+            now,
+            config.request_timeout_s,
+            priority,
+            self._order,
+            token_ids,
+            handle,
+        )
         self._seqs[seq_id] = seq
         self._waiting.push(seq)
-        if deadline < math.inf:
-            heapq.heappush(self._deadlines, (deadline, seq.order, seq))
+        if seq.deadline_s < math.inf:
+            heapq.heappush(self._deadlines, (seq.deadline_s, seq.order, seq))
+        return seq
 
-    def abort(self, seq_id: int, reason: FinishReason = "cancelled") -> bool:
-        """End a sequence (cancelled, or timed out) at the next step boundary.
+    def abort(self, seq_id: int, reason: FinishReason, now: float) -> Finished | None:
+        """End a live sequence now (``cancelled``, ``timeout`` or ``failed``); its outcome.
 
-        Its outcome comes from the next :meth:`schedule` or :meth:`complete`, once, and a
-        token its in-flight step computes is dropped. Returns False when the sequence has
-        ended already (nothing to do).
+        Its blocks are freed at once; if its step is in flight, the token that step
+        computes for it is dropped. None when the sequence has ended already.
         """
         seq = self._seqs.get(seq_id)
-        if seq is None or seq.done or seq.pending_abort is not None:
-            return False
-        seq.pending_abort = reason
-        self._aborts.append(seq)
-        return True
+        if seq is None:
+            return None
+        return self._finish(seq, reason, now)
+
+    def abort_all(self, reason: FinishReason, now: float) -> list[Finished]:
+        """End every live sequence now (the owner stops)."""
+        return [self._finish(seq, reason, now) for seq in list(self._seqs.values())]
+
+    def expire(self, now: float) -> list[Finished]:
+        """End the sequences whose timeout has passed at ``now``, at once."""
+        out = []
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, _, seq = heapq.heappop(heap)
+            if not seq.finished:
+                out.append(self._finish(seq, "timeout", now))
+        return out
 
     # -- the step -----------------------------------------------------------------------
 
     def schedule(self, now: float) -> StepPlan:
         """Plan the next step at ``now``.
 
-        Applies a pending config, ends cancelled and timed-out sequences, then plans by
-        the rules above. The plan may be empty (nothing runs or waits).
+        Applies a pending config (ending the sequences it strands), ends timed-out
+        sequences, then plans by the rules above. The plan may be empty.
         """
         if self._inflight is not None:
             raise RuntimeError("schedule() called while a step is in flight: complete() it first")
+        finished: list[Finished] = []
         if self._pending_config is not None:
-            self._apply_config(self._pending_config)
-        finished = self._expire(now) + self._apply_aborts(now)
-        config = self.config
+            finished += self._apply_config(self._pending_config, now)
+        finished += self.expire(now)
+        config = self._config
         budget = config.max_num_batched_tokens
         was_running = bool(self._running)
         scheduled: dict[int, Scheduled] = {}
@@ -224,38 +305,43 @@ class Scheduler:
         plan: StepPlan,
         now: float,
         *,
+        tokens: Mapping[int, int] | None = None,
         stopped: Collection[int] = (),
         failed: Collection[int] = (),
     ) -> list[Finished]:
         """Record that ``plan``'s step ended at ``now``; return the sequences that ended.
 
-        ``stopped``: sequences whose new token ended them (a stop token or string; that
-        token counts as produced). ``failed``: sequences the step failed for (their
-        outcome is ``failed``; the owner holds the error). A sequence reaching
-        ``max_tokens`` ends with reason ``length``. Aborted sequences end here too.
+        ``tokens``: each sampling sequence's new token id (appended to its ids; None when
+        the owner counts only). ``stopped``: sequences whose new token ended them (a stop
+        token or string; that token counts as produced). ``failed``: sequences the step
+        failed for (outcome ``failed``; the owner holds the error). A sequence whose entry
+        is ``final`` ends with reason ``length``. Sequences that ended while the step was
+        in flight are skipped (their token is dropped).
         """
         if plan is not self._inflight:
             raise RuntimeError("complete() got a plan that is not the step in flight")
         self._inflight = None
         finished: list[Finished] = []
+        seqs = self._seqs
         for entry in plan.scheduled:
-            seq = self._seqs.get(entry.seq_id)
-            if seq is None or seq.done or seq.pending_abort is not None:
-                continue  # ended before this step (cannot happen) or aborted in flight
+            seq = seqs.get(entry.seq_id)
+            if seq is None:
+                continue  # ended while the step was in flight: its token is dropped
             if entry.seq_id in failed:
                 finished.append(self._finish(seq, "failed", now))
                 continue
             seq.num_computed += entry.num_new_tokens
             if not entry.samples:
                 continue
+            if tokens is not None and seq.token_ids is not None:
+                seq.token_ids.append(tokens[entry.seq_id])
             seq.num_output += 1
             seq.num_tokens += 1
             seq.token_times_s.append(now)
-            if seq.num_output >= seq.max_tokens:
+            if entry.final:
                 finished.append(self._finish(seq, "length", now))
             elif entry.seq_id in stopped:
                 finished.append(self._finish(seq, "stop", now))
-        finished += self._apply_aborts(now)
         self.last_step = StepRecord(
             index=plan.index,
             start_s=plan.start_s,
@@ -337,6 +423,7 @@ class Scheduler:
             self._waiting.pop()
             self._grow(seq, seq.num_computed + count)
             self._running.append(seq)
+            seq.status = "running"
             if seq.first_scheduled_s is None:
                 seq.first_scheduled_s = now
             scheduled[seq.id] = self._entry(seq, count)
@@ -352,7 +439,9 @@ class Scheduler:
             kind = "resume"
         else:
             kind = "prefill"
-        return Scheduled(seq.id, computed, count, computed + count == total, kind)
+        samples = computed + count == total
+        final = samples and seq.num_output + 1 >= seq.max_tokens
+        return Scheduled(seq.id, computed, count, samples, kind, final)
 
     # -- KV blocks ------------------------------------------------------------------------
 
@@ -390,6 +479,7 @@ class Scheduler:
         self._kv_used -= seq.blocks
         seq.blocks = 0
         seq.num_computed = 0
+        seq.status = "preempted"
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self._waiting.push_front(seq)
@@ -409,17 +499,24 @@ class Scheduler:
 
     # -- ends -------------------------------------------------------------------------------
 
-    def _finish(self, seq: SeqState, reason: FinishReason, now: float) -> Finished:
+    def _finish(
+        self,
+        seq: SeqState,
+        reason: FinishReason,
+        now: float,
+        error: LabServeError | None = None,
+    ) -> Finished:
         """Give ``seq`` its one outcome and free what it holds."""
-        seq.done = True
+        if seq.status == "running":
+            self._running.remove(seq)
+        else:
+            self._waiting.forget()  # waiting: skipped when it reaches the head
+        seq.status = "finished"
+        seq.finish_reason = reason
         del self._seqs[seq.id]
         if seq.blocks:
             self._kv_used -= seq.blocks
             seq.blocks = 0
-        if seq in self._running:
-            self._running.remove(seq)
-        else:
-            self._waiting.forget()  # it was waiting: skipped when it reaches the head
         return Finished(
             seq_id=seq.id,
             outcome=_OUTCOME[reason],
@@ -429,27 +526,29 @@ class Scheduler:
             prompt_len=seq.prompt_len,
             token_times_s=tuple(seq.token_times_s),
             num_preemptions=seq.num_preemptions,
+            seq=seq,
+            error=error,
         )
 
-    def _apply_aborts(self, now: float) -> list[Finished]:
-        aborts, self._aborts = self._aborts, []
-        return [self._finish(s, s.pending_abort or "cancelled", now) for s in aborts if not s.done]
-
-    def _expire(self, now: float) -> list[Finished]:
-        """End the sequences whose ``request_timeout_ms`` has passed."""
-        out = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, seq = heapq.heappop(self._deadlines)
-            if not seq.done and seq.pending_abort is None:
-                out.append(self._finish(seq, "timeout", now))
-        return out
-
-    def _apply_config(self, config: GenerationConfig) -> None:
+    def _apply_config(self, config: GenerationConfig, now: float) -> list[Finished]:
+        """Put ``config`` in force; end the live sequences it can never run (``stranded``)."""
         self._pending_config = None
-        if config.block_size != self.config.block_size:
+        old, self._config = self._config, config
+        if config.block_size != old.block_size:
             self._kv_used = 0
             for seq in self._running:
                 seq.blocks = config.blocks_for(seq.num_computed)
                 self._kv_used += seq.blocks
         self._waiting.reorder(config.scheduling_policy)
-        self.config = config
+        # A sequence that has run (running, or preempted to be recomputed) computes what
+        # is left of its prefill in chunks whatever the chunking setting (rules 1 and 2),
+        # so only a new one is held to the token budget.
+        chunked = config.replace(enable_chunked_prefill=True)
+        stranded = []
+        for seq in list(self._seqs.values()):
+            try:
+                rules = config if seq.status == "waiting" else chunked
+                check_admission(seq.prompt_len, seq.max_tokens, rules, self.max_model_len)
+            except LabServeError as error:
+                stranded.append(self._finish(seq, "stranded", now, error))
+        return stranded

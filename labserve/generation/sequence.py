@@ -1,8 +1,11 @@
 """What the generation scheduler tracks and hands its owner: sequences, steps, outcomes.
 
 Plain data. The scheduler (:mod:`labserve.generation.scheduler`) creates and updates them;
-its owner (the runtime driver or the simulator) reads them. Token ids never enter here: a
-sequence is counted in tokens, and its owner keeps the ids (the model owns the KV tensors).
+its owner (the runtime driver or the simulator) reads them. A sequence has one record,
+:class:`SeqState`, with one :data:`SeqStatus` (vLLM's ``RequestStatus``): the scheduler
+holds its counts, its token ids when the owner gives them (the simulator counts only), and
+the owner's handle on it (the runtime's caller: its sampler and stream), so that nothing
+about a live sequence is kept twice.
 
 Counting, per sequence: ``num_tokens`` tokens are known (the prompt and the outputs so far);
 ``num_computed`` of them are in the KV cache. A step computes ``count`` new tokens from
@@ -13,8 +16,9 @@ a prefill, or a decode). The last output is never fed back, so a sequence of pro
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 __all__ = [
     "FINISH_REASONS",
@@ -25,19 +29,34 @@ __all__ = [
     "Scheduled",
     "SeqOutcome",
     "SeqState",
+    "SeqStatus",
     "StepPlan",
     "StepRecord",
     "StopReason",
 ]
 
-SeqOutcome = Literal["served", "cancelled", "timeout", "failed"]
-SEQ_OUTCOMES: tuple[SeqOutcome, ...] = ("served", "cancelled", "timeout", "failed")
-"""How a sequence ends (names as the runner's outcomes in labserve.base.vocabulary)."""
+SeqOutcome = Literal["served", "cancelled", "timeout", "failed", "refused"]
+SEQ_OUTCOMES: tuple[SeqOutcome, ...] = ("served", "cancelled", "timeout", "failed", "refused")
+"""How a sequence ends (names as the runner's outcomes in labserve.base.vocabulary).
+``refused``: at admission, or later when a live config change left it a sequence the
+config in force can never run (it ends with the error admission would have given)."""
 
-FinishReason = Literal["length", "stop", "cancelled", "timeout", "failed"]
-FINISH_REASONS: tuple[FinishReason, ...] = ("length", "stop", "cancelled", "timeout", "failed")
+FinishReason = Literal["length", "stop", "cancelled", "timeout", "failed", "stranded"]
+FINISH_REASONS: tuple[FinishReason, ...] = (
+    "length",
+    "stop",
+    "cancelled",
+    "timeout",
+    "failed",
+    "stranded",
+)
 """Why: ``length`` (``max_tokens`` reached; OpenAI's word), ``stop`` (a stop token or string),
-or the outcome itself."""
+``stranded`` (a config change left it unable ever to run: outcome ``refused``), or the
+outcome itself."""
+
+SeqStatus = Literal["waiting", "running", "preempted", "finished"]
+"""Where a sequence is: waiting to run (new), running (holding its place and KV blocks),
+preempted (waiting to be recomputed), or finished (its ``finish_reason`` says why)."""
 
 StopReason = Literal["empty", "max_num_seqs", "token_budget", "kv_blocks", "batch", "preempted"]
 """Why a step stopped taking waiting sequences: none waited; ``max_num_seqs`` were running;
@@ -48,14 +67,15 @@ Kind = Literal["prefill", "decode", "resume"]
 
 
 class SeqState:
-    """One sequence as the scheduler tracks it. Mutable; owned by the scheduler."""
+    """One sequence's one record. Mutable; owned by the scheduler, read by its owner."""
 
     __slots__ = (
         "arrival_s",
         "blocks",
         "deadline_s",
-        "done",
+        "finish_reason",
         "first_scheduled_s",
+        "handle",
         "id",
         "max_tokens",
         "num_computed",
@@ -63,9 +83,11 @@ class SeqState:
         "num_preemptions",
         "num_tokens",
         "order",
-        "pending_abort",
         "priority",
         "prompt_len",
+        "status",
+        "timeout_s",
+        "token_ids",
         "token_times_s",
     )
 
@@ -75,17 +97,24 @@ class SeqState:
         prompt_len: int,
         max_tokens: int,
         arrival_s: float,
-        deadline_s: float,
+        timeout_s: float,
         priority: int,
         order: int,
+        token_ids: list[int] | None = None,
+        handle: Any = None,
     ) -> None:
         self.id = seq_id
         self.prompt_len = prompt_len
         self.max_tokens = max_tokens
         self.arrival_s = arrival_s
-        self.deadline_s = deadline_s  # inf: no timeout
+        self.timeout_s = timeout_s  # the request_timeout_ms in force at admission (0: none)
+        self.deadline_s = arrival_s + timeout_s if timeout_s > 0 else math.inf
         self.priority = priority
         self.order = order  # admission order: ties of arrival and priority
+        self.token_ids = token_ids  # prompt, then each output (None: counted only)
+        self.handle = handle  # the owner's (the runtime's caller); None in the simulator
+        self.status: SeqStatus = "waiting"
+        self.finish_reason: FinishReason | None = None
         self.num_tokens = prompt_len  # known: prompt + outputs so far
         self.num_computed = 0  # in the KV cache
         self.num_output = 0
@@ -93,13 +122,23 @@ class SeqState:
         self.num_preemptions = 0
         self.first_scheduled_s: float | None = None
         self.token_times_s: list[float] = []  # when each output token was produced
-        self.pending_abort: FinishReason | None = None  # cancelled or timed out in flight
-        self.done = False
+
+    @property
+    def finished(self) -> bool:
+        """Whether it has had its one outcome."""
+        return self.status == "finished"
+
+    @property
+    def output_ids(self) -> tuple[int, ...]:
+        """The token ids generated so far (empty when counted only)."""
+        ids = self.token_ids
+        return tuple(ids[self.prompt_len :]) if ids is not None else ()
 
     def __repr__(self) -> str:
         return (
-            f"SeqState(id={self.id}, tokens={self.num_tokens}, computed={self.num_computed}, "
-            f"output={self.num_output}/{self.max_tokens}, blocks={self.blocks})"
+            f"SeqState(id={self.id}, {self.status}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed}, output={self.num_output}/{self.max_tokens}, "
+            f"blocks={self.blocks})"
         )
 
 
@@ -119,6 +158,10 @@ class Scheduled(NamedTuple):
     kind: Kind
     """``prefill`` (prompt tokens), ``decode`` (its last output), ``resume`` (recomputing
     after a preemption)."""
+    final: bool
+    """Whether the token this step samples is the sequence's last (``max_tokens`` reached):
+    decided here, once, so that the owner lets out held text and the scheduler ends it
+    with reason ``length`` by the same rule."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +177,10 @@ class Finished:
     token_times_s: tuple[float, ...]
     """When each output token came (the first one's gives TTFT)."""
     num_preemptions: int
+    seq: SeqState | None = None
+    """The sequence's record as it ended (its token ids and its owner's handle)."""
+    error: BaseException | None = None
+    """The typed error of a ``stranded`` sequence (what admission would have raised)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +198,8 @@ class StepPlan:
     preempted: tuple[int, ...]
     """Sequences preempted to make KV room (newest first): recomputed when they run again."""
     finished: tuple[Finished, ...]
-    """Sequences that ended before the step: cancelled, or past their timeout."""
+    """Sequences that ended before the step: past their timeout, or stranded by a config
+    change (cancelled ones end when they are withdrawn)."""
     stop_reason: StopReason
     """Why the step took no more waiting sequences."""
     num_batched_tokens: int

@@ -50,10 +50,10 @@ class WaitingQueue:
     def peek(self) -> SeqState | None:
         """The next live sequence, or None."""
         if self.policy == "fcfs":
-            while self._fifo and self._fifo[0].done:
+            while self._fifo and self._fifo[0].finished:
                 self._fifo.popleft()
             return self._fifo[0] if self._fifo else None
-        while self._heap and self._heap[0][3].done:
+        while self._heap and self._heap[0][3].finished:
             heapq.heappop(self._heap)
         return self._heap[0][3] if self._heap else None
 
@@ -76,8 +76,8 @@ class WaitingQueue:
     def live(self) -> list[SeqState]:
         """The live sequences, in queue order (O(n log n): for snapshots and a policy change)."""
         if self.policy == "fcfs":
-            return [s for s in self._fifo if not s.done]
-        return [k[3] for k in sorted(self._heap) if not k[3].done]
+            return [s for s in self._fifo if not s.finished]
+        return [k[3] for k in sorted(self._heap) if not k[3].finished]
 
     def reorder(self, policy: SchedulingPolicy) -> None:
         """Switch the order (a live config change); the live sequences are kept."""

@@ -4,7 +4,7 @@ It feeds the queue events (arrivals, cancellations, batch completions, its two t
 the queue's next wake and its next timeout check) and carries out the queue's decisions
 (run a batch, reject a request, set the timers). There is no polling tick. Its time, its
 timers, its loop callbacks and its worker threads all come from one injected
-:class:`~labserve.runtime.scheduling.Scheduler`: labserve's background loop in a notebook,
+:class:`~labserve.runtime.scheduling.Host`: labserve's background loop in a notebook,
 a virtual one in tests, which steps this very code deterministically.
 
 Ownership: the queue is sans-IO and not thread-safe, so the driver guards it with one
@@ -41,7 +41,7 @@ from labserve.batching.requests import Batch, Outcome, Request, Step
 from labserve.config.batching import BatchingConfig
 from labserve.metrics.snapshot import BatchRecord, Snapshot
 from labserve.runtime.delivery import hand_out, settle, settle_all
-from labserve.runtime.scheduling import MIN_TIMER_S, Scheduler, Timer
+from labserve.runtime.scheduling import MIN_TIMER_S, Host, Timer
 from labserve.runtime.stall import StallWatch
 
 __all__ = ["MethodDriver"]
@@ -61,7 +61,7 @@ class MethodDriver:
         fn: Callable[..., Any],
         *,
         is_async: bool,
-        scheduler: Scheduler,
+        scheduler: Host,
     ) -> None:
         if is_async and scheduler.loop is None:
             raise TypeError("an async model needs a scheduler with an asyncio loop")

@@ -1,34 +1,43 @@
-"""The continuous-batching driver: runs a generative method's Scheduler with its model.
+"""The continuous-batching driver: runs a generative method's step scheduler with its model.
 
 Each step: the scheduler plans on the loop (which sequences compute how many tokens, who
 is preempted, who ended); a worker thread frees the model state of sequences that ended
-or were preempted, runs the model on the step's :class:`SeqBatch`, picks each sampling
+or were preempted, runs the model on the step's :class:`SeqBatch`, and picks each sampling
 sequence's next token and text (:class:`SequenceSampler`, per sequence, so a sequence's
 tokens never depend on its neighbours); back on the loop the scheduler completes the step,
 the callers get their pieces (one hand-off per event loop per step, not per token), and
 the next step is planned at once. Arrivals of one loop iteration join the same step.
 
+The scheduler (:class:`~labserve.generation.scheduler.Scheduler`) owns every piece of a
+sequence's state: the config in force, its one record and status, its deadline, the
+admission and stop decisions. The driver keeps none of it: it carries the scheduler's
+decisions out (model calls, timers, answers) and reads the rest through it.
+
 Every admitted sequence ends in exactly one outcome, given to its stream once: its tokens
-and finish; a typed error at admission (InputError, LengthLimitError, QueueFullError);
-RequestTimeoutError when ``request_timeout_ms`` passes, even while a step hangs (the
-deadline timer answers the caller; the scheduler accounts for it at the next step);
-ModelError when a step raises (only the poisoned sequences with ``isolate_errors``, by
-bisecting the step after the model's ``rollback_step``); CancelledRequestError when the
-caller withdrew; RunnerStoppedError when the runner stopped before it ended.
+and finish; a typed error at admission (InputError, LengthLimitError, QueueFullError), or
+the same error later when a live config change leaves it a sequence that can never run;
+RequestTimeoutError when its timeout passes, even while a step hangs (the deadline timer
+ends it at once); ModelError when the step, or its own sampling, fails (the step's
+sequences, or only the poisoned ones with ``isolate_errors``, by bisecting the step after
+the model's ``rollback_step``; a sequence whose logits row, token or text fails fails
+alone, whatever ``isolate_errors`` says); CancelledRequestError when the caller withdrew;
+RunnerStoppedError when the runner stopped before it ended (no step starts after that).
 
 Time, timers, loop callbacks and worker threads come from one injected
-:class:`~labserve.runtime.scheduling.Scheduler`: labserve's background loop in a notebook,
-a virtual one in tests. Thread-safe: :meth:`submit_threadsafe`, :meth:`cancel_threadsafe`,
-:meth:`configure`, :meth:`snapshot`, :meth:`reset_stats`. Loop-only: the rest.
+:class:`~labserve.runtime.scheduling.Host`: labserve's background loop in a notebook, a
+virtual one in tests. Thread-safe: :meth:`submit_threadsafe`, :meth:`admit_later`,
+:meth:`cancel_threadsafe`, :meth:`refuse`, :meth:`configure`, :meth:`snapshot`,
+:meth:`reset_stats` and the properties. Loop-only: the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
+import dataclasses
 import itertools
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,13 +54,13 @@ from labserve.generation.api import Finish
 from labserve.generation.batch import SeqBatch
 from labserve.generation.config import GenerationConfig
 from labserve.generation.sampling import SequenceSampler
-from labserve.generation.scheduler import Scheduler as StepScheduler
-from labserve.generation.sequence import Finished, StepPlan
+from labserve.generation.scheduler import Scheduler
+from labserve.generation.sequence import Finished, Scheduled, StepPlan
 from labserve.generation.stats import GenerationRecorder, GenerationSnapshot
-from labserve.runtime.scheduling import Scheduler, Timer
+from labserve.runtime.scheduling import Host, Timer
 from labserve.runtime.token_streams import AnyStream, End, feed_streams
 
-__all__ = ["GenerationDriver", "GenerativeModel", "LiveSequence"]
+__all__ = ["Caller", "GenerationDriver", "GenerativeModel", "NewSequence"]
 
 
 @dataclass(frozen=True)
@@ -66,28 +75,30 @@ class GenerativeModel:
     """Undoes a step that raised (each sequence's state back to before it)."""
 
 
-class LiveSequence:
-    """One admitted sequence as the driver holds it: ids, sampler, stream, answered or not."""
+@dataclass(frozen=True, slots=True)
+class NewSequence:
+    """A checked call, ready for admission: its prompt's ids, sampler, stream and arrival."""
 
-    __slots__ = ("answered", "arrival_s", "num_output", "prompt_len", "sampler", "stream", "tokens")
+    token_ids: list[int]
+    sampler: SequenceSampler
+    stream: AnyStream
+    arrival_s: float
 
-    def __init__(
-        self, prompt: list[int], sampler: SequenceSampler, stream: AnyStream, arrival_s: float
-    ) -> None:
-        self.tokens = prompt  # prompt, then each token generated (appended by the worker)
-        self.prompt_len = len(prompt)
-        self.sampler = sampler
-        self.stream = stream
-        self.arrival_s = arrival_s
-        self.num_output = 0
-        self.answered = False  # its stream has its end (or its caller left)
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The driver's handle on an admitted sequence (kept on its scheduler record)."""
+
+    sampler: SequenceSampler
+    stream: AnyStream
 
 
 @dataclass(frozen=True, slots=True)
 class _StepResult:
-    """What a worker hands back: each sampled sequence's piece, who stopped, who failed."""
+    """What a worker hands back: each sampled sequence's token and piece, who stopped, failed."""
 
-    pieces: list[tuple[int, str]]
+    tokens: dict[int, int]
+    pieces: dict[int, str]
     stopped: set[int]
     failed: dict[int, BaseException]
 
@@ -100,28 +111,27 @@ class GenerationDriver:
         model: GenerativeModel,
         config: GenerationConfig,
         *,
-        scheduler: Scheduler,
+        host: Host,
         runner: str,
         method: str,
         max_model_len: int = 0,
     ) -> None:
         self.runner = runner
         self.method = method
+        self._name = f"{runner}.{method}"
         self._model = model
-        self._rt = scheduler
-        self._now = scheduler.now
-        self._steps = StepScheduler(config, max_model_len=max_model_len, name=f"{runner}.{method}")
-        self._latest = config
-        self._lock = threading.Lock()  # guards the recorder and the latest config
+        self._rt = host
+        self._now = host.now
+        self._steps = Scheduler(config, max_model_len=max_model_len, name=self._name)
+        self._lock = threading.Lock()  # guards the recorder
         self._recorder = GenerationRecorder()
-        self._live: dict[int, LiveSequence] = {}
         self._ids = itertools.count(1)
-        self._deadlines: list[tuple[float, int]] = []
-        self._deadline = Timer(scheduler, self._on_deadline)
-        self._busy = False  # a step (or a free) is in a worker
+        self._deadline = Timer(host, self._on_deadline)
+        self._busy = False  # a step is in a worker
         self._kick_queued = False
         self._free: list[int] = []  # sequences whose model state is to be dropped
-        self._closed = False
+        self._closed = False  # new sequences are refused
+        self._stopped = False  # no step starts (the runner stopped)
         self._drained: asyncio.Future[None] | None = None
 
     @property
@@ -131,8 +141,18 @@ class GenerationDriver:
 
     @property
     def config(self) -> GenerationConfig:
-        """The latest config asked for (in force from the next step). Thread-safe."""
-        return self._latest
+        """The latest config asked for (its step settings in force from the next step)."""
+        return self._steps.latest_config
+
+    @property
+    def step_in_flight(self) -> bool:
+        """Whether a model step is running in a worker."""
+        return self._busy
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The step scheduler, owner of every sequence's state (read it on the loop only)."""
+        return self._steps
 
     # -- the thread-safe doors ---------------------------------------------------------------
 
@@ -140,12 +160,51 @@ class GenerationDriver:
         """A fresh sequence id. Thread-safe (``itertools.count`` under the GIL)."""
         return next(self._ids)
 
-    def submit_threadsafe(self, seq_id: int, live: LiveSequence) -> None:
-        """Admit a sequence from any thread; a loop that is closed answers it stopped."""
+    def submit_threadsafe(
+        self, seq_id: int, new: NewSequence, admitted: Future[None] | None = None
+    ) -> None:
+        """Admit a sequence from any thread; a loop that is closed answers it stopped.
+
+        ``admitted``: settled once the scheduler decided (its refusal set on it instead of
+        on the stream), so that a blocking caller raises it at once.
+        """
         try:
-            self._rt.call_soon_threadsafe(self.submit, seq_id, live)
+            self._rt.call_soon_threadsafe(self.submit, seq_id, new, admitted)
         except RuntimeError:
-            self._answer(live, End(None, (), RunnerStoppedError(self.runner)))
+            error = RunnerStoppedError(self.runner)
+            if admitted is not None:
+                admitted.set_exception(error)
+            else:
+                _answer(new.stream, End(None, (), error), None)
+
+    def admit_later(
+        self, seq_id: int, prepare: Callable[[], NewSequence], stream: AnyStream
+    ) -> None:
+        """Check a call in a worker thread (tokenising off the loop), then admit it.
+
+        ``prepare`` raises the call's typed error (answered on ``stream``, counted refused).
+        Any thread.
+        """
+
+        def work() -> None:
+            try:
+                new = prepare()
+            except LabServeError as exc:
+                self.refuse(stream, exc)
+                return
+            self.submit_threadsafe(seq_id, new)
+
+        try:
+            self._rt.submit(work)
+        except RuntimeError:
+            _answer(stream, End(None, (), RunnerStoppedError(self.runner)), None)
+
+    def refuse(self, stream: AnyStream | None, error: LabServeError) -> None:
+        """Count a call refused before admission; answer ``stream`` (None: raised instead)."""
+        with self._lock:
+            self._recorder.refused()
+        if stream is not None:
+            _answer(stream, End(None, (), error), None)
 
     def cancel_threadsafe(self, seq_id: int) -> None:
         """Withdraw a sequence from any thread."""
@@ -155,25 +214,25 @@ class GenerationDriver:
             pass  # the loop is closed: the sequence was answered when it stopped
 
     def configure(self, config: GenerationConfig) -> None:
-        """Use ``config`` from the next step on. Thread-safe."""
-        with self._lock:
-            self._latest = config
-        try:
-            self._rt.call_soon_threadsafe(self._steps.configure, config)
+        """Ask for ``config``: arrival settings act now, the rest at the next step. Any thread."""
+        self._steps.configure(config)
+        try:  # an idle driver plans a step now, so that a change that strands ends them
+            self._rt.call_soon_threadsafe(self._kick_soon)
         except RuntimeError:
-            self._steps.configure(config)  # nothing runs: the next schedule applies it
+            pass  # nothing runs: the next schedule applies it
 
     def snapshot(self) -> GenerationSnapshot:
         """The method's figures now. Thread-safe (counts as of the last step)."""
+        steps = self._steps
         with self._lock:
             return self._recorder.snapshot(
                 self._now(),
-                self._latest,
+                steps.latest_config,
                 runner=self.runner,
                 method=self.method,
-                running=self._steps.num_running,
-                waiting=self._steps.num_waiting,
-                kv_blocks_used=self._steps.kv_blocks_used,
+                running=steps.num_running,
+                waiting=steps.num_waiting,
+                kv_blocks_used=steps.kv_blocks_used,
             )
 
     def reset_stats(self) -> None:
@@ -183,115 +242,130 @@ class GenerationDriver:
 
     # -- events on the loop -------------------------------------------------------------------
 
-    def submit(self, seq_id: int, live: LiveSequence) -> None:
-        """Admit a sequence. Loop-only. A refusal is its stream's typed error."""
+    def submit(self, seq_id: int, new: NewSequence, admitted: Future[None] | None = None) -> None:
+        """Admit a sequence. Loop-only. A refusal is its stream's typed error (or admitted's)."""
+        error: LabServeError | None = None
         if self._closed or self._rt.closing:
-            self._answer(live, End(None, (), RunnerStoppedError(self.runner)))
-            return
-        params = live.sampler.params
+            error = RunnerStoppedError(self.runner)
+        elif new.stream.withdrawn:
+            error = CancelledRequestError(self._name)  # its caller left: nothing to run
+        else:
+            error = self._admit(seq_id, new)
+        if admitted is not None:
+            if error is None:
+                admitted.set_result(None)
+            else:
+                admitted.set_exception(error)
+        elif error is not None:
+            _answer(new.stream, End(None, (), error), self._rt.loop)
+
+    def _admit(self, seq_id: int, new: NewSequence) -> LabServeError | None:
+        """The scheduler's one admission decision; its refusal, counted, or None."""
+        params = new.sampler.params
         try:
             self._steps.add(
-                seq_id, live.prompt_len, params.max_tokens, live.arrival_s, priority=params.priority
+                seq_id,
+                len(new.token_ids),
+                params.max_tokens,
+                new.arrival_s,
+                priority=params.priority,
+                token_ids=new.token_ids,
+                handle=Caller(new.sampler, new.stream),
             )
         except LabServeError as exc:
-            with self._lock:
-                self._recorder.refused()
-            self._answer(live, End(None, (), exc))
-            return
-        self._live[seq_id] = live
-        timeout_s = self._steps.config.request_timeout_s
-        if timeout_s > 0:
-            heapq.heappush(self._deadlines, (live.arrival_s + timeout_s, seq_id))
-            self._arm_deadline()
+            self.refuse(None, exc)
+            return exc
+        self._arm_deadline()
+        self._kick_soon()
+        return None
+
+    def cancel(self, seq_id: int) -> None:
+        """Withdraw a sequence (its caller left): it ends now, counted cancelled. Loop-only."""
+        done = self._steps.abort(seq_id, "cancelled", self._now())
+        if done is not None:
+            self._file(done)  # nobody listens any more: no answer
+            self._kick()
+
+    def _kick_soon(self) -> None:
         if not self._kick_queued:  # the arrivals of this loop iteration join one step
             self._kick_queued = True
             self._rt.call_soon(self._kick)
 
-    def cancel(self, seq_id: int) -> None:
-        """Withdraw a sequence (its caller left): freed at the next step. Loop-only."""
-        live = self._live.get(seq_id)
-        if live is None or live.answered:
-            return
-        live.answered = True  # nobody listens any more
-        self._steps.abort(seq_id, "cancelled")
-        self._kick()
-
     def _on_deadline(self, _due_s: float) -> None:
-        """Answer every sequence past its timeout now, even while a step hangs."""
-        now = self._now()
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, seq_id = heapq.heappop(self._deadlines)
-            live = self._live.get(seq_id)
-            if live is None or live.answered:
-                continue
-            timeout_s = self._steps.config.request_timeout_s
-            error = RequestTimeoutError(
-                f"{self.runner}.{self.method}", now - live.arrival_s, timeout_s
-            )
-            self._answer(live, End(None, tuple(live.tokens[live.prompt_len :]), error))
-            self._steps.abort(seq_id, "timeout")
+        """End every sequence past its timeout now, even while a step hangs."""
+        self._answer_all(self._steps.expire(self._now()), {})
         self._arm_deadline()
         self._kick()
 
     def _arm_deadline(self) -> None:
-        while self._deadlines and self._deadlines[0][1] not in self._live:
-            heapq.heappop(self._deadlines)
-        due = self._deadlines[0][0] if self._deadlines else None
-        self._deadline.set(due, self._now())
+        self._deadline.set(self._steps.next_deadline_s, self._now())
 
     # -- the step -------------------------------------------------------------------------------
 
     def _kick(self) -> None:
         """Plan and start the next step unless one is in a worker. Loop-only."""
         self._kick_queued = False
-        if self._busy:
+        if self._busy or self._stopped:
             return
         plan = self._steps.schedule(self._now())
-        ends = [e for e in (self._ended(done, None) for done in plan.finished) if e is not None]
-        if ends:
-            feed_streams([(live.stream, [], end) for live, end in ends], self._rt.loop)
-        free = self._take_free(plan.preempted)
+        self._answer_all(plan.finished, {})
+        self._arm_deadline()
+        free = self._free + list(plan.preempted)
+        self._free = []
         if plan.empty:
-            if free and self._model.free_sequences is not None:
-                self._model.free_sequences(free)  # no step runs: nothing else touches it
+            self._free_now(free)  # no step runs: nothing else touches the model
             self._maybe_drained()
             return
-        batch = self._batch(plan)
+        batch, samplers = self._batch(plan)
         self._busy = True
-        self._rt.submit(self._run_step, plan, batch, free)
+        try:
+            self._rt.submit(self._run_step, plan, batch, samplers, free)
+        except RuntimeError:  # the workers shut down: the runner is stopping
+            self._busy = False
+            self.abort()  # ends every sequence, the planned ones included
+            self._steps.complete(plan, self._now())
 
-    def _take_free(self, preempted: Sequence[int]) -> list[int]:
-        free = self._free + list(preempted)
-        self._free = []
-        return free
-
-    def _batch(self, plan: StepPlan) -> SeqBatch:
-        live = self._live
+    def _batch(self, plan: StepPlan) -> tuple[SeqBatch, list[tuple[Scheduled, SequenceSampler]]]:
+        """The step's model input, and the sampler of each sequence that samples."""
+        steps = self._steps
         tokens = []
+        samplers = []
         for e in plan.scheduled:
-            ids = live[e.seq_id].tokens
+            seq = steps.sequence(e.seq_id)
+            ids = seq.token_ids
+            assert ids is not None  # the driver admits every sequence with its ids
             tokens.append(np.asarray(ids[e.start : e.start + e.num_new_tokens], dtype=np.int64))
-        return SeqBatch(
+            if e.samples:
+                samplers.append((e, seq.handle.sampler))
+        batch = SeqBatch(
             tuple(e.seq_id for e in plan.scheduled),
             tuple(tokens),
             tuple(e.start for e in plan.scheduled),
             tuple(e.samples for e in plan.scheduled),
         )
+        return batch, samplers
 
-    def _run_step(self, plan: StepPlan, batch: SeqBatch, free: list[int]) -> None:
+    def _run_step(
+        self,
+        plan: StepPlan,
+        batch: SeqBatch,
+        samplers: list[tuple[Scheduled, SequenceSampler]],
+        free: list[int],
+    ) -> None:
         """In a worker: free, run the model, sample; then hand the step back to the loop.
 
-        Whatever raises here (a model hook, its detokeniser) fails the step's sequences
-        with its message: the step always comes back, so no caller is left waiting.
+        Whatever raises in a model hook fails the step's sequences with its message; what
+        raises in one sequence's sampling fails that sequence alone. The step always comes
+        back, so no caller is left waiting.
         """
         try:
             if free and self._model.free_sequences is not None:
                 self._model.free_sequences(free)
-            outputs, failed = self._attempt(batch)
-            result = self._sample(batch, outputs, failed)
+            rows, failed = self._attempt(batch)
+            result = self._sample(samplers, rows, failed)
         except Exception as exc:
-            error = ModelError(f"{self.runner}.{self.method}", exc, len(batch))
-            result = _StepResult([], set(), dict.fromkeys(batch.seq_ids, error))
+            error = ModelError(self._name, exc, len(batch))
+            result = _StepResult({}, {}, set(), dict.fromkeys(batch.seq_ids, error))
         try:
             self._rt.call_soon_threadsafe(self._step_done, plan, result)
         except RuntimeError:
@@ -311,7 +385,7 @@ class GenerationDriver:
                 rollback(batch)
             isolate = self._steps.config.isolate_errors and rollback is not None
             if not isolate or len(batch) == 1:
-                error = ModelError(f"{self.runner}.{self.method}", exc, len(batch))
+                error = ModelError(self._name, exc, len(batch))
                 return {}, dict.fromkeys(batch.seq_ids, error)
             half = len(batch) // 2
             rows_a, failed_a = self._attempt(batch.subset(list(range(half))))
@@ -320,84 +394,109 @@ class GenerationDriver:
         return rows, {}
 
     def _sample(
-        self, batch: SeqBatch, rows: dict[int, Any], failed: dict[int, BaseException]
+        self,
+        samplers: list[tuple[Scheduled, SequenceSampler]],
+        rows: dict[int, Any],
+        failed: dict[int, BaseException],
     ) -> _StepResult:
-        """Each sampling sequence's next token and text (in the worker: per-sequence state)."""
-        pieces: list[tuple[int, str]] = []
+        """Each sampling sequence's next token and text (in the worker: per-sequence state).
+
+        Picking, detokenising and the stop checks of one sequence fail that one alone.
+        """
+        tokens: dict[int, int] = {}
+        pieces: dict[int, str] = {}
         stopped: set[int] = set()
-        for seq_id, sampling in zip(batch.seq_ids, batch.samples, strict=True):
-            if not sampling or seq_id in failed:
+        for entry, sampler in samplers:
+            seq_id = entry.seq_id
+            if seq_id in failed:
                 continue
-            live = self._live.get(seq_id)
-            if live is None:
+            try:
+                token = sampler.choose(rows[seq_id])
+                text, stop = sampler.push(token, entry.final)
+            except Exception as exc:
+                failed[seq_id] = ModelError(self._name, exc, 1)
                 continue
-            sampler = live.sampler
-            token = sampler.choose(rows[seq_id])
-            live.tokens.append(token)
-            live.num_output += 1
-            text, stop = sampler.push(token, live.num_output >= sampler.params.max_tokens)
-            pieces.append((seq_id, text))
+            tokens[seq_id] = token
+            pieces[seq_id] = text
             if stop:
                 stopped.add(seq_id)
-        return _StepResult(pieces, stopped, failed)
+        return _StepResult(tokens, pieces, stopped, failed)
 
     def _step_done(self, plan: StepPlan, result: _StepResult) -> None:
         """Back on the loop: complete the step, answer the callers, plan the next one."""
         self._busy = False
-        finished = self._steps.complete(
-            plan, self._now(), stopped=result.stopped, failed=result.failed.keys()
+        steps = self._steps
+        finished = steps.complete(
+            plan,
+            self._now(),
+            tokens=result.tokens,
+            stopped=result.stopped,
+            failed=result.failed.keys(),
         )
-        record = self._steps.last_step
+        record = steps.last_step
         if record is not None:
             with self._lock:
                 self._recorder.step(record)
-        pieces = dict(result.pieces)
+        pieces = result.pieces
+        self._answer_all(finished, pieces, result.failed)
         items: list[tuple[AnyStream, list[str], End | None]] = []
-        for done in finished:
-            ending = self._ended(done, result.failed.get(done.seq_id))
-            if ending is not None:
-                live, end = ending
-                items.append((live.stream, [pieces.pop(done.seq_id, "")], end))
         for seq_id, text in pieces.items():
-            running = self._live.get(seq_id)
-            if running is not None and not running.answered:
-                items.append((running.stream, [text], None))
+            if text and seq_id in steps:
+                items.append((steps.sequence(seq_id).handle.stream, [text], None))
         feed_streams(items, self._rt.loop)
-        self._kick()
+        if self._stopped:
+            self._free_now(self._free)
+            self._free = []
+        else:
+            self._kick()
 
     # -- ends -------------------------------------------------------------------------------
 
-    def _ended(
-        self, done: Finished, error: BaseException | None
-    ) -> tuple[LiveSequence, End] | None:
-        """File a sequence's one outcome; its caller's end, unless its caller was answered."""
-        with self._lock:
-            self._recorder.finished(done)
-        self._free.append(done.seq_id)
-        live = self._live.pop(done.seq_id, None)
-        if live is None or live.answered:
-            return None
-        live.answered = True
-        return live, self._end_of(done, live, error)
+    def _answer_all(
+        self,
+        ended: Sequence[Finished],
+        pieces: dict[int, str],
+        errors: dict[int, BaseException] | None = None,
+    ) -> None:
+        """File each ended sequence's outcome and give its caller its end (with its last piece)."""
+        items: list[tuple[AnyStream, list[str], End | None]] = []
+        for done in ended:
+            self._file(done)
+            if done.reason == "cancelled" and not self._stopped:
+                continue  # withdrawn: nobody listens
+            seq = done.seq
+            assert seq is not None
+            end = self._end_of(done, (errors or {}).get(done.seq_id))
+            items.append((seq.handle.stream, [pieces.pop(done.seq_id, "")], end))
+        if items:
+            feed_streams(items, self._rt.loop)
 
-    def _end_of(self, done: Finished, live: LiveSequence, error: BaseException | None) -> End:
-        generated = tuple(live.tokens[live.prompt_len :])
-        name = f"{self.runner}.{self.method}"
+    def _file(self, done: Finished) -> None:
+        """Record a sequence's one outcome (without its record) and free its model state."""
+        with self._lock:
+            self._recorder.finished(dataclasses.replace(done, seq=None))
+        self._free.append(done.seq_id)
+
+    def _end_of(self, done: Finished, error: BaseException | None) -> End:
+        seq = done.seq
+        assert seq is not None
+        generated = seq.output_ids
         if done.reason in ("length", "stop"):
-            finish = Finish(done.reason, live.prompt_len, len(done.token_times_s))
+            finish = Finish(done.reason, seq.prompt_len, len(done.token_times_s))
             return End(finish, generated)
         if done.reason == "timeout":
-            timeout_s = self._steps.config.request_timeout_s
-            error = RequestTimeoutError(name, done.end_s - done.arrival_s, timeout_s)
+            error = RequestTimeoutError(self._name, done.end_s - done.arrival_s, seq.timeout_s)
         elif done.reason == "cancelled":
-            error = CancelledRequestError(name)
-        elif error is None:  # failed without a recorded cause: cannot happen
-            error = ModelError(name, RuntimeError("the step failed"), 1)
+            error = RunnerStoppedError(self.runner)  # withdrawn ones are not answered
+        elif done.reason == "stranded":
+            error = done.error
+        if error is None:  # failed without a recorded cause: cannot happen
+            error = ModelError(self._name, RuntimeError("the step failed"), 1)
         return End(None, generated, error)
 
-    def _answer(self, live: LiveSequence, end: End) -> None:
-        live.answered = True
-        feed_streams([(live.stream, [], end)], self._rt.loop)
+    def _free_now(self, free: list[int]) -> None:
+        if free and self._model.free_sequences is not None:
+            self._model.free_sequences(free)
 
     # -- closing ------------------------------------------------------------------------------
 
@@ -409,11 +508,10 @@ class GenerationDriver:
     async def aclose(self) -> None:
         """Refuse new sequences, let the admitted ones finish; idempotent. Loop-only.
 
-        Cancelled (the runner's stop timed out), it answers every sequence still alive
-        with RunnerStoppedError.
+        Cancelled (the runner's stop timed out), it ends every sequence still alive with
+        RunnerStoppedError, and no step starts after that.
         """
         self._closed = True
-        self._deadline.cancel()
         if self._steps.has_work or self._busy:
             loop = asyncio.get_running_loop()
             self._drained = loop.create_future()
@@ -422,13 +520,24 @@ class GenerationDriver:
             except asyncio.CancelledError:
                 self.abort()
                 raise
+        self._deadline.cancel()
 
     def abort(self) -> None:
-        """Answer every live sequence with RunnerStoppedError now. Loop-only."""
-        self._closed = True
-        for live in list(self._live.values()):
-            if not live.answered:
-                self._answer(live, End(None, (), RunnerStoppedError(self.runner)))
+        """End every live sequence with RunnerStoppedError now; no step starts after. Loop-only.
+
+        A step in flight comes back to nothing; the model's state of every sequence is
+        freed once no step runs.
+        """
+        self._closed = self._stopped = True
+        self._deadline.cancel()
+        self._answer_all(self._steps.abort_all("cancelled", self._now()), {})
+        if not self._busy:
+            self._free_now(self._free)
+            self._free = []
+
+
+def _answer(stream: AnyStream, end: End, home: asyncio.AbstractEventLoop | None) -> None:
+    feed_streams([(stream, [], end)], home)
 
 
 def _rows(out: Any, batch: SeqBatch) -> dict[int, Any]:

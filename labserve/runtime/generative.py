@@ -28,22 +28,23 @@ tensors. The model's optional hooks and attributes, found on its Runnable:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from labserve.base.clock import Clock
-from labserve.base.errors import InputError, LoopThreadError, RunnerStoppedError
-from labserve.generation.admission import check_admission, check_token_ids
+from labserve.base.errors import InputError, LabServeError, LoopThreadError, RunnerStoppedError
+from labserve.generation.admission import check_lengths, check_token_ids
 from labserve.generation.api import Completion, GenerateRequest
 from labserve.generation.config import GenerationConfig
 from labserve.generation.sampling import SamplingParams, SequenceSampler, TextDecoder
 from labserve.generation.stats import GenerationSnapshot
-from labserve.runtime.generation_driver import GenerationDriver, GenerativeModel, LiveSequence
+from labserve.runtime.generation_driver import GenerationDriver, GenerativeModel, NewSequence
 from labserve.runtime.loop import BackgroundLoop
 from labserve.runtime.runnable import MethodSpec
-from labserve.runtime.scheduling import LoopScheduler
-from labserve.runtime.token_streams import AsyncTokenStream, TokenStream
+from labserve.runtime.scheduling import LoopHost
+from labserve.runtime.token_streams import AnyStream, AsyncTokenStream, TokenStream
 
 __all__ = ["DEFAULT_MAX_TOKENS", "GenerativeMethod"]
 
@@ -101,11 +102,22 @@ class GenerativeMethod:
 
     @property
     def config(self) -> GenerationConfig:
-        """The latest config asked for (in force from the next step). Thread-safe."""
+        """The latest config asked for (read from the scheduler, its one owner). Thread-safe."""
         return self._driver.config if self._driver is not None else self._config
 
+    @property
+    def step_in_flight(self) -> bool:
+        """Whether a model step is running in a worker thread."""
+        return self._driver is not None and self._driver.step_in_flight
+
     def configure(self, **changes: Any) -> GenerationConfig:
-        """Change scheduling settings live (validated first; applied at the next step)."""
+        """Change scheduling settings live (validated first).
+
+        ``request_timeout_ms``, ``max_queue_size`` and the goodput targets act at once, on
+        every sequence admitted from then on; the settings that shape steps apply at the
+        next step, where a sequence the new config can never run ends with the typed error
+        admission would have given it.
+        """
         with self._lock:
             new = self.config.replace(**changes)
             if self._driver is not None:
@@ -132,8 +144,8 @@ class GenerativeMethod:
     def stream(self, prompt: Prompt, **params: Any) -> TokenStream:
         """Generate from ``prompt``; iterate the returned stream for text pieces. Blocking use.
 
-        Raises the admission's typed error at once (InputError, LengthLimitError);
-        later errors (RequestTimeoutError, ModelError, ...) are raised by the iteration.
+        Raises a refusal at once (InputError, LengthLimitError, QueueFullError); later
+        errors (RequestTimeoutError, ModelError, ...) are raised by the iteration.
         """
         driver = self._started()
         if self.runner.bg.in_loop_thread():
@@ -143,7 +155,9 @@ class GenerativeMethod:
             )
         seq_id = driver.new_id()
         stream = TokenStream(lambda: driver.cancel_threadsafe(seq_id))
-        driver.submit_threadsafe(seq_id, self._live(prompt, params, stream))
+        admitted: concurrent.futures.Future[None] = concurrent.futures.Future()
+        driver.submit_threadsafe(seq_id, self._checked(driver, prompt, params, stream), admitted)
+        admitted.result()  # the scheduler's refusal, raised here
         return stream
 
     def run(self, prompt: Prompt, **params: Any) -> Completion:
@@ -161,11 +175,13 @@ class GenerativeMethod:
             loop,
             (lambda: driver.cancel(seq_id)) if here else lambda: driver.cancel_threadsafe(seq_id),
         )
-        live = self._live(prompt, params, stream)
-        if here:
-            driver.submit(seq_id, live)
+        arrival_s = self.runner.clock.now()
+        if here:  # the server's routes: tokenise and check the prompt off the loop thread
+            driver.admit_later(
+                seq_id, lambda: self._prepare(prompt, params, stream, arrival_s), stream
+            )
         else:
-            driver.submit_threadsafe(seq_id, live)
+            driver.submit_threadsafe(seq_id, self._checked(driver, prompt, params, stream))
         return stream
 
     async def async_run(self, prompt: Prompt, **params: Any) -> Completion:
@@ -199,7 +215,7 @@ class GenerativeMethod:
                     self._driver = GenerationDriver(
                         self._model(),
                         self._config,
-                        scheduler=LoopScheduler(self.runner.bg, self.runner.clock),
+                        host=LoopHost(self.runner.bg, self.runner.clock),
                         runner=self.runner.name,
                         method=self.name,
                         max_model_len=self.max_model_len,
@@ -216,8 +232,25 @@ class GenerativeMethod:
             rollback_step=getattr(inst, "rollback_step", None),
         )
 
-    def _live(self, prompt: Prompt, params: dict[str, Any], stream: Any) -> LiveSequence:
-        """Check a call (typed errors at once) and make its sequence."""
+    def _checked(
+        self, driver: GenerationDriver, prompt: Prompt, params: dict[str, Any], stream: AnyStream
+    ) -> NewSequence:
+        """:meth:`_prepare` on the caller's thread: its refusal is counted, then raised."""
+        try:
+            return self._prepare(prompt, params, stream, self.runner.clock.now())
+        except LabServeError as exc:
+            driver.refuse(None, exc)
+            raise
+
+    def _prepare(
+        self, prompt: Prompt, params: dict[str, Any], stream: AnyStream, arrival_s: float
+    ) -> NewSequence:
+        """Check a call and make its sequence: typed errors for what the call got wrong.
+
+        What the model's context allows is checked before any per-token work (a prompt of
+        millions of tokens is refused at once); the config-dependent limits are the
+        scheduler's to decide, at admission.
+        """
         if params.get("max_tokens") is None:
             params = {**params, "max_tokens": DEFAULT_MAX_TOKENS}
         unknown = set(params) - set(SamplingParams.__dataclass_fields__)
@@ -228,12 +261,11 @@ class GenerativeMethod:
                 sent=sorted(unknown),
             )
         sampling = SamplingParams(**params)
-        ids = self._tokens(prompt)
-        check_admission(len(ids), sampling.max_tokens, self.config, self.max_model_len)
+        ids = self._tokens(prompt, sampling.max_tokens)
         sampler = SequenceSampler(sampling, self._decoder(), self.eos_token_id)
-        return LiveSequence(ids, sampler, stream, self.runner.clock.now())
+        return NewSequence(ids, sampler, stream, arrival_s)
 
-    def _tokens(self, prompt: Prompt) -> list[int]:
+    def _tokens(self, prompt: Prompt, max_tokens: int) -> list[int]:
         ids: Sequence[int]
         if isinstance(prompt, str):
             encode = getattr(self._instance, "encode", None)
@@ -244,9 +276,19 @@ class GenerativeMethod:
                     sent="str",
                     expected="a list of token ids",
                 )
-            ids = encode(prompt)
+            try:
+                ids = encode(prompt)
+            except Exception as exc:  # the tokeniser refuses this text: the input's fault
+                raise InputError(
+                    f"{self.runner.name}.{self.name}'s tokeniser could not encode the prompt: "
+                    f"{type(exc).__name__}: {exc}",
+                    sent="the prompt",
+                    expected="text the model's tokeniser can encode",
+                ) from exc
         else:
             ids = prompt
+        if not isinstance(ids, (str, bytes)) and hasattr(ids, "__len__") and len(ids):
+            check_lengths(len(ids), max_tokens, self.max_model_len)
         vocab = self.vocab_size if self.vocab_size is not None else 2**63 - 1
         return check_token_ids(ids, vocab)
 

@@ -33,7 +33,7 @@ from labserve.runtime.driver import MethodDriver
 from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import MethodSpec, Runnable
-from labserve.runtime.scheduling import LoopScheduler
+from labserve.runtime.scheduling import LoopHost
 
 __all__ = ["Runner", "RunnerMethod"]
 
@@ -168,7 +168,7 @@ class RunnerMethod:
                         self._queue,
                         self._fn,
                         is_async=self.spec.is_async,
-                        scheduler=LoopScheduler(self.runner.bg, self.runner.clock),
+                        scheduler=LoopHost(self.runner.bg, self.runner.clock),
                     )
                     self.runner._started()
                 driver = self._driver
@@ -526,7 +526,7 @@ class Runner:
                     f"{self.name}.{m.name}"
                     for m in self.methods.values()
                     if m.batchable and m.stats().in_flight_batches
-                ]
+                ] + [f"{self.name}.{g.name}" for g in self.generators.values() if g.step_in_flight]
                 raise StopTimeoutError(self.name, stuck, timeout) from None
 
     async def aclose(self) -> None:

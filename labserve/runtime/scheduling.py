@@ -1,10 +1,11 @@
 """Where a driver's callbacks, timers and model calls run, and what time it is.
 
 :class:`~labserve.runtime.driver.MethodDriver` reads the time, arms timers, hands work to
-its loop and runs synchronous models only through a :class:`Scheduler`. In a notebook that
-is :class:`LoopScheduler` (labserve's background asyncio loop, its worker threads and the
+its loop and runs synchronous models only through a :class:`Host` (named apart from the
+generation step planner, :class:`labserve.generation.scheduler.Scheduler`). In a notebook
+that is :class:`LoopHost` (labserve's background asyncio loop, its worker threads and the
 runner's monotonic clock); in tests it is
-:class:`~labserve.runtime.virtual.VirtualScheduler`, which steps the same driver code on
+:class:`~labserve.runtime.virtual.VirtualHost`, which steps the same driver code on
 virtual time. Because the timers are injected, a deterministic test reaches them: a
 runner's clock alone would not.
 
@@ -21,7 +22,7 @@ from typing import Any, Protocol
 from labserve.base.clock import Clock
 from labserve.runtime.loop import BackgroundLoop
 
-__all__ = ["MIN_TIMER_S", "Cancellable", "LoopScheduler", "Scheduler", "Timer"]
+__all__ = ["MIN_TIMER_S", "Cancellable", "Host", "LoopHost", "Timer"]
 
 MIN_TIMER_S = 0.001
 """One timer tick. Event loops wait in whole milliseconds: asyncio rounds a wait up to the next
@@ -38,7 +39,7 @@ class Cancellable(Protocol):
         """Call it off; no effect once it ran."""
 
 
-class Scheduler(Protocol):
+class Host(Protocol):
     """The driver's view of its event loop, its worker threads and its clock.
 
     ``call_soon``, ``call_later`` and ``now`` are called on the loop thread only;
@@ -69,7 +70,7 @@ class Scheduler(Protocol):
         """Run ``fn(*args)`` in a worker thread. Any thread; RuntimeError once shut down."""
 
 
-class LoopScheduler:
+class LoopHost:
     """labserve's background loop, its worker threads and a monotonic clock.
 
     The clock must agree with the loop's timers (both monotonic, in seconds).
@@ -124,7 +125,7 @@ class Timer:
     __slots__ = ("_callback", "_fired_s", "_handle", "_lead_s", "_scheduler", "due_s")
 
     def __init__(
-        self, scheduler: Scheduler, callback: Callable[[float], None], *, lead_s: float = 0.0
+        self, scheduler: Host, callback: Callable[[float], None], *, lead_s: float = 0.0
     ) -> None:
         self._scheduler = scheduler
         self._callback = callback

@@ -53,6 +53,11 @@ class _Base:
         """The token ids generated (empty until it ended)."""
         return self._end.token_ids if self._end is not None else ()
 
+    @property
+    def withdrawn(self) -> bool:
+        """Whether its caller closed it before it ended (nobody listens any more)."""
+        return self._closed and self._end is None
+
     def _withdraw(self) -> None:
         if not self._closed:
             self._closed = True

@@ -1,15 +1,15 @@
-"""A :class:`~labserve.runtime.scheduling.Scheduler` on virtual time: the real driver, stepped.
+"""A :class:`~labserve.runtime.scheduling.Host` on virtual time: the real driver, stepped.
 
 For deterministic tests of :class:`~labserve.runtime.driver.MethodDriver`, the code that runs
 in a notebook. The calling thread plays the event loop: callbacks and timers queue here and
-run only when the test steps (:meth:`VirtualScheduler.settle`, :meth:`VirtualScheduler.advance`),
+run only when the test steps (:meth:`VirtualHost.settle`, :meth:`VirtualHost.advance`),
 in the order asyncio would run them. Synchronous model calls run in real worker threads, one
-per job, so that a model can hang: a test's model calls :meth:`VirtualScheduler.park` and
-waits there until the test releases that call (:meth:`VirtualScheduler.release`). Every step
+per job, so that a model can hang: a test's model calls :meth:`VirtualHost.park` and
+waits there until the test releases that call (:meth:`VirtualHost.release`). Every step
 ends only once each worker is parked or finished and no callback is ready, so what happens
 next depends only on the test's steps, never on how threads were scheduled.
 
->>> sched = VirtualScheduler()
+>>> sched = VirtualHost()
 >>> driver = MethodDriver(queue, sched.park, is_async=False, scheduler=sched)  # doctest: +SKIP
 >>> driver.submit(request); sched.settle()  # doctest: +SKIP
 >>> sched.release(sched.parked[0], value=outputs)  # doctest: +SKIP
@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from labserve.base.clock import SimClock
 
-__all__ = ["Parked", "VirtualScheduler"]
+__all__ = ["Parked", "VirtualHost"]
 
 _MAX_TIMERS_PER_ADVANCE = 100_000  # more is a timer re-arming itself forever: a bug
 
@@ -41,11 +41,11 @@ _ROUNDING: dict[str, Callable[[float], float]] = {
     # uvloop reads its clock once an iteration: a timer armed late in one fires early.
     "early": lambda delay_s: delay_s - min(0.0009, delay_s / 2.0),
 }
-"""How a loop's timer turns a delay into when it fires (see VirtualScheduler's ``timers``)."""
+"""How a loop's timer turns a delay into when it fires (see VirtualHost's ``timers``)."""
 
 
 class Parked:
-    """One model call waiting in :meth:`VirtualScheduler.park` until the test releases it."""
+    """One model call waiting in :meth:`VirtualHost.park` until the test releases it."""
 
     __slots__ = ("_done", "_error", "_value", "args")
 
@@ -72,7 +72,7 @@ class _Handle:
         self.cancelled = True
 
 
-class VirtualScheduler:
+class VirtualHost:
     """Virtual time, a loop played by the calling thread, and worker threads that park.
 
     ``timers`` says when a timer fires: ``"exact"`` at its time; ``"late"`` on the next whole
@@ -81,7 +81,7 @@ class VirtualScheduler:
     0.9 ms before it (never sooner than half its delay), as uvloop's may (it reads its clock
     once per loop iteration).
 
-    Not thread-safe but where the Scheduler protocol asks (``call_soon_threadsafe``,
+    Not thread-safe but where the Host protocol asks (``call_soon_threadsafe``,
     ``submit``, and :meth:`park` from workers). ``settle_timeout_s`` bounds, in real time,
     how long a step waits for workers to park or finish; past it RuntimeError says the
     driver never settled (a deadlock is a bug found). Errors that escape a worker job are
@@ -113,7 +113,7 @@ class VirtualScheduler:
         self._active = 0  # worker jobs submitted and not finished
         self._shut = False
 
-    # -- the Scheduler protocol -----------------------------------------------------------
+    # -- the Host protocol -----------------------------------------------------------
 
     @property
     def closing(self) -> bool:

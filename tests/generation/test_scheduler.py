@@ -154,22 +154,24 @@ def test_continuous_refills_a_slot_the_step_it_frees():
     assert [e.seq_id for e in plan.scheduled] == [2, 3]
 
 
-def test_a_cancelled_sequence_ends_at_the_next_boundary_and_drops_its_in_flight_token():
+def test_a_cancelled_sequence_ends_at_once_and_drops_its_in_flight_token():
     s = Scheduler(GenerationConfig())
     s.add(1, 2, 10, 0.0)
     s.add(2, 2, 10, 0.0)
     plan = s.schedule(0.0)
-    assert s.abort(1) is True
-    assert s.abort(1) is False  # once
-    done = s.complete(plan, 0.1)
-    assert [(f.seq_id, f.outcome, f.token_times_s) for f in done] == [(1, "cancelled", ())]
-    assert 1 not in s and s.num_running == 1
+    done = s.abort(1, "cancelled", 0.05)
+    assert done is not None
+    assert (done.seq_id, done.outcome, done.token_times_s, done.end_s) == (1, "cancelled", (), 0.05)
+    assert s.abort(1, "cancelled", 0.06) is None  # once
+    assert 1 not in s and s.num_running == 1 and s.kv_blocks_used == 1
+    assert s.complete(plan, 0.1) == []  # the step it was in comes back: its token dropped
+    assert s.sequence(2).num_output == 1
     # A waiting one is cancelled too, and never runs.
     s.add(3, 2, 10, 0.1)
-    s.abort(3)
+    gone = s.abort(3, "cancelled", 0.1)
+    assert gone is not None and gone.outcome == "cancelled"
     plan = s.schedule(0.2)
-    assert [f.seq_id for f in plan.finished] == [3]
-    assert [e.seq_id for e in plan.scheduled] == [2]
+    assert plan.finished == () and [e.seq_id for e in plan.scheduled] == [2]
     assert s.num_waiting == 0
 
 

@@ -86,7 +86,9 @@ def run(config: GenerationConfig, workload: list[Arrival], max_steps: int = 5_00
             if a.cancel_after is not None:
                 cancel_at.setdefault(step + a.cancel_after, []).append(i)
         for i in cancel_at.pop(step, []):
-            sched.abort(i)
+            done = sched.abort(i, "cancelled", now)
+            if done is not None:
+                out.finished.append(done)
         running_before = {s.id for s in sched._running}
         plan = sched.schedule(now)
         out.finished += plan.finished

@@ -1,6 +1,6 @@
 """Exactly once, under every strategy: the real driver stepped on virtual time (Hypothesis).
 
-A state machine drives MethodDriver, the code a notebook runs, through a VirtualScheduler:
+A state machine drives MethodDriver, the code a notebook runs, through a VirtualHost:
 admissions by both doors, clock advances, model calls that return, raise, return the wrong
 count or hang, live config changes (strategy, caps, target, on_overload), withdrawals and a
 stop. After every step it checks the promises against a small reference of what each caller
@@ -45,7 +45,7 @@ from labserve.config.batching import BatchingConfig
 from labserve.metrics.snapshot import Snapshot
 from labserve.runtime.driver import MethodDriver
 from labserve.runtime.scheduling import MIN_TIMER_S, Timer
-from labserve.runtime.virtual import VirtualScheduler
+from labserve.runtime.virtual import VirtualHost
 
 EPS = 1e-9
 TICK = MIN_TIMER_S
@@ -108,7 +108,7 @@ class DriverMachine(RuleBasedStateMachine):
         strategy = self.strategies[strategy_pick % len(self.strategies)]
         timers = self.timer_kinds[timers_pick % len(self.timer_kinds)]
         timeout_ms = self.timeouts_ms[timeout_pick % len(self.timeouts_ms)]
-        self.sched = VirtualScheduler(timers=timers)  # type: ignore[arg-type]
+        self.sched = VirtualHost(timers=timers)  # type: ignore[arg-type]
         config = BatchingConfig(
             strategy=strategy[0],  # type: ignore[arg-type]
             latency_slo_ms=strategy[1],

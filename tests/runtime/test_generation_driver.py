@@ -1,6 +1,6 @@
 """The continuous-batching driver, stepped on virtual time: the code a notebook runs.
 
-A VirtualScheduler plays the loop; the model is a small deterministic step function (each
+A VirtualHost plays the loop; the model is a small deterministic step function (each
 sampling sequence's next token is a function of its position), or a parked call that the
 test releases, hangs or fails. A Hypothesis state machine checks the promises: every
 admitted sequence ends exactly once, none is answered later than its timeout plus one tick
@@ -29,10 +29,10 @@ import labserve
 from labserve.generation.batch import SeqBatch
 from labserve.generation.config import GenerationConfig
 from labserve.generation.sampling import SamplingParams, SequenceSampler, TextDecoder
-from labserve.runtime.generation_driver import GenerationDriver, GenerativeModel, LiveSequence
+from labserve.runtime.generation_driver import GenerationDriver, GenerativeModel, NewSequence
 from labserve.runtime.scheduling import MIN_TIMER_S
 from labserve.runtime.token_streams import End
-from labserve.runtime.virtual import VirtualScheduler
+from labserve.runtime.virtual import VirtualHost
 
 TICK = MIN_TIMER_S
 
@@ -46,6 +46,7 @@ class Recorded:
     ends: list[End] = field(default_factory=list)
     end_s: float | None = None
     clock: Any = None
+    withdrawn: bool = False
 
     def feed(self, pieces: list[str], end: End | None) -> None:
         self.pieces += [p for p in pieces if p]
@@ -57,7 +58,7 @@ class Recorded:
 class StepModel:
     """Next token = (position + 1) % 256 as a byte; its state: the tokens each sequence holds."""
 
-    def __init__(self, sched: VirtualScheduler | None = None, poison: int | None = None):
+    def __init__(self, sched: VirtualHost | None = None, poison: int | None = None):
         self.sched = sched
         self.poison = poison
         self.cache: dict[int, int] = {}
@@ -73,7 +74,9 @@ class StepModel:
         if self.poison is not None and self.poison in batch.seq_ids:
             raise ValueError(f"poisoned by {self.poison}")
         if self.sched is not None:
-            self.sched.park(batch)
+            released = self.sched.park(batch)
+            if released is not None:
+                return released  # what the test released the step with
         return np.array(
             [(s + len(t)) % 256 for _, t, s, samples in batch if samples], dtype=np.int64
         )
@@ -92,11 +95,11 @@ class StepModel:
                 self.cache[seq_id] = start
 
 
-def make(config: GenerationConfig, model: StepModel, sched: VirtualScheduler) -> GenerationDriver:
+def make(config: GenerationConfig, model: StepModel, sched: VirtualHost) -> GenerationDriver:
     return GenerationDriver(
         GenerativeModel(model.step, model.free, model.rollback),
         config,
-        scheduler=sched,
+        host=sched,
         runner="r",
         method="gen",
     )
@@ -108,13 +111,13 @@ def admit(driver, sched, prompt_len=3, max_tokens=4, **params) -> Recorded:
         SamplingParams(max_tokens=max_tokens, temperature=0, **params),
         TextDecoder(token_bytes=lambda t: bytes((t,))),
     )
-    live = LiveSequence(list(range(65, 65 + prompt_len)), sampler, stream, sched.now())
+    live = NewSequence(list(range(65, 65 + prompt_len)), sampler, stream, sched.now())
     driver.submit_threadsafe(driver.new_id(), live)
     return stream
 
 
 def test_arrivals_of_one_loop_iteration_share_the_first_step():
-    sched = VirtualScheduler()
+    sched = VirtualHost()
     model = StepModel()
     driver = make(GenerationConfig(), model, sched)
     streams = [admit(driver, sched, prompt_len=2 + i) for i in range(3)]
@@ -127,7 +130,7 @@ def test_arrivals_of_one_loop_iteration_share_the_first_step():
 
 
 def test_a_hung_step_is_answered_at_the_timeout_and_its_late_tokens_dropped():
-    sched = VirtualScheduler(timers="late")
+    sched = VirtualHost(timers="late")
     model = StepModel(sched)
     driver = make(GenerationConfig(request_timeout_ms=50), model, sched)
     stream = admit(driver, sched)
@@ -146,7 +149,7 @@ def test_a_hung_step_is_answered_at_the_timeout_and_its_late_tokens_dropped():
 
 
 def test_a_withdrawn_sequence_is_freed_at_the_next_step_and_counted_cancelled():
-    sched = VirtualScheduler()
+    sched = VirtualHost()
     model = StepModel(sched)
     driver = make(GenerationConfig(), model, sched)
     stay, leave = admit(driver, sched, max_tokens=3), admit(driver, sched, max_tokens=3)
@@ -164,7 +167,7 @@ def test_a_withdrawn_sequence_is_freed_at_the_next_step_and_counted_cancelled():
 
 @pytest.mark.parametrize("isolate", [False, True])
 def test_a_step_that_raises_fails_its_sequences_or_only_the_poisoned_one(isolate):
-    sched = VirtualScheduler()
+    sched = VirtualHost()
     model = StepModel(poison=2)
     driver = make(GenerationConfig(isolate_errors=isolate), model, sched)
     streams = [admit(driver, sched) for _ in range(4)]
@@ -177,7 +180,7 @@ def test_a_step_that_raises_fails_its_sequences_or_only_the_poisoned_one(isolate
 
 
 def test_a_stop_token_and_a_stop_string_end_the_sequence_without_their_text():
-    sched = VirtualScheduler()
+    sched = VirtualHost()
     driver = make(GenerationConfig(), StepModel(), sched)
     # Prompt "ABC" (3 tokens): the model then says bytes 3, 4, 5, ... ; ask to stop at 5.
     by_id = admit(driver, sched, max_tokens=8, stop_token_ids=(5,))
@@ -189,7 +192,7 @@ def test_a_stop_token_and_a_stop_string_end_the_sequence_without_their_text():
 
 
 def test_abort_answers_every_live_sequence_stopped():
-    sched = VirtualScheduler()
+    sched = VirtualHost()
     model = StepModel(sched)
     driver = make(GenerationConfig(max_num_seqs=1), model, sched)
     streams = [admit(driver, sched) for _ in range(3)]
@@ -204,7 +207,7 @@ def test_abort_answers_every_live_sequence_stopped():
 
 
 def test_a_refusal_at_admission_is_the_streams_typed_error():
-    sched = VirtualScheduler()
+    sched = VirtualHost()
     driver = make(GenerationConfig(max_queue_size=1, max_num_seqs=1), StepModel(sched), sched)
     admit(driver, sched)  # runs
     sched.settle()
@@ -219,30 +222,69 @@ def test_a_refusal_at_admission_is_the_streams_typed_error():
 # -- the state machine ---------------------------------------------------------------------
 
 
+def _logits(batch: SeqBatch, nan: set[int] = frozenset()) -> np.ndarray:  # type: ignore[assignment]
+    """StepModel's next tokens as logits rows (one-hot); a NaN row for a sequence in ``nan``."""
+    rows = [(i, (s + len(t)) % 256) for i, t, s, ok in batch if ok]
+    out = np.zeros((len(rows), 256))
+    for k, (seq_id, token) in enumerate(rows):
+        out[k, token] = np.nan if seq_id in nan else 1.0
+    return out
+
+
+def _poisoned_decoder(token: int) -> bytes:
+    raise UnicodeError(f"this sequence's detokeniser breaks on {token}")
+
+
+def runnable(seq, config: GenerationConfig) -> bool:
+    """Whether ``config`` can ever run ``seq`` to its end (the scheduler's rule, restated)."""
+    if not config.enable_chunked_prefill and seq.status == "waiting":
+        if seq.prompt_len > config.max_num_batched_tokens:
+            return False
+    need = config.blocks_for(seq.prompt_len + seq.max_tokens - 1)
+    return not config.kv_limited or need <= config.num_kv_blocks
+
+
 class GenerationMachine(RuleBasedStateMachine):
+    """The driver on virtual time, its steps hung until a rule ends them."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.sched = VirtualScheduler(timers="late")
+        self.sched = VirtualHost(timers="late")
         self.model = StepModel(self.sched)
-        self.timeout_ms = 40.0
         self.driver = make(
             GenerationConfig(
-                max_num_seqs=3, max_num_batched_tokens=8, request_timeout_ms=self.timeout_ms
+                max_num_seqs=3, max_num_batched_tokens=8, block_size=4, request_timeout_ms=40.0
             ),
             self.model,
             self.sched,
         )
-        self.streams: dict[int, tuple[Recorded, float]] = {}
+        self.streams: dict[int, tuple[Recorded, float, float]] = {}  # stream, admitted, timeout
         self.withdrawn: set[int] = set()
-        self.stopped = False
+        self.poisoned: set[int] = set()  # their own sampling fails (NaN row or detokeniser)
+        self.nan: set[int] = set()
+        self.step_failed: set[int] = set()  # in a step the model raised for
+        self.calls_at_stop: int | None = None
 
-    @rule(prompt=st.integers(1, 12), max_tokens=st.integers(1, 6))
-    def admit(self, prompt, max_tokens):
+    @rule(
+        prompt=st.integers(1, 12),
+        max_tokens=st.integers(1, 6),
+        poison=st.sampled_from([None, None, None, None, "nan", "text"]),
+    )
+    def admit(self, prompt, max_tokens, poison):
         seq_id = len(self.streams) + 1
-        self.streams[seq_id] = (
-            admit(self.driver, self.sched, prompt, max_tokens),
-            self.sched.now(),
+        stream = Recorded(clock=self.sched.clock)
+        decoder = _poisoned_decoder if poison == "text" else (lambda t: bytes((t,)))
+        sampler = SequenceSampler(
+            SamplingParams(max_tokens=max_tokens, temperature=0), TextDecoder(decoder)
         )
+        timeout_s = self.driver.config.request_timeout_s  # the one in force for arrivals
+        new = NewSequence(list(range(65, 65 + prompt)), sampler, stream, self.sched.now())
+        self.driver.submit_threadsafe(self.driver.new_id(), new)
+        self.streams[seq_id] = (stream, self.sched.now(), timeout_s)
+        if poison is not None:
+            self.poisoned.add(seq_id)
+        if poison == "nan":
+            self.nan.add(seq_id)
         self.sched.settle()
 
     @precondition(lambda self: self.sched.parked)
@@ -250,7 +292,9 @@ class GenerationMachine(RuleBasedStateMachine):
     def finish_step(self, fail):
         call = self.sched.parked[0]
         batch = call.args[0]
-        value = np.array([(s + len(t)) % 256 for _, t, s, ok in batch if ok], dtype=np.int64)
+        if fail:
+            self.step_failed.update(batch.seq_ids)
+        value = _logits(batch, self.nan)
         self.sched.release(call, error=RuntimeError("boom") if fail else None, value=value)
 
     @rule(dt=st.sampled_from([0.001, 0.005, 0.03]))
@@ -265,52 +309,107 @@ class GenerationMachine(RuleBasedStateMachine):
         self.driver.cancel_threadsafe(seq_id)
         self.sched.settle()
 
-    @rule(max_num_seqs=st.integers(1, 4), budget=st.integers(4, 16), chunked=st.booleans())
-    def configure(self, max_num_seqs, budget, chunked):
+    @rule(
+        max_num_seqs=st.integers(1, 4),
+        budget=st.integers(4, 16),
+        chunked=st.booleans(),
+        kv=st.sampled_from([0, 0, 2, 3, 5]),
+        timeout_ms=st.sampled_from([20.0, 40.0, 100.0]),
+    )
+    def configure(self, max_num_seqs, budget, chunked, kv, timeout_ms):
         self.driver.configure(
             self.driver.config.replace(
                 max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=budget,
                 enable_chunked_prefill=chunked,
+                num_kv_blocks=kv,
+                request_timeout_ms=timeout_ms,
             )
         )
+        self.sched.settle()
+
+    @precondition(lambda self: self.calls_at_stop is None)
+    @rule()
+    def stop(self):
+        self.driver.abort()
+        self.calls_at_stop = len(self.model.calls)
         self.sched.settle()
 
     @invariant()
     def each_sequence_ends_at_most_once_and_in_time(self):
         now = self.sched.now()
-        for seq_id, (stream, admitted_s) in self.streams.items():
+        for seq_id, (stream, admitted_s, timeout_s) in self.streams.items():
             assert len(stream.ends) <= 1
             if seq_id in self.withdrawn:
                 continue
-            if now > admitted_s + self.timeout_ms / 1000.0 + TICK + 1e-9:
+            due_s = admitted_s + timeout_s + TICK + 1e-9
+            if now > due_s:
                 assert len(stream.ends) == 1, f"sequence {seq_id} unanswered past its timeout"
             if stream.ends:
-                assert stream.end_s <= admitted_s + self.timeout_ms / 1000.0 + TICK + 1e-9
+                assert stream.end_s <= due_s, f"sequence {seq_id} answered past its timeout"
+
+    @invariant()
+    def only_a_poisoned_sequence_or_a_failed_step_fails_it(self):
+        for seq_id, (stream, _, _) in self.streams.items():
+            if stream.ends and isinstance(stream.ends[0].error, labserve.ModelError):
+                assert seq_id in self.poisoned | self.step_failed, (
+                    f"sequence {seq_id} failed for a neighbour: {stream.ends[0].error}"
+                )
+
+    @invariant()
+    def no_step_starts_after_stop(self):
+        if self.calls_at_stop is not None:
+            assert len(self.model.calls) == self.calls_at_stop, "a step started after stop"
+
+    @invariant()
+    def no_sequence_stays_that_the_config_can_never_run(self):
+        if self.driver.step_in_flight or self.calls_at_stop is not None:
+            return  # the change applies at the next step (none comes after a stop)
+        scheduler = self.driver.scheduler
+        config = scheduler.config
+        assert scheduler.latest_config is config, "a config change was not applied"
+        stranded = [s.id for s in scheduler.live() if not runnable(s, config)]
+        assert not stranded, f"sequences {stranded} can never run under the config in force"
 
     def teardown(self):
         # Let every step end and every timer fire: all sequences end, all state is freed.
         for _ in range(200):
             while self.sched.parked:
                 call = self.sched.parked[0]
-                batch = call.args[0]
-                value = np.array([(s + len(t)) % 256 for _, t, s, ok in batch if ok])
-                self.sched.release(call, value=value.astype(np.int64))
+                self.sched.release(call, value=_logits(call.args[0], self.nan))
             self.sched.advance(0.01)
-        for seq_id, (stream, _) in self.streams.items():
+        for seq_id, (stream, _, _) in self.streams.items():
             assert len(stream.ends) <= 1 if seq_id in self.withdrawn else len(stream.ends) == 1
+            end = stream.ends[0] if stream.ends else None
+            if end is not None and isinstance(end.error, labserve.LengthLimitError):
+                assert end.error.status == 400  # stranded: the error admission would give
         snap = self.driver.snapshot()
         ended = sum(snap.outcomes[k] for k in ("served", "cancelled", "timeout", "failed"))
-        assert ended + snap.outcomes["refused"] == len(self.streams)
+        stopped = sum(
+            1
+            for stream, _, _ in self.streams.values()
+            if stream.ends and isinstance(stream.ends[0].error, labserve.RunnerStoppedError)
+        )
+        counted = ended + snap.outcomes["refused"]
+        assert counted + stopped >= len(self.streams) >= counted
         assert self.model.cache == {}, "the model's state of an ended sequence was not freed"
         assert self.sched.errors == []
 
 
 TestGenerationMachine = GenerationMachine.TestCase
 TestGenerationMachine.settings = settings(
-    max_examples=60,
+    max_examples=80,
     stateful_step_count=30,
     deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+BUG_HUNT = settings(
+    max_examples=300,
+    stateful_step_count=30,
+    deadline=None,
+    database=None,
+    report_multiple_bugs=False,
     suppress_health_check=[HealthCheck.too_slow],
 )
 
@@ -320,20 +419,11 @@ def test_the_machine_finds_a_hung_step_whose_callers_wait_past_their_timeout(mon
     # timeout, so a caller whose step hangs waits for the model.
     monkeypatch.setattr(GenerationDriver, "_on_deadline", lambda self, due_s: None)
     with pytest.raises(AssertionError, match="unanswered past its timeout"):
-        run_state_machine_as_test(
-            GenerationMachine,
-            settings=settings(
-                max_examples=200,
-                stateful_step_count=30,
-                deadline=None,
-                database=None,
-                report_multiple_bugs=False,
-            ),
-        )
+        run_state_machine_as_test(GenerationMachine, settings=BUG_HUNT)
 
 
 def test_a_hook_that_raises_in_the_worker_fails_the_step_instead_of_losing_it():
-    sched = VirtualScheduler()
+    sched = VirtualHost()
     model = StepModel()
     driver = make(GenerationConfig(), model, sched)
 
@@ -342,7 +432,7 @@ def test_a_hook_that_raises_in_the_worker_fails_the_step_instead_of_losing_it():
 
     stream = Recorded(clock=sched.clock)
     sampler = SequenceSampler(SamplingParams(max_tokens=3, temperature=0), TextDecoder(broken))
-    driver.submit_threadsafe(driver.new_id(), LiveSequence([65, 66], sampler, stream, 0.0))
+    driver.submit_threadsafe(driver.new_id(), NewSequence([65, 66], sampler, stream, 0.0))
     sched.settle()
     assert isinstance(stream.ends[0].error, labserve.ModelError)
     assert "the detokeniser broke" in str(stream.ends[0].error)
