@@ -231,8 +231,8 @@ class SequenceSampler:
                 f"the model's logits row for this sequence has dtype {x.dtype}; "
                 "a row must hold real numbers"
             )
-        expected = "one value per token id" if self._vocab is None else f"{self._vocab} values"
         if x.ndim != 1 or x.size == 0 or (self._vocab is not None and x.size != self._vocab):
+            expected = "one value per token id" if self._vocab is None else f"{self._vocab} values"
             raise ValueError(
                 f"the model's logits row for this sequence has shape {x.shape}; "
                 f"expected one row of {expected}"
