@@ -262,7 +262,9 @@ class GenerativeMethod:
             )
         sampling = SamplingParams(**params)
         ids = self._tokens(prompt, sampling.max_tokens)
-        sampler = SequenceSampler(sampling, self._decoder(), self.eos_token_id)
+        sampler = SequenceSampler(
+            sampling, self._decoder(), self.eos_token_id, vocab_size=self.vocab_size
+        )
         return NewSequence(ids, sampler, stream, arrival_s)
 
     def _tokens(self, prompt: Prompt, max_tokens: int) -> list[int]:

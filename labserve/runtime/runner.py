@@ -52,6 +52,10 @@ def _generation_config(
     return from_file.replace(**arguments)
 
 
+_SHARED = ("isolate_errors", "max_queue_size", "request_timeout_ms")
+"""Settings batchable and generative methods both have, with one meaning."""
+
+
 def _generation_only(key: str) -> bool:
     """A setting of generative methods that batchable methods do not have."""
     return key in GENERATION_SETTINGS and key not in BatchingConfig.__dataclass_fields__
@@ -383,8 +387,11 @@ class Runner:
         file = load_config_file(config)
         self.config_file: ConfigFile = file
         """The config file read (``config`` or ``$LABSERVE_CONFIG``; empty if none)."""
-        # Settings only a generative method has (max_num_seqs, ...) go to those methods.
+        # Settings only a generative method has (max_num_seqs, ...) go to those methods;
+        # the ones both kinds mean alike (isolate_errors, max_queue_size,
+        # request_timeout_ms) go to both. ``strategy`` names other choices on each side.
         generating = {k: batching.pop(k) for k in list(batching) if _generation_only(k)}
+        generating |= {k: batching[k] for k in _SHARED if k in batching}
         arguments = BatchingLayer.from_mapping(batching, path="Runner ")
         method_configs = dict(method_configs or {})
         for method_name in method_configs:

@@ -357,10 +357,13 @@ class GenerationMachine(RuleBasedStateMachine):
     @invariant()
     def only_a_poisoned_sequence_or_a_failed_step_fails_it(self):
         for seq_id, (stream, _, _) in self.streams.items():
-            if stream.ends and isinstance(stream.ends[0].error, labserve.ModelError):
+            end = stream.ends[0] if stream.ends else None
+            if end is not None and isinstance(end.error, labserve.ModelError):
                 assert seq_id in self.poisoned | self.step_failed, (
-                    f"sequence {seq_id} failed for a neighbour: {stream.ends[0].error}"
+                    f"sequence {seq_id} failed for a neighbour: {end.error}"
                 )
+            if end is not None and seq_id in self.poisoned:
+                assert end.finish is None, f"sequence {seq_id} was served from a poisoned row"
 
     @invariant()
     def no_step_starts_after_stop(self):

@@ -172,3 +172,20 @@ def test_a_config_files_generation_section_sets_the_knobs_and_names_a_bad_key(tm
     bad.write_text("runners:\n  filed:\n    generation:\n      max_num_seqs: 0\n")
     with pytest.raises(labserve.ConfigError, match=r"bad\.yaml: runners\.filed\.generation"):
         labserve.Runner(TinyLM, name="filed", config=bad)
+
+
+def test_the_settings_both_kinds_share_reach_a_generative_method_from_the_runner():
+    from labserve.lab.demo import TinyLM
+
+    runner = labserve.Runner(
+        TinyLM, name="shared", isolate_errors=True, request_timeout_ms=1234, max_queue_size=7
+    )
+    try:
+        config = runner.generate.config
+        assert (config.isolate_errors, config.request_timeout_ms, config.max_queue_size) == (
+            True,
+            1234,
+            7,
+        )
+    finally:
+        runner.stop()

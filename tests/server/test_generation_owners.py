@@ -233,3 +233,71 @@ def test_every_refusal_the_client_sees_is_counted(tinylm):
         m for m in metrics.splitlines() if "labserve_sequences_total" in m and "refused" in m
     )
     assert float(line.rsplit(" ", 1)[1]) == seen - 1
+
+
+class NanForOne(Gated):
+    """Logits rows; a sequence whose prompt starts with "n" gets a NaN in each of its rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: dict[int, int] = {}
+
+    @labserve.method(generative=True, max_num_seqs=8, isolate_errors=False)
+    def generate(self, batch: SeqBatch) -> np.ndarray:
+        rows = []
+        for seq_id, tokens, start, samples in batch:
+            if start == 0:
+                self.first[seq_id] = int(tokens[0])
+            if samples:
+                row = np.zeros(256)
+                row[(start + len(tokens)) % 256] = 1.0
+                if self.first[seq_id] == ord("n"):
+                    row[3] = np.nan
+                rows.append(row)
+        return np.array(rows)
+
+
+def test_one_sequences_nan_row_fails_it_alone_at_any_temperature():
+    runner = labserve.Runner(NanForOne, name="nan")
+    server = labserve.serve(runner, port=0)
+    try:
+        out: dict[str, object] = {}
+
+        def call(prompt, temperature):
+            with _client(server) as c:
+                try:
+                    reply = c.completions.create(
+                        model="nan", prompt=prompt, max_tokens=8, temperature=temperature
+                    )
+                    out[f"{prompt}@{temperature}"] = reply.choices[0].finish_reason
+                except openai.APIStatusError as exc:
+                    out[f"{prompt}@{temperature}"] = exc
+
+        calls = [(p, t) for t in (0.0, 1.0, 5e-324) for p in ("nan row", "fine a", "fine b")]
+        threads = [threading.Thread(target=call, args=c) for c in calls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for key, value in out.items():
+            if key.startswith("nan"):
+                assert isinstance(value, openai.InternalServerError), (key, value)
+                assert "NaN" in str(value), value
+            else:
+                assert value == "length", (key, value)
+        assert runner.generate.stats().outcomes["failed"] == 3
+        assert runner.generate.stats().outcomes["served"] == 6
+    finally:
+        server.stop()
+        runner.stop()
+
+
+def test_a_subnormal_temperature_and_a_negative_seed_sample_fine(tinylm):
+    _, server = tinylm
+    with _client(server) as c:
+        for temperature, seed in ((5e-324, None), (1.0, -1), (2.0, -(2**63))):
+            reply = c.completions.create(
+                model="tinylm", prompt="Once", max_tokens=8, temperature=temperature, seed=seed
+            )
+            assert reply.choices[0].finish_reason == "length"
+            assert reply.usage.completion_tokens == 8
