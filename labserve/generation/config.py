@@ -18,9 +18,12 @@ from typing import Any, Literal
 from labserve.base.errors import ConfigError
 
 __all__ = [
+    "ARRIVAL_SETTINGS",
     "GENERATION_SETTINGS",
     "GENERATION_STRATEGIES",
     "SCHEDULING_POLICIES",
+    "START_SETTINGS",
+    "STEP_SETTINGS",
     "GenerationConfig",
     "GenerationStrategy",
     "SchedulingPolicy",
@@ -119,7 +122,8 @@ class GenerationConfig:
     """Most sequences waiting; the next one is refused at admission (QueueFullError)."""
     request_timeout_ms: float = 60_000.0
     """Longest a sequence may live, from admission to its last token (0: no limit); past it
-    the sequence ends with RequestTimeoutError, at the next step."""
+    the sequence ends with RequestTimeoutError at once, even while its step runs. Each
+    sequence keeps the value in force when it was admitted."""
     isolate_errors: bool = False
     """On a step that raises, bisect it so that only the poisoned sequences fail."""
     ttft_slo_ms: float = 0.0
@@ -160,3 +164,20 @@ class GenerationConfig:
 
 GENERATION_SETTINGS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(GenerationConfig))
 """The names of the generation settings, in declaration order."""
+
+ARRIVAL_SETTINGS: tuple[str, ...] = (
+    "request_timeout_ms",
+    "max_queue_size",
+    "ttft_slo_ms",
+    "tpot_slo_ms",
+)
+"""Settings that act on arrivals: a live change acts at once, on every sequence admitted
+after it (the goodput targets: on the next snapshot)."""
+START_SETTINGS: tuple[str, ...] = ("block_size",)
+"""Settings that size memory or fix a contract at start: refused live (``ConfigError``, a
+422 over HTTP); set them in the decorator, ``Runner(...)`` or the config file."""
+STEP_SETTINGS: tuple[str, ...] = tuple(
+    name for name in GENERATION_SETTINGS if name not in ARRIVAL_SETTINGS + START_SETTINGS
+)
+"""Settings that shape steps: a live change applies at the next step, where a sequence the
+new config can never run ends with the error admission would have given it."""

@@ -34,10 +34,16 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from labserve.base.clock import Clock
-from labserve.base.errors import InputError, LabServeError, LoopThreadError, RunnerStoppedError
+from labserve.base.errors import (
+    ConfigError,
+    InputError,
+    LabServeError,
+    LoopThreadError,
+    RunnerStoppedError,
+)
 from labserve.generation.admission import check_lengths, check_token_ids
 from labserve.generation.api import Completion, GenerateRequest
-from labserve.generation.config import GenerationConfig
+from labserve.generation.config import START_SETTINGS, GenerationConfig
 from labserve.generation.sampling import SamplingParams, SequenceSampler, TextDecoder
 from labserve.generation.stats import GenerationSnapshot
 from labserve.runtime.generation_driver import GenerationDriver, GenerativeModel, NewSequence
@@ -119,7 +125,17 @@ class GenerativeMethod:
         admission would have given it.
         """
         with self._lock:
-            new = self.config.replace(**changes)
+            old = self.config
+            new = old.replace(**changes)
+            for name in START_SETTINGS:
+                if getattr(new, name) != getattr(old, name):
+                    raise ConfigError(
+                        name,
+                        getattr(new, name),
+                        f"left at {getattr(old, name)!r} while the runner runs (a start-time "
+                        "setting: it sizes the KV memory; set it in the decorator, "
+                        "Runner(...) or the config file)",
+                    )
             if self._driver is not None:
                 self._driver.configure(new)
             else:

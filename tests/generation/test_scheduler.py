@@ -296,3 +296,42 @@ def test_config_refuses_bad_values_naming_the_rule(changes, words):
     with pytest.raises(ConfigError) as e:
         GenerationConfig().replace(**changes)
     assert words in str(e.value)
+
+
+def test_every_generation_setting_is_of_exactly_one_kind():
+    from labserve.generation.config import (
+        ARRIVAL_SETTINGS,
+        GENERATION_SETTINGS,
+        START_SETTINGS,
+        STEP_SETTINGS,
+    )
+
+    kinds = [*ARRIVAL_SETTINGS, *STEP_SETTINGS, *START_SETTINGS]
+    assert sorted(kinds) == sorted(GENERATION_SETTINGS) and len(set(kinds)) == len(kinds)
+
+
+def test_an_arrival_setting_acts_on_the_next_arrival_before_any_step():
+    s = Scheduler(GenerationConfig(request_timeout_ms=1000, max_queue_size=5))
+    s.add(1, 2, 4, 0.0)
+    s.configure(GenerationConfig(request_timeout_ms=100, max_queue_size=1))
+    with pytest.raises(QueueFullError):
+        s.add(2, 2, 4, 0.0)  # one waits already: the new max_queue_size acts at once
+    s.configure(GenerationConfig(request_timeout_ms=100, max_queue_size=5))
+    s.add(3, 2, 4, 0.0)
+    assert (s.sequence(1).timeout_s, s.sequence(3).timeout_s) == (1.0, 0.1)
+    assert [f.seq_id for f in s.expire(0.2)] == [3]  # 1 keeps the timeout it came with
+
+
+def test_a_step_setting_that_strands_ends_those_sequences_at_the_next_step_typed():
+    s = Scheduler(GenerationConfig(max_num_seqs=1, max_num_batched_tokens=64))
+    s.add(1, 4, 8, 0.0)
+    s.add(2, 40, 8, 0.0)  # waits for the seat
+    s.add(3, 4, 8, 0.0)
+    s.complete(s.schedule(0.0), 0.1)
+    s.configure(s.config.replace(enable_chunked_prefill=False, max_num_batched_tokens=16))
+    plan = s.schedule(0.1)
+    (stranded,) = plan.finished
+    assert (stranded.seq_id, stranded.outcome, stranded.reason) == (2, "refused", "stranded")
+    assert isinstance(stranded.error, LengthLimitError)
+    assert "chunked prefill is off" in str(stranded.error)
+    assert 2 not in s and s.num_waiting == 1  # 3 is next, not stuck behind 2

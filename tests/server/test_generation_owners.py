@@ -301,3 +301,16 @@ def test_a_subnormal_temperature_and_a_negative_seed_sample_fine(tinylm):
             )
             assert reply.choices[0].finish_reason == "length"
             assert reply.usage.completion_tokens == 8
+
+
+def test_a_start_time_setting_is_refused_live_with_a_422_naming_it(tinylm):
+    runner, server = tinylm
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _patch(server, {"tinylm": {"generate": {"block_size": 32, "max_num_seqs": 4}}})
+    body = refused.value.read().decode()
+    assert refused.value.code == 422 and "block_size" in body and "start-time" in body
+    assert runner.generate.config.block_size == 16
+    assert runner.generate.config.max_num_seqs == 8  # the whole change was refused
+    with pytest.raises(labserve.ConfigError, match="left at 16 while the runner runs"):
+        runner.configure("generate", block_size=8)
+    runner.configure("generate", block_size=16, max_num_seqs=8)  # unchanged: accepted
