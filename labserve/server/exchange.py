@@ -19,9 +19,9 @@ import hmac
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qs
 
 from labserve.base.errors import (
@@ -59,6 +59,8 @@ __all__ = [
     "log",
     "typed_call",
 ]
+
+T = TypeVar("T")
 
 log = logging.getLogger("labserve.server")
 """Client errors (one line each, at INFO) and the server's own failures go here."""
@@ -428,10 +430,26 @@ class Exchange:
             # with no task of its own in between (one less per request).
             request, self._call = method.submit_on_loop(args)
             self._withdraw = functools.partial(method.withdraw_on_loop, request)
-        else:  # a plain method, or a runner on another loop than the server's
-            self._call = asyncio.ensure_future(typed_call(method, *args))
+            return await self._await_call(self._call)
+        # A plain method, or a runner on another loop than the server's.
+        return await self.until_gone(typed_call(method, *args))
+
+    async def until_gone(self, work: Coroutine[Any, Any, T]) -> T:
+        """Await ``work`` as a task that is cancelled if the client goes away.
+
+        What ``work`` holds (a generation, say) is freed by its own cancellation: its
+        ``finally`` runs as soon as the client is gone, not when ``work`` would have ended.
+        Raises ClientGoneError once the client has gone (``work`` is not started if it had).
+        """
+        if self.gone:
+            work.close()
+            raise ClientGoneError()
+        self._call = task = asyncio.ensure_future(work)
+        return await self._await_call(task)
+
+    async def _await_call(self, call: asyncio.Future[T]) -> T:
         try:
-            return await self._call
+            return await call
         except asyncio.CancelledError:
             if not self.gone:
                 self._give_up()

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from labserve.base.errors import InputError, LabServeError, NotFoundError, ServerError
-from labserve.generation.api import Finish, GenerateRequest, GenerationStream
+from labserve.generation.api import Finish, GenerateRequest, GenerationStream, Generator
 from labserve.server.exchange import Exchange, Reply, Route, Verb, error_reply, json_reply
 from labserve.wire.codec import JSON, load_json
 
@@ -176,6 +176,15 @@ async def _generate(ex: Exchange, *, chat: bool) -> Reply:
     generator = served.get(request.model)
     if generator is None:
         raise NotFoundError("model", request.model, served=served)
+    # Until the reply (a whole one, or a stream's status line) is ready, a client that goes
+    # away cancels this: the generation is withdrawn (counted cancelled), not run to its end.
+    # Once streaming, the adapter closes the stream instead.
+    return await ex.until_gone(_reply(generator, request, chat, stream, include_usage))
+
+
+async def _reply(
+    generator: Generator, request: GenerateRequest, chat: bool, stream: bool, include_usage: bool
+) -> Reply:
     reply = _Replies(request.model, chat)
     pieces = generator.start(request)
     # The first piece before the status line: a refusal at admission is an HTTP error.

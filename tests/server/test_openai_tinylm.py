@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -158,3 +159,56 @@ def test_the_scheduler_knobs_change_live_over_patch_config(served):
         call("PATCH", {"tinylm": {"generate": {"max_num_seqs": 0}}})
     assert bad.value.code == 422 and "max_num_seqs" in bad.value.read().decode()
     call("PATCH", {"tinylm": {"generate": {"max_num_seqs": 8, "strategy": "continuous"}}})
+
+
+class SlowLM(TinyLM):
+    """TinyLM at 5 ms a step: a long generation lasts long enough to leave in the middle."""
+
+    @labserve.method(generative=True, max_num_seqs=8)
+    def generate(self, batch):
+        time.sleep(0.005)
+        return self._step(batch)
+
+
+@pytest.fixture
+def slow():
+    runner = labserve.Runner(SlowLM, name="slow")
+    server = labserve.serve(runner, port=0)
+    yield runner, server
+    server.stop()
+    runner.stop()
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
+def test_a_client_that_leaves_before_its_whole_reply_frees_its_sequence(slow, chat):
+    runner, server = slow
+    path, own = (
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "leave"}]})
+        if chat
+        else ("/v1/completions", {"prompt": "leave"})
+    )
+    body = json.dumps({"model": "slow", "max_tokens": 1000, "temperature": 0, **own}).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+
+    def steps():
+        return len(runner.generate.stats().steps.start_s)
+
+    deadline = time.monotonic() + 20
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(head + body)
+        while steps() < 5:
+            assert time.monotonic() < deadline, "the generation never started"
+            time.sleep(0.005)
+    while (outcomes := runner.generate.stats().outcomes)["cancelled"] == 0:
+        assert outcomes["served"] == 0, "it ran to max_tokens: it was never withdrawn"
+        assert time.monotonic() < deadline, "the sequence was never counted cancelled"
+        time.sleep(0.02)
+    after = runner.generate.stats()
+    assert after.outcomes["served"] == 0 and after.num_running == after.num_waiting == 0
+    # Withdrawn, not run to max_tokens: it stopped well short, and no step ran since.
+    assert 5 <= after.output_tokens <= 500
+    time.sleep(0.1)
+    assert steps() == len(after.steps.start_s)
