@@ -17,7 +17,15 @@ from tornado.iostream import StreamClosedError
 
 from labserve.base.errors import LabServeError, MethodNotAllowedError, ServerError
 from labserve.server.core import HttpCore
-from labserve.server.exchange import Exchange, Head, Reply, error_reply, log
+from labserve.server.exchange import (
+    Exchange,
+    Head,
+    Reply,
+    allowed,
+    error_reply,
+    error_style,
+    log,
+)
 from labserve.server.state import ServerState
 
 __all__ = ["make_app"]
@@ -106,13 +114,20 @@ class _Handler(tornado.web.RequestHandler):
             self._streaming.cancel()
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        """The JSON body of an error tornado raised itself (a method it does not know)."""
+        """The JSON body of an error tornado raised itself (a method it does not know).
+
+        In the error style of the path's routes: OpenAI's shape on ``/v1``.
+        """
         error: LabServeError
+        path = unquote(self.request.path)
         if status_code == 405:
-            error = MethodNotAllowedError(self.request.method or "", self.request.path)
+            error = MethodNotAllowedError(self.request.method or "", path)
+            found = self.core.router.match(path)
+            if found is not None:
+                self.set_header("Allow", allowed(found[0]))
         else:
             error = ServerError(self._reason)
-        reply = error_reply(error)
+        reply = error_reply(error, style=error_style(path))
         self.set_header("Content-Type", reply.headers["Content-Type"])
         self.finish(reply.body)
 

@@ -212,3 +212,38 @@ def test_a_client_that_leaves_before_its_whole_reply_frees_its_sequence(slow, ch
     assert 5 <= after.output_tokens <= 500
     time.sleep(0.1)
     assert steps() == len(after.steps.start_s)
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63), 2**64 - 1])
+def test_any_seed_the_route_takes_samples(served, seed):
+    # Needs the sampler to take every seed the route does (-1 was a 500: numpy's RNG
+    # refuses negative seeds). A seed gives the same text each time.
+    _, server = served
+    with client(server) as c:
+        texts = [
+            c.completions.create(
+                model="tinylm", prompt="seeded", max_tokens=8, temperature=1, seed=seed
+            )
+            .choices[0]
+            .text
+            for _ in range(2)
+        ]
+    assert texts[0] == texts[1] and len(texts[0].encode()) == 8
+
+
+def test_a_lone_surrogate_in_a_prompt_is_a_400_not_a_500(served):
+    runner, server = served
+    before = runner.generate.stats().outcomes
+    body = json.dumps({"model": "tinylm", "prompt": "x\ud800", "max_tokens": 4})
+    request = urllib.request.Request(
+        f"{server.url}/v1/completions",
+        body.encode(),
+        {"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    assert info.value.code == 400
+    error = json.loads(info.value.read())["error"]
+    assert "lone surrogate ('\\ud800' at character 1)" in error["message"]
+    assert error["param"] == "prompt"
+    assert runner.generate.stats().outcomes == before  # refused before admission
