@@ -10,14 +10,17 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import labserve
+from labserve.base.errors import StopTimeoutError
 from labserve.lab.demo import TinyLM
 
 openai = pytest.importorskip("openai")
@@ -247,3 +250,29 @@ def test_a_lone_surrogate_in_a_prompt_is_a_400_not_a_500(served):
     assert "lone surrogate ('\\ud800' at character 1)" in error["message"]
     assert error["param"] == "prompt"
     assert runner.generate.stats().outcomes == before  # refused before admission
+
+
+def test_a_runner_stopped_before_its_server_ends_each_stream_with_an_error_event(slow):
+    # What `labserve serve` does on SIGTERM: the runner first, then the server, draining.
+    runner, server = slow
+    body = {"model": "slow", "prompt": "go", "max_tokens": 900, "stream": True}
+    events: list[str] = []
+    started = threading.Event()
+
+    def read():
+        url = f"{server.url}/v1/completions"
+        with httpx.stream("POST", url, json=body, timeout=30) as reply:
+            for line in reply.iter_lines():  # raises if the connection is cut mid-reply
+                if line.startswith("data: "):
+                    events.append(line.removeprefix("data: "))
+                    started.set()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(read)
+        assert started.wait(20)
+        with pytest.raises(StopTimeoutError):
+            runner.stop(timeout=0.1)  # 900 tokens at 5 ms a step: it cannot drain in time
+        server.stop(drain_s=5)
+        reading.result(timeout=20)
+    assert "[DONE]" not in events and len(events) < 900
+    assert json.loads(events[-1])["error"]["code"] == "RunnerStoppedError"
