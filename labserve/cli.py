@@ -12,6 +12,7 @@ import csv
 import functools
 import importlib
 import json
+import math
 import os
 import signal
 import sys
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import numpy as np
 from tqdm import tqdm
 
-from labserve.base.errors import LabServeError
+from labserve.base.errors import LabServeError, StopTimeoutError
 from labserve.base.vocabulary import STRATEGIES
 from labserve.generation.config import GENERATION_STRATEGIES, SCHEDULING_POLICIES
 from labserve.lab.engines import ENGINE_FORMATS
@@ -267,8 +268,37 @@ def _serve_here(cls: type[Any], args: argparse.Namespace) -> None:
             _say_routes(runner, server)
             signals.wait()
         finally:
-            server.stop()
-            runner.stop()
+            _stop_serving(runner, server, args.drain_timeout)
+
+
+def _stop_serving(runner: Any, server: Any, drain_s: float) -> None:
+    """Stop the runner, then the server: every open stream ends with its final event.
+
+    The runner first (new requests get 503 meanwhile): its queued requests and live
+    generations get ``drain_s`` to finish, then each caller still waiting gets
+    RunnerStoppedError, which a stream sends as its last event. The server then lets those
+    replies reach their clients before it closes the connections.
+    """
+    try:
+        runner.stop(timeout=drain_s)
+    except StopTimeoutError as exc:
+        print(f"stopping: {exc}", file=sys.stderr, flush=True)
+    finally:
+        server.stop(drain_s=_REPLIES_END_S)
+
+
+_REPLIES_END_S = 5.0  # for replies whose runner has stopped: the last event, then the end
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
+    return value
 
 
 def _say_routes(runner: Any, server: Any) -> None:
@@ -676,6 +706,14 @@ def _serve_command(sub: Subcommands) -> None:
         choices=LOOP_KINDS,
         default="auto",
         help="the server's event loop (auto: uvloop if installed)",
+    )
+    srv.add_argument(
+        "--drain-timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="on SIGINT/SIGTERM, seconds for requests and generations in progress to finish;"
+        " those still running then end with RunnerStoppedError (default 30)",
     )
     srv.add_argument("--ray", action="store_true", help="on Ray Serve replicas (labserve[ray])")
     srv.add_argument("--replicas", type=int, default=1, help="with --ray: replicas (default 1)")

@@ -182,3 +182,65 @@ def test_serve_stops_cleanly_on_sigterm_and_on_sigint_it_was_started_ignoring(
         )
     finally:
         _assert_stops_cleanly(proc, signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_ends_every_live_stream_with_its_final_error_event(tmp_path, signum):
+    import json
+    import os
+
+    import httpx
+
+    # 10 ms a step: 900 tokens would take 9 s, far past the half-second drain.
+    (tmp_path / "slowlm.py").write_text(
+        "import time\n"
+        "import labserve\n"
+        "from labserve.lab.demo import TinyLM\n"
+        "class SlowLM(TinyLM):\n"
+        "    @labserve.method(generative=True)\n"
+        "    def generate(self, batch):\n"
+        "        time.sleep(0.01)\n"
+        "        return self._step(batch)\n"
+    )
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "labserve.cli", "serve", "slowlm:SlowLM", "--port", "0"),
+            *("--loop", "asyncio", "--drain-timeout", "0.5"),
+        ],
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.getenv("PYTHONPATH")])),
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("serving slowlm at http://127.0.0.1:"), (
+            first,
+            proc.stderr.read() if proc.poll() is not None else "",
+        )
+        url = first.split()[3]
+        body = {"model": "slowlm", "prompt": "go", "max_tokens": 900, "stream": True}
+        events = []
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as reply:
+            assert reply.status_code == 200
+            for line in reply.iter_lines():  # raises if the connection is cut mid-reply
+                if line.startswith("data: "):
+                    events.append(line.removeprefix("data: "))
+                    if len(events) == 3:
+                        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert 3 < len(events) < 900 and "[DONE]" not in events
+    last = json.loads(events[-1])
+    assert last["error"]["code"] == "RunnerStoppedError", last
+    assert all("error" not in json.loads(e) for e in events[:-1])
+    # Stopped, not killed; and no step after the runner stopped (none to fail at exit).
+    assert proc.returncode == 0, err
+    assert f"stopping ({signal.Signals(signum).name})" in out and "Traceback" not in err, err

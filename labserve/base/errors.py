@@ -71,15 +71,20 @@ class InputError(LabServeError, ValueError):
     """Raised when a request cannot be batched: wrong shape, dtype, container or axis.
 
     The message names what was sent and what was expected. The request fails alone,
-    at admission; the rest of the queue is untouched.
+    at admission; the rest of the queue is untouched. ``param``, when one request
+    parameter is at fault, names it as the request spells it (``"messages[1].role"``):
+    the OpenAI-compatible routes report it in their error body.
     """
 
     status = 400
 
-    def __init__(self, message: str, *, sent: Any = None, expected: Any = None) -> None:
+    def __init__(
+        self, message: str, *, sent: Any = None, expected: Any = None, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.sent = sent
         self.expected = expected
+        self.param = param
 
 
 class QueueFullError(LabServeError):

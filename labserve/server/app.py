@@ -17,10 +17,56 @@ from tornado.iostream import StreamClosedError
 
 from labserve.base.errors import LabServeError, MethodNotAllowedError, ServerError
 from labserve.server.core import HttpCore
-from labserve.server.exchange import Exchange, Head, Reply, error_reply, log
+from labserve.server.exchange import (
+    Exchange,
+    Head,
+    Reply,
+    allowed,
+    error_reply,
+    error_style,
+    log,
+)
 from labserve.server.state import ServerState
 
-__all__ = ["make_app"]
+__all__ = ["Replies", "make_app"]
+
+
+class Replies:
+    """The replies an app is still writing, so that stopping can let them end. Loop-only.
+
+    A reply counts from its request's headers until tornado finishes it (its last bytes
+    handed to the socket) or its client goes away.
+    """
+
+    def __init__(self) -> None:
+        self._open: set[tornado.web.RequestHandler] = set()
+        self._ended: asyncio.Event | None = None
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def begin(self, handler: tornado.web.RequestHandler) -> None:
+        """``handler`` began a reply."""
+        self._open.add(handler)
+
+    def end(self, handler: tornado.web.RequestHandler) -> None:
+        """``handler``'s reply ended (idempotent)."""
+        self._open.discard(handler)
+        if not self._open and self._ended is not None:
+            self._ended.set()
+
+    async def ended(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for every reply to end; True if they did."""
+        if not self._open:
+            return True
+        self._ended = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._ended.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        finally:
+            self._ended = None
+        return True
 
 
 @tornado.web.stream_request_body
@@ -29,15 +75,17 @@ class _Handler(tornado.web.RequestHandler):
 
     SUPPORTED_METHODS = ("GET", "HEAD", "POST", "DELETE", "PATCH", "PUT", "OPTIONS")
 
-    def initialize(self, core: HttpCore) -> None:
+    def initialize(self, core: HttpCore, replies: Replies) -> None:
         """Called by tornado with the route's arguments."""
         self.core = core
+        self.replies = replies
         self.exchange: Exchange | None = None
         self._streaming: asyncio.Task[Any] | None = None
 
     async def prepare(self) -> None:
         """Begin the exchange; answer at once a body too big to read and drop."""
         request = self.request
+        self.replies.begin(self)
         head = Head(request.method or "", unquote(request.path), request.headers, request.query)
         self.exchange = exchange = self.core.begin(head)
         if exchange.answer_now:
@@ -100,19 +148,31 @@ class _Handler(tornado.web.RequestHandler):
         it, a client that vanished mid-body kept its task until ``body_timeout_s``.
         """
         super().on_connection_close()
+        self.replies.end(self)
         if self.exchange is not None:
             self.exchange.cancel()
         if self._streaming is not None:
             self._streaming.cancel()
 
+    def on_finish(self) -> None:
+        """Tornado's hook once the reply's last bytes are written: it has ended."""
+        self.replies.end(self)
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        """The JSON body of an error tornado raised itself (a method it does not know)."""
+        """The JSON body of an error tornado raised itself (a method it does not know).
+
+        In the error style of the path's routes: OpenAI's shape on ``/v1``.
+        """
         error: LabServeError
+        path = unquote(self.request.path)
         if status_code == 405:
-            error = MethodNotAllowedError(self.request.method or "", self.request.path)
+            error = MethodNotAllowedError(self.request.method or "", path)
+            found = self.core.router.match(path)
+            if found is not None:
+                self.set_header("Allow", allowed(found[0]))
         else:
             error = ServerError(self._reason)
-        reply = error_reply(error)
+        reply = error_reply(error, style=error_style(path))
         self.set_header("Content-Type", reply.headers["Content-Type"])
         self.finish(reply.body)
 
@@ -136,14 +196,19 @@ class _Handler(tornado.web.RequestHandler):
             )
 
 
-def make_app(state: ServerState, core: HttpCore | None = None) -> tornado.web.Application:
+def make_app(
+    state: ServerState, core: HttpCore | None = None, replies: Replies | None = None
+) -> tornado.web.Application:
     """The tornado application over ``state`` (runners, token, limits). Build on the loop.
 
     ``core``: the HTTP core to serve (by default one over ``state`` with every route).
+    ``replies``: where its replies in progress are counted (to wait for them at a stop).
     """
+    core = core if core is not None else HttpCore(state)
+    replies = replies if replies is not None else Replies()
     return tornado.web.Application(
         log_function=_quiet,
-        handlers=[(r".*", _Handler, {"core": core if core is not None else HttpCore(state)})],
+        handlers=[(r".*", _Handler, {"core": core, "replies": replies})],
     )
 
 

@@ -19,13 +19,14 @@ import hmac
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qs
 
 from labserve.base.errors import (
     HostError,
+    InputError,
     LabServeError,
     MethodNotAllowedError,
     ModelError,
@@ -43,6 +44,7 @@ from labserve.wire.codec import JSON
 
 __all__ = [
     "DISCARD_BYTES",
+    "OPENAI_TAILS",
     "PARAM",
     "Backend",
     "ClientGoneError",
@@ -53,12 +55,15 @@ __all__ = [
     "Reply",
     "Route",
     "Verb",
+    "allowed",
     "error_reply",
     "error_style",
     "json_reply",
     "log",
     "typed_call",
 ]
+
+T = TypeVar("T")
 
 log = logging.getLogger("labserve.server")
 """Client errors (one line each, at INFO) and the server's own failures go here."""
@@ -144,9 +149,19 @@ def _openai_error(error: LabServeError) -> dict[str, Any]:
     return {
         "message": str(error),
         "type": kinds.get(error.status, default),
-        "param": None,  # the message names it
+        # The parameter at fault, where one is (the message names it too).
+        "param": error.param if isinstance(error, InputError) else None,
         "code": error.kind,
     }
+
+
+OPENAI_TAILS = ("/completions", "/chat/completions", "/models")
+"""The OpenAI-compatible routes' paths below ``/v1``."""
+
+
+def allowed(route: Route) -> str:
+    """The ``Allow`` header of a 405 on ``route``: its methods, and OPTIONS (CORS preflight)."""
+    return ", ".join([*route.verbs, "OPTIONS"])
 
 
 def error_style(path: str) -> ErrorStyle:
@@ -313,10 +328,23 @@ class Exchange:
             if refused is not None:
                 return refused
         if self.route is None:
-            return NotFoundError("route", self.head.path)
+            return self._no_route()
         if self.verb is None and method != "OPTIONS":
             return MethodNotAllowedError(method, self.head.path)
         return None
+
+    def _no_route(self) -> NotFoundError:
+        """No route here; an OpenAI route's path without ``/v1`` is told to add it.
+
+        An ``openai`` client whose base URL lacks ``/v1`` sends ``/chat/completions``: it
+        shows the error body's message only in OpenAI's shape.
+        """
+        path = self.head.path
+        if self.style != "labserve" or not path.rstrip("/").endswith(OPENAI_TAILS):
+            return NotFoundError("route", path)
+        self.style = "openai"
+        base = f"http://{self.head.headers.get('Host') or 'host:port'}/v1"
+        return NotFoundError("route", path, within=f"add /v1 to the base URL ({base}): this server")
 
     def _token_refusal(self) -> UnauthorizedError | None:
         sent = self.head.headers.get("Authorization") or ""
@@ -390,7 +418,10 @@ class Exchange:
         """Log ``error`` in one line and return its reply."""
         level = logging.WARNING if isinstance(error, ServerError) else logging.INFO
         log.log(level, "%s %s -> %d %s", self.head.method, self.logged_uri(), error.status, error)
-        return error_reply(error, style=self.style)
+        reply = error_reply(error, style=self.style)
+        if isinstance(error, MethodNotAllowedError) and self.route is not None:
+            reply = Reply(reply.status, reply.body, {**reply.headers, "Allow": allowed(self.route)})
+        return reply
 
     def _with_cors(self, reply: Reply) -> Reply:
         origin = self.head.headers.get("Origin")
@@ -428,10 +459,26 @@ class Exchange:
             # with no task of its own in between (one less per request).
             request, self._call = method.submit_on_loop(args)
             self._withdraw = functools.partial(method.withdraw_on_loop, request)
-        else:  # a plain method, or a runner on another loop than the server's
-            self._call = asyncio.ensure_future(typed_call(method, *args))
+            return await self._await_call(self._call)
+        # A plain method, or a runner on another loop than the server's.
+        return await self.until_gone(typed_call(method, *args))
+
+    async def until_gone(self, work: Coroutine[Any, Any, T]) -> T:
+        """Await ``work`` as a task that is cancelled if the client goes away.
+
+        What ``work`` holds (a generation, say) is freed by its own cancellation: its
+        ``finally`` runs as soon as the client is gone, not when ``work`` would have ended.
+        Raises ClientGoneError once the client has gone (``work`` is not started if it had).
+        """
+        if self.gone:
+            work.close()
+            raise ClientGoneError()
+        self._call = task = asyncio.ensure_future(work)
+        return await self._await_call(task)
+
+    async def _await_call(self, call: asyncio.Future[T]) -> T:
         try:
-            return await self._call
+            return await call
         except asyncio.CancelledError:
             if not self.gone:
                 self._give_up()

@@ -3,155 +3,47 @@
 What generation servers (vLLM, TGI, SGLang, llama.cpp) offer, so that the ``openai``
 client and benchmarks work unchanged: a JSON reply with ``usage``, or with
 ``"stream": true`` server-sent events ending in ``data: [DONE]``. Parameters labserve does
-not support get a 400 naming them; errors use OpenAI's body shape (an unknown model is a
-404). The routes drive a :class:`Generator` (what a served generative method gives) found
-through the server's :class:`~labserve.server.exchange.Backend`. Framework-neutral
-handlers over the HTTP core; loop-only.
+not support get a 400 naming them (:mod:`labserve.server.openai_request` reads a request);
+errors use OpenAI's body shape (an unknown model is a 404). The routes drive a
+:class:`Generator` (what a served generative method gives) found through the server's
+:class:`~labserve.server.exchange.Backend`. Framework-neutral handlers over the HTTP core;
+loop-only.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
-from labserve.base.errors import InputError, LabServeError, NotFoundError, ServerError
-from labserve.generation.api import Finish, GenerateRequest, GenerationStream
+from labserve.base.errors import LabServeError, NotFoundError, ServerError
+from labserve.generation.api import Finish, GenerateRequest, GenerationStream, Generator
 from labserve.server.exchange import Exchange, Reply, Route, Verb, error_reply, json_reply
+from labserve.server.openai_request import (
+    IGNORED,
+    NEUTRAL,
+    ROLES,
+    SEED_RANGE,
+    STOP_MAX,
+    SUPPORTED,
+    chat_prompt,
+    generate_request,
+)
 from labserve.wire.codec import JSON, load_json
 
-__all__ = ["IGNORED", "NEUTRAL", "ROUTES", "SUPPORTED", "chat_prompt", "generate_request"]
+__all__ = [
+    "IGNORED",
+    "NEUTRAL",
+    "ROLES",
+    "ROUTES",
+    "SEED_RANGE",
+    "SUPPORTED",
+    "chat_prompt",
+    "generate_request",
+]
 
-SUPPORTED = frozenset(
-    {"model", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop"}
-    | {"ignore_eos", "stream", "stream_options"}
-)
-"""Parameters the routes act on (besides ``prompt`` or ``messages``)."""
-IGNORED = frozenset({"user", "metadata", "store", "service_tier"})
-"""Parameters accepted and ignored: they change nothing a generation returns."""
-NEUTRAL = {"n": 1, "best_of": 1, "top_p": 1, "frequency_penalty": 0, "presence_penalty": 0}
-"""Parameters accepted only at the value that asks for nothing (the others are a 400)."""
-_OFF = (None, False, 0)  # logprobs, top_logprobs, echo: accepted when they ask for nothing
-_OFF_PARAMS = frozenset({"logprobs", "top_logprobs", "echo"})
-_STOP_MAX = 4
 _ids = itertools.count(1)
-
-
-def _int(body: Mapping[str, Any], key: str, low: int) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InputError(f"{key} must be an integer >= {low}, got {value!r}")
-    return value
-
-
-def _refuse_unsupported(body: Mapping[str, Any], own: str) -> None:
-    """InputError naming the parameters labserve does not support, or does not know."""
-    unknown = sorted(
-        k
-        for k, v in body.items()
-        if k not in SUPPORTED | IGNORED | {own}
-        and not (k in NEUTRAL and v in (None, NEUTRAL[k]))
-        and not (k in _OFF_PARAMS and v in _OFF)
-    )
-    if unknown:
-        raise InputError(
-            f"labserve does not support {', '.join(unknown)} (it supports "
-            f"{', '.join(sorted(SUPPORTED | {own}))}; n, best_of, top_p and the penalties "
-            "only at their neutral values)",
-            sent=unknown,
-        )
-
-
-def _stop(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else value
-    if (
-        not isinstance(stops, list)
-        or len(stops) > _STOP_MAX
-        or not all(isinstance(s, str) and s for s in stops)
-    ):
-        raise InputError(f"stop must be a string or up to 4 non-empty strings, got {value!r}")
-    return tuple(stops)
-
-
-def generate_request(body: Any, *, chat: bool) -> tuple[GenerateRequest, bool, bool]:
-    """A request body as a generation, and whether to stream it and include usage in it.
-
-    InputError (400) names what is wrong: a missing or ill-typed field, a parameter labserve
-    does not support.
-    """
-    if not isinstance(body, dict):
-        raise InputError("body must be a JSON object")
-    own = "messages" if chat else "prompt"
-    _refuse_unsupported(body, own)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InputError(f'"model" must be the name of a served model, got {model!r}')
-    prompt = chat_prompt(body.get("messages")) if chat else _prompt(body.get("prompt"))
-    max_tokens = _int(body, "max_completion_tokens", 1) or _int(body, "max_tokens", 1)
-    temperature = body.get("temperature", 1.0)
-    if temperature is None:
-        temperature = 1.0
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise InputError(f"temperature must be a number from 0 to 2, got {temperature!r}")
-    if not 0 <= temperature <= 2:
-        raise InputError(f"temperature must be a number from 0 to 2, got {temperature!r}")
-    stream, options = body.get("stream") or False, body.get("stream_options") or {}
-    if not isinstance(stream, bool) or not isinstance(options, dict):
-        raise InputError('"stream" must be true or false and "stream_options" an object')
-    ignore_eos = body.get("ignore_eos") or False
-    if not isinstance(ignore_eos, bool):
-        raise InputError(f"ignore_eos must be true or false, got {ignore_eos!r}")
-    request = GenerateRequest(
-        model=model,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        temperature=float(temperature),
-        seed=_int(body, "seed", -(2**63)),
-        stop=_stop(body.get("stop")),
-        ignore_eos=ignore_eos,
-    )
-    return request, stream, bool(options.get("include_usage", False))
-
-
-def _prompt(value: Any) -> str:
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]  # a batch of one prompt
-    if not isinstance(value, str):
-        raise InputError(f'"prompt" must be a string (or a list of one), got {value!r:.80}')
-    return value
-
-
-def chat_prompt(messages: Any) -> str:
-    """The prompt of a chat, by labserve's minimal template (for models without their own).
-
-    One line per message (its role, a colon and a space, its content, a newline), then
-    ``"assistant: "``: the model continues as the assistant. A message's content is a
-    string or a list of text parts.
-    """
-    if not isinstance(messages, list) or not messages:
-        raise InputError('"messages" must be a non-empty list of {"role", "content"} objects')
-    lines = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise InputError(f'messages[{i}] must be an object with a "role" string')
-        lines.append(f"{message['role']}: {_content(message.get('content'), i)}\n")
-    return "".join(lines) + "assistant: "
-
-
-def _content(content: Any, i: int) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        for p in content
-    ):
-        return "".join(p["text"] for p in content)
-    raise InputError(f"messages[{i}].content must be a string or a list of text parts")
 
 
 async def _models(ex: Exchange) -> Reply:
@@ -176,6 +68,15 @@ async def _generate(ex: Exchange, *, chat: bool) -> Reply:
     generator = served.get(request.model)
     if generator is None:
         raise NotFoundError("model", request.model, served=served)
+    # Until the reply (a whole one, or a stream's status line) is ready, a client that goes
+    # away cancels this: the generation is withdrawn (counted cancelled), not run to its end.
+    # Once streaming, the adapter closes the stream instead.
+    return await ex.until_gone(_reply(generator, request, chat, stream, include_usage))
+
+
+async def _reply(
+    generator: Generator, request: GenerateRequest, chat: bool, stream: bool, include_usage: bool
+) -> Reply:
     reply = _Replies(request.model, chat)
     pieces = generator.start(request)
     # The first piece before the status line: a refusal at admission is an HTTP error.
@@ -290,10 +191,15 @@ def _body(own: str, schema: dict[str, Any]) -> dict[str, Any]:
         own: schema,
         "max_tokens": {"type": "integer", "minimum": 1},
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-        "seed": {"type": "integer"},
-        "stop": {"type": "array", "maxItems": _STOP_MAX, "items": {"type": "string"}},
+        "seed": {"type": "integer", "minimum": SEED_RANGE[0], "maximum": SEED_RANGE[1]},
+        "stop": {"type": "array", "maxItems": STOP_MAX, "items": {"type": "string"}},
         "ignore_eos": {"type": "boolean"},
         "stream": {"type": "boolean"},
+        "stream_options": {
+            "type": "object",
+            "description": 'only with "stream": true',
+            "properties": {"include_usage": {"type": "boolean"}},
+        },
     }
     body = {"type": "object", "required": ["model", own], "properties": properties}
     return {"requestBody": {"required": True, "content": {JSON: {"schema": body}}}}
@@ -305,7 +211,10 @@ _MESSAGES = {
     "items": {
         "type": "object",
         "required": ["role", "content"],
-        "properties": {"role": {"type": "string"}, "content": {"type": "string"}},
+        "properties": {
+            "role": {"type": "string", "enum": list(ROLES)},
+            "content": {"type": "string"},
+        },
     },
 }
 

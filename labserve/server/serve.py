@@ -17,7 +17,8 @@ from tornado.netutil import bind_sockets
 from labserve.runtime import session
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runner import Runner
-from labserve.server.app import make_app
+from labserve.server.app import Replies, make_app
+from labserve.server.exchange import log
 from labserve.server.listener import BoundedHTTPServer, Listener, default_max_connections
 from labserve.server.state import ServerState, host_names, origin_names
 
@@ -138,6 +139,7 @@ class Server:
         self._http: HTTPServer | None = None
         self._sockets: list[socket.socket] = []
         self._listener: Listener | None = None
+        self._replies = Replies()
         self._state = ServerState(
             runners=MappingProxyType({r.name: r for r in runner_list}),
             token=self.token,
@@ -192,7 +194,7 @@ class Server:
         # On the loop thread: tornado attaches to the loop it is built on.
         self._sockets = bind_sockets(self.requested_port, address=self.host)
         self._http = BoundedHTTPServer(
-            make_app(self._state),
+            make_app(self._state, replies=self._replies),
             # Routes with a body raise it per request to read and drop past the limit.
             max_body_size=self._state.max_body_bytes + 1,
             idle_connection_timeout=self.idle_timeout_s,  # tornado: also the headers' timeout
@@ -202,8 +204,15 @@ class Server:
         self._listener.start()
         self.port = self._sockets[0].getsockname()[1]
 
-    def stop(self) -> None:
-        """Stop listening and close connections and sockets. Idempotent."""
+    def stop(self, drain_s: float = 0.0) -> None:
+        """Stop listening and close connections and sockets. Idempotent.
+
+        ``drain_s``: how long replies in progress may take to end before their connections
+        are closed. After ``runner.stop()`` every stream of the runner's generations ends
+        at once with its final error event; a drain lets that event reach the client.
+        """
+        if isinstance(drain_s, bool) or not isinstance(drain_s, (int, float)) or drain_s < 0:
+            raise ValueError(f"drain_s must be a number of seconds >= 0, got {drain_s!r}")
         http = self._http
         if http is None:
             return
@@ -213,13 +222,20 @@ class Server:
             if _running.get(self.port) is self:
                 del _running[self.port]
         if self.bg.running:
-            self.bg.run(self._close(http), timeout=10)
+            self.bg.run(self._close(http, drain_s), timeout=10 + drain_s)
 
-    async def _close(self, http: HTTPServer) -> None:
+    async def _close(self, http: HTTPServer, drain_s: float = 0.0) -> None:
         if self._listener is not None:
             self._listener.stop()
             self._listener = None
         http.stop()
+        if drain_s > 0 and not await self._replies.ended(drain_s):
+            log.warning(
+                "server %s stopping: %d replies still open after %g s, cut",
+                self.url,
+                len(self._replies),
+                drain_s,
+            )
         await http.close_all_connections()
         for sock in self._sockets:
             sock.close()

@@ -8,8 +8,10 @@ reply can be checked exactly. ``max_retries=0``: a failure is seen, not retried.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
+import httpx
 import pytest
 import tornado.httpserver
 import tornado.netutil
@@ -246,3 +248,164 @@ def test_a_client_that_leaves_mid_stream_closes_the_generation(serve_generators)
         assert time.monotonic() < deadline, "the endless generation was never closed"
         time.sleep(0.01)
     assert echo.closed == 1
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("call", "param", "words"),
+    [
+        (dict(prompt="a", temperature=3), "temperature", "temperature must be a number"),
+        (dict(prompt="a", max_tokens=0), "max_tokens", "max_tokens must be"),
+        (dict(prompt="a", stop=["x"] * 5), "stop", "stop must be"),
+        (dict(prompt="a", seed=2**64), "seed", "seed must be an integer from -2**63"),
+        (dict(prompt="a", seed=-(2**63) - 1), "seed", "seed must be an integer from -2**63"),
+        (dict(prompt=["a", "b"]), "prompt", '"prompt" must be a string'),
+        (dict(prompt="a", extra_body={"frobnicate": 1}), "frobnicate", "does not support"),
+        (dict(prompt="a", extra_body={"ignore_eos": 1}), "ignore_eos", "ignore_eos must be"),
+        (dict(prompt="a", extra_body={"stream": "yes"}), "stream", '"stream" must be'),
+    ],
+)
+def test_an_error_about_one_parameter_names_it_in_param(serve_generators, call, param, words):
+    with (
+        client(serve_generators({"echo": Echo()})) as c,
+        pytest.raises(openai.BadRequestError) as info,
+    ):
+        c.completions.create(model="echo", **call)
+    assert words in info.value.message
+    assert info.value.param == param == info.value.body["param"]
+
+
+def test_seeds_span_int64_and_uint64(serve_generators):
+    echo = Echo()
+    with client(serve_generators({"echo": echo})) as c:
+        for seed in (-(2**63), -1, 0, 2**64 - 1):
+            c.completions.create(model="echo", prompt="ab", seed=seed)
+    assert [r.seed for r in echo.requests] == [-(2**63), -1, 0, 2**64 - 1]
+
+
+@pytest.mark.parametrize("role", ["system", "developer", "user", "assistant", "tool", "function"])
+def test_the_chat_roles_openai_accepts_are_accepted(serve_generators, role):
+    with client(serve_generators({"echo": Echo()})) as c:
+        reply = c.chat.completions.create(
+            model="echo", messages=[{"role": role, "content": "x"}, *HI]
+        )
+    assert (
+        reply.choices[0].message.content == chat_prompt([{"role": role, "content": "x"}, *HI])[::-1]
+    )
+
+
+@pytest.mark.parametrize("role", ["robot", "User", "", None, 3])
+def test_an_unknown_chat_role_is_a_400_naming_the_roles(serve_generators, role):
+    echo = Echo()
+    with (
+        client(serve_generators({"echo": echo})) as c,
+        pytest.raises(openai.BadRequestError) as info,
+    ):
+        c.chat.completions.create(model="echo", messages=[*HI, {"role": role, "content": "x"}])
+    assert "messages[1].role must be one of system, developer, user, assistant, tool" in (
+        info.value.message
+    )
+    assert info.value.param == "messages[1].role"
+    assert echo.requests == []
+
+
+@pytest.mark.parametrize(
+    ("where", "call", "param"),
+    [
+        ("prompt", dict(prompt="ab\ud800c"), "prompt"),
+        ("stop", dict(prompt="ab", stop=["\udfff"]), "stop"),
+        (
+            "chat",
+            dict(messages=[*HI, {"role": "user", "content": "\ud800"}]),
+            "messages[1].content",
+        ),
+        (
+            "chat parts",
+            dict(messages=[{"role": "user", "content": [{"type": "text", "text": "x\udc00"}]}]),
+            "messages[0].content",
+        ),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_it(serve_generators, where, call, param):
+    # The openai client cannot send one (it encodes UTF-8); JSON's escapes can.
+    echo = Echo()
+    url = serve_generators({"echo": echo})
+    route = "chat/completions" if "messages" in call else "completions"
+    body = json.dumps({"model": "echo", **call})
+    assert "\\ud800" in body or "\\udfff" in body or "\\udc00" in body
+    reply = httpx.post(
+        f"{url}/{route}", content=body, headers={"Content-Type": "application/json"}, timeout=10
+    )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert "lone surrogate" in error["message"] and error["param"] == param
+    assert error["type"] == "invalid_request_error"
+    assert echo.requests == []
+
+
+@pytest.mark.parametrize(
+    ("call", "param", "words"),
+    [
+        (
+            dict(stream_options={"include_usage": True}),
+            "stream_options",
+            '"stream_options" is only allowed when "stream" is true',
+        ),
+        (
+            dict(stream=False, stream_options={"include_usage": False}),
+            "stream_options",
+            '"stream_options" is only allowed when "stream" is true',
+        ),
+        (
+            dict(stream=True, stream_options={"include_usage": "yes"}),
+            "stream_options.include_usage",
+            "stream_options.include_usage must be true or false",
+        ),
+        (
+            dict(stream=True, stream_options={"include_usage": 1}),
+            "stream_options.include_usage",
+            "stream_options.include_usage must be true or false",
+        ),
+        (dict(stream=True, stream_options=[]), "stream_options", "must be an object"),
+        (
+            dict(stream=True, stream_options={"frequency": 2}),
+            "stream_options",
+            "does not support stream_options 'frequency'",
+        ),
+    ],
+)
+def test_stream_options_follow_openais_rules(serve_generators, call, param, words):
+    echo = Echo()
+    with (
+        client(serve_generators({"echo": echo})) as c,
+        pytest.raises(openai.BadRequestError) as info,
+    ):
+        c.completions.create(model="echo", prompt="ab", **call)
+    assert words in info.value.message and info.value.param == param
+    assert echo.requests == []
+
+
+def test_a_base_url_without_v1_gets_an_openai_404_saying_to_add_it(serve_generators):
+    url = serve_generators({"echo": Echo()}).removesuffix("/v1")
+    with client(url) as c:
+        for call in (
+            lambda: c.completions.create(model="echo", prompt="ab"),
+            lambda: c.chat.completions.create(model="echo", messages=HI),
+            lambda: c.models.list(),
+        ):
+            with pytest.raises(openai.NotFoundError) as info:
+                call()
+            assert f"add /v1 to the base URL ({url}/v1)" in info.value.message
+            assert info.value.body["type"] == "not_found_error"
+
+
+@pytest.mark.parametrize("method", ["PUT", "DELETE", "PATCH", "GET", "TRACE", "PROPFIND"])
+def test_a_method_a_v1_route_does_not_answer_is_an_openai_405(serve_generators, method):
+    url = serve_generators({"echo": Echo()})
+    reply = httpx.request(method, f"{url}/completions", json={}, timeout=10)
+    assert reply.status_code == 405 and reply.headers["Allow"] == "POST, OPTIONS"
+    error = reply.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"] == f"Method Not Allowed: {method} /v1/completions"

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import labserve
+from labserve.base.errors import StopTimeoutError
 from labserve.lab.demo import TinyLM
 
 openai = pytest.importorskip("openai")
@@ -158,3 +162,117 @@ def test_the_scheduler_knobs_change_live_over_patch_config(served):
         call("PATCH", {"tinylm": {"generate": {"max_num_seqs": 0}}})
     assert bad.value.code == 422 and "max_num_seqs" in bad.value.read().decode()
     call("PATCH", {"tinylm": {"generate": {"max_num_seqs": 8, "strategy": "continuous"}}})
+
+
+class SlowLM(TinyLM):
+    """TinyLM at 5 ms a step: a long generation lasts long enough to leave in the middle."""
+
+    @labserve.method(generative=True, max_num_seqs=8)
+    def generate(self, batch):
+        time.sleep(0.005)
+        return self._step(batch)
+
+
+@pytest.fixture
+def slow():
+    runner = labserve.Runner(SlowLM, name="slow")
+    server = labserve.serve(runner, port=0)
+    yield runner, server
+    server.stop()
+    runner.stop()
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
+def test_a_client_that_leaves_before_its_whole_reply_frees_its_sequence(slow, chat):
+    runner, server = slow
+    path, own = (
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "leave"}]})
+        if chat
+        else ("/v1/completions", {"prompt": "leave"})
+    )
+    body = json.dumps({"model": "slow", "max_tokens": 1000, "temperature": 0, **own}).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+
+    def steps():
+        return len(runner.generate.stats().steps.start_s)
+
+    deadline = time.monotonic() + 20
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(head + body)
+        while steps() < 5:
+            assert time.monotonic() < deadline, "the generation never started"
+            time.sleep(0.005)
+    while (outcomes := runner.generate.stats().outcomes)["cancelled"] == 0:
+        assert outcomes["served"] == 0, "it ran to max_tokens: it was never withdrawn"
+        assert time.monotonic() < deadline, "the sequence was never counted cancelled"
+        time.sleep(0.02)
+    after = runner.generate.stats()
+    assert after.outcomes["served"] == 0 and after.num_running == after.num_waiting == 0
+    # Withdrawn, not run to max_tokens: it stopped well short, and no step ran since.
+    assert 5 <= after.output_tokens <= 500
+    time.sleep(0.1)
+    assert steps() == len(after.steps.start_s)
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63), 2**64 - 1])
+def test_any_seed_the_route_takes_samples(served, seed):
+    # Needs the sampler to take every seed the route does (-1 was a 500: numpy's RNG
+    # refuses negative seeds). A seed gives the same text each time.
+    _, server = served
+    with client(server) as c:
+        texts = [
+            c.completions.create(
+                model="tinylm", prompt="seeded", max_tokens=8, temperature=1, seed=seed
+            )
+            .choices[0]
+            .text
+            for _ in range(2)
+        ]
+    assert texts[0] == texts[1] and len(texts[0].encode()) == 8
+
+
+def test_a_lone_surrogate_in_a_prompt_is_a_400_not_a_500(served):
+    runner, server = served
+    before = runner.generate.stats().outcomes
+    body = json.dumps({"model": "tinylm", "prompt": "x\ud800", "max_tokens": 4})
+    request = urllib.request.Request(
+        f"{server.url}/v1/completions",
+        body.encode(),
+        {"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    assert info.value.code == 400
+    error = json.loads(info.value.read())["error"]
+    assert "lone surrogate ('\\ud800' at character 1)" in error["message"]
+    assert error["param"] == "prompt"
+    assert runner.generate.stats().outcomes == before  # refused before admission
+
+
+def test_a_runner_stopped_before_its_server_ends_each_stream_with_an_error_event(slow):
+    # What `labserve serve` does on SIGTERM: the runner first, then the server, draining.
+    runner, server = slow
+    body = {"model": "slow", "prompt": "go", "max_tokens": 900, "stream": True}
+    events: list[str] = []
+    started = threading.Event()
+
+    def read():
+        url = f"{server.url}/v1/completions"
+        with httpx.stream("POST", url, json=body, timeout=30) as reply:
+            for line in reply.iter_lines():  # raises if the connection is cut mid-reply
+                if line.startswith("data: "):
+                    events.append(line.removeprefix("data: "))
+                    started.set()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(read)
+        assert started.wait(20)
+        with pytest.raises(StopTimeoutError):
+            runner.stop(timeout=0.1)  # 900 tokens at 5 ms a step: it cannot drain in time
+        server.stop(drain_s=5)
+        reading.result(timeout=20)
+    assert "[DONE]" not in events and len(events) < 900
+    assert json.loads(events[-1])["error"]["code"] == "RunnerStoppedError"
