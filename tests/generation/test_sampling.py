@@ -68,7 +68,7 @@ def test_as_the_temperature_goes_to_0_the_draw_is_the_argmax(row, data):
     rest = x[x < top]
     if rest.size == 0:  # every logit ties: no temperature prefers one
         return
-    gap = min(float(top - rest.max()), 1e300)  # exp(-gap / T) == 0 once gap / T > 745
+    gap = min(float(top) - float(rest.max()), 1e300)  # exp(-gap / T) == 0 once gap / T > 745
     temperature = data.draw(st.floats(0, gap / 800), label="temperature")
     token = sampler(temperature, seed=data.draw(st.integers(0, 2**32))).choose(row)
     assert x[token] == top
