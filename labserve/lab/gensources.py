@@ -23,13 +23,18 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from labserve.base.errors import RemoteError
 from labserve.base.lengths import LengthDist
 from labserve.generation.config import GENERATION_SETTINGS, GenerationConfig
 from labserve.generation.results import StepSeries
 from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.genload import LoadLike, start_runner_generation_load
-from labserve.lab.sources import base_url, is_generative_config, request_json
+from labserve.lab.sources import (
+    HttpMethodBase,
+    RunnerMethodBase,
+    base_url,
+    is_generative_config,
+    request_json,
+)
 from labserve.load.arrivals import Arrivals
 from labserve.load.generation import start_generation_load
 from labserve.runtime.generative import GenerativeMethod
@@ -104,48 +109,22 @@ class GenerationSource(Protocol):
         ...
 
 
-class RunnerGenerationSource:
+class RunnerGenerationSource(RunnerMethodBase[GenerationConfig]):
     """A runner's generative method in this process, as a :class:`GenerationSource`.
 
-    ``server``: the server it is watched through, if any (the source ends with it).
     Load calls the method's ``async_run`` on the runner's background loop.
     """
-
-    resettable = True
 
     def __init__(self, method: GenerativeMethod, server: Server | None = None) -> None:
         if not getattr(method, "generative", False):
             raise TypeError(f"{method!r} is not a generative method")
+        super().__init__(method, server)
         self.generative_method = method
-        self.server = server
-        self.runner = method.runner.name
-        self.method = method.name
-        self.name = f"{self.runner}.{self.method}"
-
-    @property
-    def config(self) -> GenerationConfig:
-        """The config asked for (in force from the next step)."""
-        return self.generative_method.config
-
-    @property
-    def alive(self) -> bool:
-        """False once the runner (or the server it is watched through) stopped."""
-        if self.server is not None and not self.server.running:
-            return False
-        return not self.generative_method.runner.stopped
-
-    def configure(self, **changes: Any) -> GenerationConfig:
-        """``runner.<method>.configure(**changes)``."""
-        return self.generative_method.configure(**changes)
 
     def view(self) -> GenerationView:
         """The method's snapshot and the config asked for."""
         snap = self.generative_method.stats()
         return GenerationView(snapshot=snap, config=self.generative_method.config)
-
-    def reset_stats(self) -> None:
-        """Forget the method's recorded sequences and steps."""
-        self.generative_method.reset_stats()
 
     def start_load(
         self,
@@ -166,21 +145,16 @@ class RunnerGenerationSource:
             seed=seed,
         )
 
-    def __repr__(self) -> str:
-        return f"<RunnerGenerationSource {self.name}>"
 
-
-class HttpGenerationSource:
+class HttpGenerationSource(HttpMethodBase[GenerationConfig]):
     """A generative method of a labserve server, by its URL.
 
-    Reads ``GET /stats`` and ``GET /config``; changes through ``PATCH /config`` (needs the
-    server's ``token``); load streams completions from ``/v1/completions`` of ``model`` (the
-    name the server lists it under) through labserve's generation load generator. Its
-    figures cannot be reset from here. Thread-safe: each call is its own HTTP request
-    (blocking, up to ``timeout_s``).
+    Load streams completions from ``/v1/completions`` of ``model`` (the name the server
+    lists it under) through labserve's generation load generator. See
+    :class:`~labserve.lab.sources.HttpMethodBase`.
     """
 
-    resettable = False
+    kind = "generative"
 
     def __init__(
         self,
@@ -192,59 +166,17 @@ class HttpGenerationSource:
         token: str | None = None,
         timeout_s: float = 5.0,
     ) -> None:
-        self.url = base_url(url)
-        self.runner = runner
-        self.method = method
-        self.name = f"{runner}.{method}"
+        super().__init__(url, runner, method, token=token, timeout_s=timeout_s)
         self.model = model if model is not None else self.name
-        self.token = token
-        self.timeout_s = timeout_s
 
-    @property
-    def config(self) -> GenerationConfig:
-        """The config asked for (``GET /config``)."""
-        return self._config_of(self._get("/config"))
-
-    @property
-    def alive(self) -> bool:
-        """Always True: a server that stopped answering shows as an error, not as the end."""
-        return True
-
-    def _get(self, path: str) -> Any:
-        return request_json(self.url, path, token=self.token, timeout_s=self.timeout_s)
-
-    def _config_of(self, configs: Any) -> GenerationConfig:
-        try:
-            entry = configs[self.runner][self.method]
-            return GenerationConfig(**{k: v for k, v in entry.items() if k in GENERATION_SETTINGS})
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise RemoteError(
-                f"{self.url}/config", None, "NotFoundError", f"no generative method {self.name}"
-            ) from exc
-
-    def configure(self, **changes: Any) -> GenerationConfig:
-        """``PATCH /config`` with the token; the server's refusal comes back as RemoteError."""
-        body = {"runner": self.runner, "method": self.method, **changes}
-        reply = request_json(
-            self.url, "/config", body=body, token=self.token, timeout_s=self.timeout_s
-        )
-        return self._config_of(reply)
+    def _make_config(self, entry: Mapping[str, Any]) -> GenerationConfig:
+        return GenerationConfig(**{k: v for k, v in entry.items() if k in GENERATION_SETTINGS})
 
     def view(self) -> GenerationView:
         """``GET /stats`` and ``GET /config``."""
         stats = self._get("/stats")
         config = self.config
-        try:
-            snap = generation_snapshot_from_dict(stats[self.runner][self.method])
-        except (KeyError, TypeError):
-            raise RemoteError(
-                f"{self.url}/stats", None, "NotFoundError", f"no generative method {self.name}"
-            ) from None
-        return GenerationView(snap, config)
-
-    def reset_stats(self) -> None:
-        """Not over HTTP: a server's figures are its own."""
-        raise TypeError(f"{self.url} has no route to reset its figures")
+        return GenerationView(generation_snapshot_from_dict(self._entry(stats)), config)
 
     def start_load(
         self,
@@ -266,9 +198,6 @@ class HttpGenerationSource:
             seed=seed,
             token=self.token,
         )
-
-    def __repr__(self) -> str:
-        return f"<HttpGenerationSource {self.name} at {self.url}>"
 
 
 def _nan(value: Any) -> float:

@@ -21,7 +21,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -33,8 +33,10 @@ from labserve.runtime.runner import Runner, RunnerMethod
 from labserve.server import Server
 
 __all__ = [
+    "HttpMethodBase",
     "HttpSource",
     "MethodSource",
+    "RunnerMethodBase",
     "RunnerSource",
     "SourceView",
     "base_url",
@@ -105,47 +107,79 @@ class MethodSource(Protocol):
         ...
 
 
-class RunnerSource:
-    """A runner method in this process (``labserve.Runner``), as a :class:`MethodSource`.
+C = TypeVar("C")
+"""A method's config type: BatchingConfig, or GenerationConfig for a generative method."""
+
+
+C_co = TypeVar("C_co", covariant=True)
+
+
+class _Served(Protocol[C_co]):
+    """What an in-process source needs of a served method (either kind)."""
+
+    name: str
+    runner: Any
+
+    @property
+    def config(self) -> C_co: ...
+
+    def configure(self, **changes: Any) -> C_co: ...
+
+    def reset_stats(self) -> None: ...
+
+
+class RunnerMethodBase(Generic[C]):
+    """A method of a runner in this process, watched as a source: what both kinds share.
 
     ``server``: the server it is watched through, if any (the source ends with it).
-    Thread-safe: the runner's doors are.
+    Thread-safe: the runner's doors are. Subclasses add the view and the load of their kind.
     """
 
     resettable = True
 
-    def __init__(self, method: RunnerMethod, server: Server | None = None) -> None:
-        if not method.batchable:
-            raise TypeError(f"{method!r} is not batchable: there is no batching to watch")
-        self.runner_method = method
+    def __init__(self, method: _Served[C], server: Server | None = None) -> None:
+        self._served = method
         self.server = server
-        self.runner = method.runner.name
-        self.method = method.name
+        self.runner: str = method.runner.name
+        self.method: str = method.name
         self.name = f"{self.runner}.{self.method}"
 
     @property
-    def config(self) -> BatchingConfig:
-        """The config asked for (a change is in force from the next batch)."""
-        return self.runner_method.config
+    def config(self) -> C:
+        """The config asked for (in force from the next batch, or step)."""
+        return self._served.config
 
     @property
     def alive(self) -> bool:
         """False once the runner (or the server it is watched through) stopped."""
         if self.server is not None and not self.server.running:
             return False
-        return not self.runner_method.runner.stopped
+        return not self._served.runner.stopped
 
-    def configure(self, **changes: Any) -> BatchingConfig:
+    def configure(self, **changes: Any) -> C:
         """``runner.configure(method, **changes)``."""
-        return self.runner_method.configure(**changes)
+        return self._served.configure(**changes)
+
+    def reset_stats(self) -> None:
+        """Start the method's counts over."""
+        self._served.reset_stats()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+class RunnerSource(RunnerMethodBase[BatchingConfig]):
+    """A runner method in this process (``labserve.Runner``), as a :class:`MethodSource`."""
+
+    def __init__(self, method: RunnerMethod, server: Server | None = None) -> None:
+        if not method.batchable:
+            raise TypeError(f"{method!r} is not batchable: there is no batching to watch")
+        super().__init__(method, server)
+        self.runner_method = method
 
     def view(self) -> SourceView:
         """The runner method's snapshot and the config asked for."""
         return SourceView(snapshot=self.runner_method.stats(), config=self.runner_method.config)
-
-    def reset_stats(self) -> None:
-        """Start the method's counts over."""
-        self.runner_method.reset_stats()
 
     def example(self) -> Any:
         """Zeros shaped by the method's ``input_spec``, or None if it declares none."""
@@ -154,9 +188,6 @@ class RunnerSource:
     def start_load(self, *, example: Any = None, **kwargs: Any) -> LoadRun:
         """:func:`labserve.start_load` on the method itself (in-process calls)."""
         return start_load(self.runner_method, example=example, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<RunnerSource {self.name}>"
 
 
 def example_from_spec(method: RunnerMethod) -> Any:
@@ -170,17 +201,17 @@ def example_from_spec(method: RunnerMethod) -> Any:
     return np.zeros(shape, dtype=specs[0].dtype)
 
 
-class HttpSource:
-    """A batchable method of a labserve server (in a kernel, a shell, or on Ray) by its URL.
+class HttpMethodBase(Generic[C]):
+    """A method of a labserve server by its URL, watched as a source: what both kinds share.
 
-    Reads ``GET /stats`` and ``GET /config``; changes through ``PATCH /config`` (needs the
-    server's ``token``); load goes to its simple route through the HTTP load generator.
-    Behind Ray's proxy, ``/stats`` holds every replica's own view, and :meth:`view` shows
-    it. Its counts cannot be reset from here (``resettable`` is False). Thread-safe: each
-    call is its own HTTP request (blocking, up to ``timeout_s``).
+    Reads ``GET /config``; changes through ``PATCH /config`` (needs the server's ``token``).
+    Its counts cannot be reset from here (``resettable`` is False). Thread-safe: each call
+    is its own HTTP request (blocking, up to ``timeout_s``). Subclasses say which kind of
+    method they read (``kind``) and how its config entry becomes a config (``_make_config``).
     """
 
     resettable = False
+    kind = "batchable"
 
     def __init__(
         self,
@@ -199,43 +230,71 @@ class HttpSource:
         self.timeout_s = timeout_s
 
     @property
-    def config(self) -> BatchingConfig:
+    def config(self) -> C:
         """The config asked for (``GET /config``)."""
-        return self._config_of(
-            request_json(self.url, "/config", token=self.token, timeout_s=self.timeout_s)
-        )
+        return self._config_of(self._get("/config"))
 
     @property
     def alive(self) -> bool:
         """Always True: a server that stopped answering shows as an error, not as the end."""
         return True
 
-    def _config_of(self, configs: Any) -> BatchingConfig:
-        try:
-            return BatchingConfig(**configs[self.runner][self.method])
-        except (KeyError, TypeError) as exc:
-            raise RemoteError(
-                f"{self.url}/config", None, "NotFoundError", f"no batchable method {self.name}"
-            ) from exc
+    def _get(self, path: str) -> Any:
+        return request_json(self.url, path, token=self.token, timeout_s=self.timeout_s)
 
-    def configure(self, **changes: Any) -> BatchingConfig:
-        """``PATCH /config`` with the token; the server's ConfigError comes back as RemoteError."""
+    def _make_config(self, entry: Mapping[str, Any]) -> C:
+        raise NotImplementedError
+
+    def _missing(self, path: str) -> RemoteError:
+        return RemoteError(
+            f"{self.url}{path}", None, "NotFoundError", f"no {self.kind} method {self.name}"
+        )
+
+    def _config_of(self, configs: Any) -> C:
+        try:
+            return self._make_config(configs[self.runner][self.method])
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise self._missing("/config") from exc
+
+    def _entry(self, stats: Any) -> Any:
+        """This method's entry of ``GET /stats``."""
+        try:
+            return stats[self.runner][self.method]
+        except (KeyError, TypeError):
+            raise self._missing("/stats") from None
+
+    def configure(self, **changes: Any) -> C:
+        """``PATCH /config`` with the token; the server's refusal comes back as RemoteError."""
         body = {"runner": self.runner, "method": self.method, **changes}
         configs = request_json(
             self.url, "/config", body=body, token=self.token, timeout_s=self.timeout_s
         )
         return self._config_of(configs)
 
+    def reset_stats(self) -> None:
+        """Not over HTTP: a server's counts are its own."""
+        raise TypeError(f"{self.url} has no route to reset its counts: restart it, or clear a view")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} at {self.url}>"
+
+
+class HttpSource(HttpMethodBase[BatchingConfig]):
+    """A batchable method of a labserve server (in a kernel, a shell, or on Ray) by its URL.
+
+    Reads ``GET /stats`` and ``GET /config``; load goes to its simple route through the
+    HTTP load generator. Behind Ray's proxy, ``/stats`` holds every replica's own view,
+    and :meth:`view` shows it. See :class:`HttpMethodBase`.
+    """
+
+    def _make_config(self, entry: Mapping[str, Any]) -> BatchingConfig:
+        return BatchingConfig(**entry)
+
     def view(self) -> SourceView:
         """``GET /stats`` and ``GET /config``: the snapshot, the config asked, each replica's."""
-        stats = request_json(self.url, "/stats", token=self.token, timeout_s=self.timeout_s)
+        stats = self._get("/stats")
         config = self.config
-        try:
-            snap = snapshot_from_dict(stats[self.runner][self.method])
-        except KeyError:
-            raise RemoteError(
-                f"{self.url}/stats", None, "NotFoundError", f"no batchable method {self.name}"
-            ) from None
+        snap = snapshot_from_dict(self._entry(stats))
         replicas: dict[str, Snapshot] = {}
         stale = set()
         for rid, rview in dict(stats.get("replicas") or {}).items():
@@ -246,10 +305,6 @@ class HttpSource:
                     stale.add(rid)
         return SourceView(snap, config, replicas, frozenset(stale))
 
-    def reset_stats(self) -> None:
-        """Not over HTTP: a server's counts are its own."""
-        raise TypeError(f"{self.url} has no route to reset its counts: restart it, or clear a view")
-
     def example(self) -> Any:
         """None: a URL does not say what its method takes (pass an example)."""
         return None
@@ -259,9 +314,6 @@ class HttpSource:
         route = f"{self.url}/runners/{_quote(self.runner)}/{_quote(self.method)}"
         kwargs.setdefault("token", self.token)
         return start_load(route, example=example, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<HttpSource {self.name} at {self.url}>"
 
 
 def is_generative_config(config: Any) -> bool:
