@@ -41,9 +41,9 @@ from labserve.base.errors import (
     LoopThreadError,
     RunnerStoppedError,
 )
+from labserve.config.generation import START_SETTINGS, GenerationConfig
 from labserve.generation.admission import check_lengths, check_token_ids
 from labserve.generation.api import Completion, GenerateRequest
-from labserve.generation.config import START_SETTINGS, GenerationConfig
 from labserve.generation.sampling import SamplingParams, SequenceSampler, TextDecoder
 from labserve.generation.stats import GenerationSnapshot
 from labserve.runtime.generation_driver import GenerationDriver, GenerativeModel, NewSequence

@@ -25,7 +25,7 @@ from labserve.batching.queue import BatchQueue
 from labserve.batching.requests import Request
 from labserve.config.batching import BatchingConfig, BatchingLayer
 from labserve.config.file import ConfigFile, load_config_file
-from labserve.generation.config import GENERATION_SETTINGS, GenerationConfig
+from labserve.config.generation import GENERATION_SETTINGS, GenerationConfig
 from labserve.generation.stats import GenerationSnapshot
 from labserve.metrics.snapshot import BatchRecord, Snapshot
 from labserve.runtime import session
@@ -43,13 +43,8 @@ def _generation_config(
 ) -> GenerationConfig:
     """A generative method's settings: the decorator < the file's section < the arguments."""
     section = file.generation_for(runner)
-    try:
-        from_file = declared.replace(**section)
-    except ConfigError as exc:
-        raise ConfigError(
-            f"runners.{runner}.generation.{exc.key}", exc.value, exc.rule, source=file.source
-        ) from None
-    return from_file.replace(**arguments)
+    path = f"runners.{runner}.generation."
+    return declared.with_changes(section, path=path, source=file.source).replace(**arguments)
 
 
 _SHARED = ("isolate_errors", "max_queue_size", "request_timeout_ms")
