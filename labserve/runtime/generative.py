@@ -82,7 +82,8 @@ class GenerativeMethod:
     labserve's loop thread; ``astream``, ``async_run`` and ``start`` work on any running
     event loop. Sampling settings (``max_tokens``, ``temperature`` — 0 is greedy —,
     ``seed``, ``stop``, ``stop_token_ids``, ``ignore_eos``, ``priority``) are keywords of
-    every call; see :class:`~labserve.generation.sampling.SamplingParams`.
+    every call; see :class:`~labserve.generation.sampling.SamplingParams`. A
+    :class:`~labserve.runtime.served.ServedMethod`.
     """
 
     generative = True
