@@ -1,3 +1,3 @@
-"""The batching config: the frozen, validated settings and the YAML file that layers them."""
+"""The configs: the frozen, validated batching and generation settings, and the YAML file."""
 
 __all__: list[str] = []

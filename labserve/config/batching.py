@@ -6,9 +6,10 @@ config file section, Runner arguments, a ``configure()`` call) or a directly bui
 builds a whole new ``BatchingConfig`` and the queue swaps it in at the next batch boundary.
 
 Adding a setting is a one-place change: declare it on :class:`BatchingConfig` as
-``name: type = _setting(default, rule)`` followed by its attribute docstring (units in the
-name). Its rule (a :class:`_Rule`: what it accepts, what the error says it expected, how the
-value is normalised) comes from the helpers below or is written beside it. Everything else
+``name: type = setting(default, rule)`` followed by its attribute docstring (units in the
+name). Its rule (a :class:`~labserve.config.settings.Rule`: what it accepts, what the error
+says it expected, how the value is normalised) comes from :mod:`labserve.config.settings`,
+the one mechanism every config uses, or is written beside it. Everything else
 follows from that declaration: :data:`SETTINGS`, the checks of every source (decorator, file,
 ``Runner(...)``, ``configure()``, CLI flags), :class:`BatchingLayer`, ``as_dict`` and the
 snapshot's JSON. In a layer, None means "not set", so a setting that can be switched off
@@ -19,64 +20,30 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import cached_property
 from typing import Any, TypeVar
 
-from labserve.base.errors import ConfigError
 from labserve.base.vocabulary import OVERLOAD_ACTIONS, STRATEGIES, OverloadAction, Strategy
+from labserve.config.settings import (
+    BOOLEAN,
+    Rule,
+    Settings,
+    integer_at_least,
+    is_finite_number,
+    is_integer,
+    number_at_least,
+    one_of,
+    setting,
+)
 
 __all__ = ["SETTINGS", "BatchingConfig", "BatchingLayer", "validate_field"]
 
-_T = TypeVar("_T")
+_C = TypeVar("_C", bound="BatchingConfig")
 
-
-def _unchanged(value: Any) -> Any:
-    return value
-
-
-@dataclasses.dataclass(frozen=True)
-class _Rule:
-    """How one setting is checked: what it accepts and the normalised value it keeps."""
-
-    expected: str
-    """What a good value is, for the error: "must be {expected}, got {value!r}"."""
-    accepts: Callable[[Any], bool]
-    normalise: Callable[[Any], Any] = _unchanged
-
-    def check(self, key: str, value: Any, source: str | None) -> Any:
-        """Return ``value`` normalised, or raise ConfigError naming ``key`` and the rule."""
-        if not self.accepts(value):
-            raise ConfigError(key, value, self.expected, source=source)
-        return self.normalise(value)
-
-
-def _is_integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_finite_number(value: Any) -> bool:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return number and math.isfinite(value)
-
-
-def _integer_at_least(low: int) -> _Rule:
-    return _Rule(f"an integer >= {low}", lambda v: _is_integer(v) and v >= low)
-
-
-def _number_at_least(low: float) -> _Rule:
-    return _Rule(f"a finite number >= {low:g}", lambda v: _is_finite_number(v) and v >= low, float)
-
-
-def _one_of(choices: tuple[str, ...]) -> _Rule:
-    return _Rule("one of " + ", ".join(map(repr, choices)), lambda v: v in choices, str)
-
-
-_BOOLEAN = _Rule("true or false", lambda v: isinstance(v, bool))
-_PERCENTILE = _Rule(
+_PERCENTILE = Rule(
     "a percentile between 0 and 100 (exclusive)",
-    lambda v: _is_finite_number(v) and 0.0 < v < 100.0,
+    lambda v: is_finite_number(v) and 0.0 < v < 100.0,
     float,
 )
 
@@ -84,81 +51,72 @@ _PERCENTILE = _Rule(
 def _is_buckets(value: Any) -> bool:
     if not isinstance(value, (list, tuple)) or len(value) > _MAX_BUCKETS:
         return False
-    if not all(_is_integer(v) and v >= 1 for v in value):
+    if not all(is_integer(v) and v >= 1 for v in value):
         return False
     return all(a < b for a, b in itertools.pairwise(value))
 
 
 _MAX_BUCKETS = 64
-_BUCKETS = _Rule(
+_BUCKETS = Rule(
     f"a list of at most {_MAX_BUCKETS} increasing integers >= 1 (bucket bounds; [] for none)",
     _is_buckets,
     tuple,
 )
 
 
-def _setting(default: _T, rule: _Rule) -> _T:
-    """Declare a BatchingConfig field with its default and the rule every source meets."""
-    return dataclasses.field(default=default, metadata={"rule": rule})
-
-
 @dataclasses.dataclass(frozen=True)
-class BatchingConfig:
+class BatchingConfig(Settings):
     """How one batchable method is batched. Frozen: change it with :meth:`replace`.
 
     >>> BatchingConfig(max_batch_size=64).replace(max_latency_ms=5).max_latency_ms
     5.0
     """
 
-    enabled: bool = _setting(True, _BOOLEAN)
+    enabled: bool = setting(True, BOOLEAN)
     """False turns batching off: every request runs alone (as ``strategy="off"``)."""
-    strategy: Strategy = _setting("adaptive", _one_of(STRATEGIES))
+    strategy: Strategy = setting("adaptive", one_of(STRATEGIES))
     """How the queue decides when to fire: off, fixed, greedy or adaptive."""
-    max_batch_size: int = _setting(32, _integer_at_least(1))
+    max_batch_size: int = setting(32, integer_at_least(1))
     """Most items (along the batch axis, not requests) in one model call."""
-    max_latency_ms: float = _setting(10.0, _number_at_least(0.0))
+    max_latency_ms: float = setting(10.0, number_at_least(0.0))
     """Longest a request may wait in the queue before its batch fires, in milliseconds."""
-    on_overload: OverloadAction = _setting("wait", _one_of(OVERLOAD_ACTIONS))
+    on_overload: OverloadAction = setting("wait", one_of(OVERLOAD_ACTIONS))
     """What happens to a request that cannot start within ``max_latency_ms`` for want of a
     free batch slot: ``"wait"`` (Ray Serve, Triton, TorchServe) keeps it queued until a
     slot frees; ``"reject"`` (BentoML) refuses it with OverloadError (HTTP 503), at
     admission when the cost model predicts it, else at its deadline."""
-    max_queue_size: int = _setting(10_000, _integer_at_least(1))
+    max_queue_size: int = setting(10_000, integer_at_least(1))
     """Most requests waiting; the next one is refused at admission."""
-    max_concurrent_batches: int = _setting(1, _integer_at_least(1))
+    max_concurrent_batches: int = setting(1, integer_at_least(1))
     """Most batches running the model at once."""
-    isolate_errors: bool = _setting(False, _BOOLEAN)
+    isolate_errors: bool = setting(False, BOOLEAN)
     """On a model exception, bisect the batch so that only the poisoned request fails."""
-    latency_slo_ms: float = _setting(0.0, _number_at_least(0.0))
+    latency_slo_ms: float = setting(0.0, number_at_least(0.0))
     """A latency target for a request's whole latency (queue plus model), in milliseconds,
     at the ``slo_percentile``-th percentile; 0: none. A goal, not a limit: with a target
     the ``adaptive`` strategy holds batches open to make them larger (less model time
     per request) while its live cost model predicts the target still holds."""
-    slo_percentile: float = _setting(99.0, _PERCENTILE)
+    slo_percentile: float = setting(99.0, _PERCENTILE)
     """The percentile of latency that ``latency_slo_ms`` is about (50 < p < 100 usually)."""
-    request_timeout_ms: float = _setting(60_000.0, _number_at_least(0.0))
+    request_timeout_ms: float = setting(60_000.0, number_at_least(0.0))
     """Longest a request may take from admission to its answer, queue plus model, in
     milliseconds (0: no limit). A limit, unlike ``max_latency_ms`` (the queue wait before a
     batch fires): past it the caller gets RequestTimeoutError (HTTP 504). Generous by
     default, so that nothing waits forever behind a model that hangs."""
 
-    max_batch_tokens: int = _setting(0, _integer_at_least(0))
+    max_batch_tokens: int = setting(0, integer_at_least(0))
     """For a method with a ragged axis: most padded tokens (items x the batch's padded
     width) in one model call, beside ``max_batch_size``; 0: no budget. A request whose
     longest row alone exceeds it is refused at admission (TokenBudgetError, HTTP 400)."""
-    length_buckets: tuple[int, ...] = _setting((), _BUCKETS)
+    length_buckets: tuple[int, ...] = setting((), _BUCKETS)
     """For a method with a ragged axis: bucket bounds on a request's length, e.g.
     ``[16, 32, 64]``. Requests share a batch only within a bucket (up to 16, 17 to 32, 33
     to 64, past 64), so a batch pads at most to its bucket's bound; every request still
     fires within ``max_latency_ms``. Empty: every length shares one queue."""
-    padding: bool = _setting(True, _BOOLEAN)
+    padding: bool = setting(True, BOOLEAN)
     """For a method with a ragged axis: pad requests of different lengths into one batch.
     False: only requests of one length share a batch (exact-shape grouping, what a
     batcher without padding does)."""
-
-    def __post_init__(self) -> None:
-        for name in SETTINGS:
-            object.__setattr__(self, name, validate_field(name, getattr(self, name)))
 
     @cached_property
     def max_latency_s(self) -> float:
@@ -185,18 +143,17 @@ class BatchingConfig:
         """The strategy in force: ``"off"`` when batching is disabled."""
         return self.strategy if self.enabled else "off"
 
-    def replace(self, **changes: Any) -> BatchingConfig:
-        """Return a validated copy with ``changes``; raises ConfigError and changes nothing."""
-        return self.from_layers(BatchingLayer.from_mapping(changes), base=self)
+    def replace(self: _C, **changes: Any) -> _C:
+        """Return a validated copy with ``changes``; raises ConfigError and changes nothing.
 
-    def as_dict(self) -> dict[str, Any]:
-        """The settings as a plain dict (for JSON, YAML and snapshots)."""
-        return {name: getattr(self, name) for name in SETTINGS}
+        As in a layer, a change to None leaves that setting as it is.
+        """
+        return self.with_changes({k: v for k, v in changes.items() if v is not None})
 
     @classmethod
     def from_layers(
-        cls, *layers: BatchingLayer | Mapping[str, Any], base: BatchingConfig | None = None
-    ) -> BatchingConfig:
+        cls: type[_C], *layers: BatchingLayer | Mapping[str, Any], base: _C | None = None
+    ) -> _C:
         """Merge layers over ``base`` (the defaults), later layers winning over earlier ones.
 
         A plain mapping is checked as it becomes a :class:`BatchingLayer`; a layer's values
@@ -213,21 +170,13 @@ class BatchingConfig:
         return config
 
 
-_RULES: dict[str, _Rule] = {f.name: f.metadata["rule"] for f in dataclasses.fields(BatchingConfig)}
-"""Each setting's rule, in the order of BatchingConfig's fields (read from their metadata)."""
-SETTINGS: tuple[str, ...] = tuple(_RULES)
+SETTINGS: tuple[str, ...] = BatchingConfig.names()
 """The names of the batching settings, in declaration order."""
 
 
 def validate_field(key: str, value: Any, *, source: str | None = None, path: str = "") -> Any:
     """Check one config value; return it normalised or raise ConfigError naming the rule."""
-    rule = _RULES.get(key)
-    if rule is None:
-        allowed = ", ".join(SETTINGS)
-        raise ConfigError(
-            f"{path}{key}", value, f"a known setting (one of: {allowed})", source=source
-        )
-    return rule.check(f"{path}{key}", value, source)
+    return BatchingConfig.check(key, value, source=source, path=path)
 
 
 _DEFAULTS = BatchingConfig()

@@ -16,8 +16,8 @@ runners:
       max_num_batched_tokens: 1024
 ```
 
-A ``generation`` section is kept as written here and validated by the runner that uses it
-(the generation settings live above this layer); its errors name the file and the key too.
+A ``generation`` section is kept as written here and validated by the runner that uses it,
+over each generative method's declared settings; its errors name the file and the key too.
 
 Precedence, highest first: live ``configure()`` > ``Runner(...)`` arguments > the runner's
 section of the file > the method's decorator > the file's global section > defaults.

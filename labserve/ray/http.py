@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from labserve.metrics.snapshot import Snapshot
-from labserve.runtime.runner import RunnerMethod
+from labserve.runtime.served import ServedMethod
 from labserve.server.core import HttpCore
 from labserve.server.exchange import Backend, Head, Reply
 from labserve.server.state import ServerState
@@ -53,7 +53,7 @@ class BoardBackend(Backend):
         """One merged snapshot per batchable method."""
         return await self._merged()
 
-    async def configure(self, changes: list[tuple[RunnerMethod, dict[str, Any]]]) -> dict[str, Any]:
+    async def configure(self, changes: list[tuple[ServedMethod, dict[str, Any]]]) -> dict[str, Any]:
         """Every replica's config changed (validated already); the configs deployed."""
         configs: dict[str, Any] = {}
         for method, settings in changes:

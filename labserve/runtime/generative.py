@@ -41,9 +41,9 @@ from labserve.base.errors import (
     LoopThreadError,
     RunnerStoppedError,
 )
+from labserve.config.generation import START_SETTINGS, GenerationConfig
 from labserve.generation.admission import check_lengths, check_token_ids
 from labserve.generation.api import Completion, GenerateRequest
-from labserve.generation.config import START_SETTINGS, GenerationConfig
 from labserve.generation.sampling import SamplingParams, SequenceSampler, TextDecoder
 from labserve.generation.stats import GenerationSnapshot
 from labserve.runtime.generation_driver import GenerationDriver, GenerativeModel, NewSequence
@@ -82,7 +82,8 @@ class GenerativeMethod:
     labserve's loop thread; ``astream``, ``async_run`` and ``start`` work on any running
     event loop. Sampling settings (``max_tokens``, ``temperature`` — 0 is greedy —,
     ``seed``, ``stop``, ``stop_token_ids``, ``ignore_eos``, ``priority``) are keywords of
-    every call; see :class:`~labserve.generation.sampling.SamplingParams`.
+    every call; see :class:`~labserve.generation.sampling.SamplingParams`. A
+    :class:`~labserve.runtime.served.ServedMethod`.
     """
 
     generative = True

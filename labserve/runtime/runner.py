@@ -25,7 +25,8 @@ from labserve.batching.queue import BatchQueue
 from labserve.batching.requests import Request
 from labserve.config.batching import BatchingConfig, BatchingLayer
 from labserve.config.file import ConfigFile, load_config_file
-from labserve.generation.config import GENERATION_SETTINGS, GenerationConfig
+from labserve.config.generation import GENERATION_SETTINGS, GenerationConfig
+from labserve.config.settings import Settings
 from labserve.generation.stats import GenerationSnapshot
 from labserve.metrics.snapshot import BatchRecord, Snapshot
 from labserve.runtime import session
@@ -34,6 +35,7 @@ from labserve.runtime.generative import GenerativeMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import MethodSpec, Runnable
 from labserve.runtime.scheduling import LoopHost
+from labserve.runtime.served import ServedMethod
 
 __all__ = ["Runner", "RunnerMethod"]
 
@@ -43,13 +45,8 @@ def _generation_config(
 ) -> GenerationConfig:
     """A generative method's settings: the decorator < the file's section < the arguments."""
     section = file.generation_for(runner)
-    try:
-        from_file = declared.replace(**section)
-    except ConfigError as exc:
-        raise ConfigError(
-            f"runners.{runner}.generation.{exc.key}", exc.value, exc.rule, source=file.source
-        ) from None
-    return from_file.replace(**arguments)
+    path = f"runners.{runner}.generation."
+    return declared.with_changes(section, path=path, source=file.source).replace(**arguments)
 
 
 _SHARED = ("isolate_errors", "max_queue_size", "request_timeout_ms")
@@ -77,7 +74,7 @@ class RunnerMethod:
     """One served method: ``run`` (blocking) and ``async_run`` (awaitable).
 
     Both are thread-safe. Batchable methods go through the method's batch queue on the
-    background loop; others are plain calls.
+    background loop; others are plain calls. A :class:`~labserve.runtime.served.ServedMethod`.
     """
 
     generative = False
@@ -425,7 +422,7 @@ class Runner:
                 per_method,
             )
             self.methods[method_name] = RunnerMethod(self, spec, fn, cfg)
-        served: dict[str, RunnerMethod | GenerativeMethod] = {**self.methods, **self.generators}
+        served: dict[str, ServedMethod] = {**self.methods, **self.generators}
         for method_name, method in served.items():
             # ``runner.predict`` as a plain attribute: __getattr__ costs every call 0.4 µs.
             # The runner's own names win, as they do with __getattr__.
@@ -461,24 +458,28 @@ class Runner:
                 f"runner {self.name!r} has no method {name!r} (it has: {', '.join(self.methods)})"
             ) from None
 
-    def configure(self, method: str, **changes: Any) -> Any:
+    def configurable(self) -> dict[str, ServedMethod]:
+        """The methods whose settings change live, by name: batchable ones, then generative."""
+        return {**{n: m for n, m in self.methods.items() if m.batchable}, **self.generators}
+
+    def configure(self, method: str, **changes: Any) -> Settings:
         """Change a method's settings live, from any thread; see RunnerMethod.configure.
 
         A generative method takes GenerationConfig settings (see GenerativeMethod.configure)
         and returns its GenerationConfig; a batchable one returns its BatchingConfig.
+        ConfigError for a method the runner does not have; TypeError for a plain one.
 
         >>> runner.configure("predict", max_batch_size=64, strategy="fixed")  # doctest: +SKIP
         """
-        if method in self.generators:
-            return self.generators[method].configure(**changes)
-        if method not in self.methods:
+        served: ServedMethod | None = self.methods.get(method) or self.generators.get(method)
+        if served is None:
             raise ConfigError(
                 "method",
                 method,
                 f"a method of runner {self.name!r} "
                 f"(it has: {', '.join([*self.methods, *self.generators])})",
             )
-        return self._method(method).configure(**changes)
+        return served.configure(**changes)
 
     def stats(self, method: str) -> Snapshot:
         """An immutable snapshot of one batchable method. Thread-safe."""

@@ -39,6 +39,7 @@ from labserve.base.errors import (
 )
 from labserve.generation.api import Generator
 from labserve.runtime.runner import RunnerMethod
+from labserve.runtime.served import ServedMethod
 from labserve.server.state import ServerState
 from labserve.wire.codec import JSON
 
@@ -218,7 +219,7 @@ class Backend:
         """The generative methods' snapshots ``/metrics`` shows."""
         return [s for runner in self.state.runners.values() for s in runner.generation_snapshots()]
 
-    async def configure(self, changes: list[tuple[RunnerMethod, dict[str, Any]]]) -> dict[str, Any]:
+    async def configure(self, changes: list[tuple[ServedMethod, dict[str, Any]]]) -> dict[str, Any]:
         """Apply validated ``changes`` (each method's settings); return ``GET /config``'s body."""
         for method, settings in changes:
             method.configure(**settings)
@@ -228,10 +229,7 @@ class Backend:
 def configs(state: ServerState) -> dict[str, Any]:
     """``GET /config``: every batchable and generative method's config, by runner and method."""
     return {
-        name: {
-            **{m.name: m.config.as_dict() for m in runner.methods.values() if m.batchable},
-            **{g.name: g.config.as_dict() for g in runner.generators.values()},
-        }
+        name: {m.name: m.config.as_dict() for m in runner.configurable().values()}
         for name, runner in state.runners.items()
     }
 

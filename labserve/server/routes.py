@@ -23,6 +23,7 @@ from labserve.base.errors import (
 from labserve.generation.prometheus import GenerationCollector
 from labserve.metrics.prometheus import SnapshotCollector
 from labserve.runtime.runner import RunnerMethod
+from labserve.runtime.served import ServedMethod
 from labserve.server.exchange import Exchange, Reply, configs, json_reply
 from labserve.server.routing import Route, Verb
 from labserve.server.state import ServerState
@@ -178,7 +179,7 @@ async def _patch_config(ex: Exchange) -> Reply:
 
 def config_changes(
     state: ServerState, body: dict[str, Any]
-) -> list[tuple[RunnerMethod, dict[str, Any]]]:
+) -> list[tuple[ServedMethod, dict[str, Any]]]:
     """The methods a ``PATCH /config`` body changes, and each one's settings.
 
     Two shapes: ``GET /config``'s (``{runner: {method: {setting: value}}}``, any subset),
@@ -204,11 +205,11 @@ def config_changes(
                     f"body[{runner_name!r}][{method_name!r}] must be an object of settings, "
                     f"got {type(settings).__name__}"
                 )
-            changes.append((_batchable(state, runner_name, method_name), dict(settings)))
+            changes.append((_configurable(state, runner_name, method_name), dict(settings)))
     return changes
 
 
-def _flat_change(state: ServerState, body: dict[str, Any]) -> tuple[RunnerMethod, dict[str, Any]]:
+def _flat_change(state: ServerState, body: dict[str, Any]) -> tuple[ServedMethod, dict[str, Any]]:
     only = next(iter(state.runners)) if len(state.runners) == 1 else None
     runner_name = body.pop("runner", only)
     method_name = body.pop("method")
@@ -217,27 +218,21 @@ def _flat_change(state: ServerState, body: dict[str, Any]) -> tuple[RunnerMethod
             '"runner" and "method" must be strings, got '
             f"{type(runner_name).__name__} and {type(method_name).__name__}"
         )
-    return _batchable(state, runner_name, method_name), body
+    return _configurable(state, runner_name, method_name), body
 
 
-def _batchable(state: ServerState, runner_name: str, method_name: str) -> RunnerMethod:
+def _configurable(state: ServerState, runner_name: str, method_name: str) -> ServedMethod:
     """A method whose settings change live: batchable, or generative (continuous batching)."""
     runner = state.runners.get(runner_name)
-    method: Any = None
-    if runner is not None:
-        method = runner.methods.get(method_name) or runner.generators.get(method_name)
-    if method is None or not (method.batchable or method.generative):
+    method = runner.configurable().get(method_name) if runner is not None else None
+    if method is None:
         generating = any(r.generators for r in state.runners.values())
         raise NotFoundError(
             "batchable or generative method" if generating else "batchable method",
             f"{runner_name}.{method_name}",
-            served=[
-                f"{n}.{name}"
-                for n, r in state.runners.items()
-                for name in [*(m.name for m in r.methods.values() if m.batchable), *r.generators]
-            ],
+            served=[f"{n}.{name}" for n, r in state.runners.items() for name in r.configurable()],
         )
-    return method  # type: ignore[no-any-return]  # a GenerativeMethod configures alike
+    return method
 
 
 _CONFIG_BODY = {"type": "object", "additionalProperties": {"type": "object"}}
