@@ -1,7 +1,7 @@
 """What the subcommands share: the one-line usage error, number lists, imports, the loop.
 
-Private to ``labserve.cli``: each subcommand's module imports from here, never from another
-subcommand's module.
+Private to ``labserve.cli``: a subcommand's modules import what they share from here, not
+from another subcommand's.
 """
 
 from __future__ import annotations
