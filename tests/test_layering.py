@@ -208,6 +208,17 @@ def test_the_layer_check_can_fail():
     assert layer_violations({"labserve.server.app": {"labserve.runtime.runner"}}) == []
 
 
+def test_the_command_package_is_the_top_floor():
+    # labserve/cli/ is a package: each subcommand's module sits on the command's floor.
+    graph = _core_imports()
+    assert {"labserve.cli.serve", "labserve.cli.load"} <= set(graph)
+    assert _unit("labserve.cli.load") == "labserve.cli"
+    assert layer_violations({"labserve.cli.load": {"labserve.load.generation"}}) == []
+    assert layer_violations({"labserve.load.generation": {"labserve.cli.load"}}) == [
+        "labserve.load.generation (labserve.load) imports labserve.cli.load (labserve.cli)"
+    ]
+
+
 def test_no_import_cycles():
     assert import_cycles(_core_imports()) == []
     assert import_cycles({"labserve.x.a": {"labserve.x.b"}, "labserve.x.b": {"labserve.x.a"}})

@@ -1,18 +1,18 @@
-"""``labserve load URL`` for a generation URL: its flags, its run and what it prints.
+"""``labserve load`` on a generation URL: its flags, its run and what it prints.
 
-The ``load`` command hands a ``.../v1/completions`` or ``.../v1/chat/completions`` URL
-here (:func:`run`); the flags only a generation load reads are added by
-:func:`add_arguments`. Bad flags raise ``ValueError`` with the flag's name, which the
-command prints as one line (exit status 2).
+:func:`~labserve.cli.load.run` hands a ``.../v1/completions`` or ``.../v1/chat/completions``
+URL here, its common flags checked and ``--input-len`` parsed; the flags only a generation load
+reads are added by :func:`add_arguments`. Streamed completions give TTFT, ITL, TPOT and goodput.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import warnings
 from typing import Any
+
+from labserve.cli._common import UsageError
 
 __all__ = ["add_arguments", "run"]
 
@@ -45,18 +45,19 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> None:
-    """Run the generation load ``args`` ask for and print its result.
+def run(args: argparse.Namespace) -> Any:
+    """Streamed completions to a generation URL; print TTFT, ITL, TPOT and goodput; return it.
 
     Raises:
-        ValueError: a flag breaks its rule (the message names it).
+        UsageError: a flag breaks its rule (the message names it).
     """
     from labserve.base.errors import LoadInterrupted, LoadWarning
+    from labserve.base.lengths import parse_length
     from labserve.load.generation import generation_load_test
     from labserve.load.loop import load_loop
 
     if args.width is not None or args.binary:
-        raise ValueError("--width and --binary are for request loads, not a generation URL")
+        raise UsageError("--width and --binary are for request loads, not a generation URL")
     arrivals, mode = _arrivals(args)
     sys.stderr.write(f"loading {args.url} for {args.duration:g} s, {mode} ...\n")
     with warnings.catch_warnings(record=True) as caught:
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> None:
                 arrivals=arrivals,
                 concurrency=args.concurrency,
                 input_len=args.input_len if args.input_len is not None else 32,
-                output_len=_length(args.output_len, "--output-len"),
+                output_len=parse_length(args.output_len, name="--output-len"),
                 model=args.model,
                 goodput=_goodput(args.goodput),
                 ignore_eos=not args.no_ignore_eos,
@@ -88,9 +89,7 @@ def run(args: argparse.Namespace) -> None:
         for w in caught:
             print(f"  {w.message}")
     print(f"generator: its own event loop ({'uvloop' if load_loop().uvloop else 'asyncio'})")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"summary": result.summary(), "server": result.server}, f, indent=1)
+    return result
 
 
 def _arrivals(args: argparse.Namespace) -> tuple[Any, str]:
@@ -99,7 +98,7 @@ def _arrivals(args: argparse.Namespace) -> tuple[Any, str]:
 
     if args.concurrency:
         if args.burst:
-            raise ValueError("--burst is an open loop: give it without --concurrency")
+            raise UsageError("--burst is an open loop: give it without --concurrency")
         return None, f"{args.concurrency} clients (closed loop)"
     if args.burst:
         try:
@@ -107,16 +106,10 @@ def _arrivals(args: argparse.Namespace) -> tuple[Any, str]:
             process: Any = BurstArrivals(args.rate, burst_rps, every_s, length_s)
         except ValueError as exc:
             said = f"--burst takes RPS:EVERY_S:LENGTH_S, got {args.burst!r} ({exc})"
-            raise ValueError(said) from None
+            raise UsageError(said) from None
         return process, f"{process} (open loop)"
     kind = PoissonArrivals if args.arrivals == "poisson" else ConstantArrivals
     return kind(args.rate), f"{args.arrivals} {args.rate:g} req/s (open loop)"
-
-
-def _length(spec: str, flag: str) -> Any:
-    from labserve.base.lengths import parse_length
-
-    return parse_length(spec, name=flag)
 
 
 def _goodput(fields: list[str] | None) -> dict[str, float]:
@@ -125,4 +118,4 @@ def _goodput(fields: list[str] | None) -> dict[str, float]:
     try:
         return parse_goodput(fields)
     except ValueError as exc:
-        raise ValueError(f"--{exc}") from None
+        raise UsageError(f"--{exc}") from None

@@ -1,0 +1,221 @@
+"""``labserve serve``: a Runnable over HTTP in the foreground, here or on Ray Serve replicas.
+
+Ctrl-C (SIGINT) and SIGTERM drain it: the runner stops first, then the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from labserve.base.errors import StopTimeoutError
+from labserve.cli._common import UsageError, check_sections, import_from_cwd, loop_choice
+from labserve.runtime.loop import LOOP_KINDS
+
+if TYPE_CHECKING:
+    from labserve.cli._common import Subcommands
+
+__all__ = ["add_command", "run"]
+
+_REPLIES_END_S = 5.0  # for replies whose runner has stopped: the last event, then the end
+
+
+def add_command(sub: Subcommands) -> None:
+    """The ``serve`` subcommand (a Runnable over HTTP, here or on Ray)."""
+    srv = sub.add_parser("serve", help="serve a Runnable over HTTP in the foreground")
+    srv.add_argument("target", help="module:Class (a labserve.Runnable)")
+    srv.add_argument("--name", help="runner name (default: the class name, lowercased)")
+    srv.add_argument("--config", help="a labserve/BentoML YAML config file")
+    srv.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine)"
+    )
+    srv.add_argument("--port", type=int, default=3000, help="port to bind (default 3000)")
+    srv.add_argument("--token", help="required for PATCH /config (and every route off loopback)")
+    srv.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let pages of this origin call the server (repeatable; '*' for any)",
+    )
+    srv.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="accept this Host name besides loopback and the bound address (repeatable; '*')",
+    )
+    srv.add_argument(
+        "--loop",
+        choices=LOOP_KINDS,
+        default="auto",
+        help="the server's event loop (auto: uvloop if installed)",
+    )
+    srv.add_argument(
+        "--drain-timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="on SIGINT/SIGTERM, seconds for requests and generations in progress to finish;"
+        " those still running then end with RunnerStoppedError (default 30)",
+    )
+    srv.add_argument("--ray", action="store_true", help="on Ray Serve replicas (labserve[ray])")
+    srv.add_argument("--replicas", type=int, default=1, help="with --ray: replicas (default 1)")
+    srv.add_argument(
+        "--ray-address", help="with --ray: join this cluster (default: start a local Ray)"
+    )
+    srv.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Serve ``args.target`` until SIGINT or SIGTERM, then drain and stop."""
+    from labserve.runtime.runnable import Runnable
+
+    module_name, _, cls_name = args.target.partition(":")
+    if not (module_name and cls_name) or "." in cls_name:
+        raise UsageError(f"serve needs module:Class, got {args.target!r}")
+    try:
+        cls = getattr(import_from_cwd(module_name), cls_name)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"cannot load {args.target!r}: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Runnable)):
+        raise UsageError(f"{args.target!r} is not a labserve.Runnable class")
+    if args.ray:
+        _serve_on_ray(cls, args)
+        return
+    with loop_choice(args.loop):
+        _serve_here(cls, args)
+
+
+def _serve_here(cls: type[Any], args: argparse.Namespace) -> None:
+    from labserve.runtime.runner import Runner
+    from labserve.server import serve
+
+    if args.config:
+        check_sections(args.config, [args.name or cls.__name__.lower()])
+    with _StopSignals() as signals:
+        runner = Runner(cls, name=args.name, config=args.config)
+        server = serve(
+            runner,
+            host=args.host,
+            port=args.port,
+            token=args.token,
+            allow_origin=args.allow_origin,
+            allow_hosts=args.allow_host,
+        )
+        try:
+            _say_routes(runner, server)
+            signals.wait()
+        finally:
+            _stop_serving(runner, server, args.drain_timeout)
+
+
+def _stop_serving(runner: Any, server: Any, drain_s: float) -> None:
+    """Stop the runner, then the server: every open stream ends with its final event.
+
+    The runner first (new requests get 503 meanwhile): its queued requests and live
+    generations get ``drain_s`` to finish, then each caller still waiting gets
+    RunnerStoppedError, which a stream sends as its last event. The server then lets those
+    replies reach their clients before it closes the connections.
+    """
+    try:
+        runner.stop(timeout=drain_s)
+    except StopTimeoutError as exc:
+        print(f"stopping: {exc}", file=sys.stderr, flush=True)
+    finally:
+        server.stop(drain_s=_REPLIES_END_S)
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _say_routes(runner: Any, server: Any) -> None:
+    loop = "uvloop" if server.bg.uvloop else "asyncio"
+    print(
+        f"serving {runner.name} at {server.url}  (token {server.token}, {loop} loop); Ctrl-C stops",
+        flush=True,
+    )
+    for method in runner.methods.values():
+        print(f"  POST {server.url}/runners/{runner.name}/{method.name}", flush=True)
+    print(
+        f"  also: /v2/models/{runner.name}/infer (Open Inference Protocol), /stats, /metrics,"
+        f" /config, /healthz; GET {server.url}/ describes them all, /openapi.json for tools",
+        flush=True,
+    )
+
+
+class _StopSignals:
+    """While entered, Ctrl-C (SIGINT) and SIGTERM stop the serve loop; main thread only.
+
+    Both are handled here rather than left to Python: SIGTERM (what a process manager or
+    ``docker stop`` sends) would end the process at once, with nothing drained, and a shell
+    starts a background job (``labserve serve ... &``) with SIGINT ignored. Entered before
+    the server starts, so that a signal during start-up is not lost either.
+    """
+
+    def __enter__(self) -> _StopSignals:
+        self._stop = threading.Event()
+        self._got: list[str] = []
+        self._previous = {
+            s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)
+        }
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._got.append(signal.Signals(signum).name)
+        self._stop.set()
+
+    def wait(self) -> None:
+        """Block until a signal came (or had come), then say which."""
+        while not self._stop.wait(0.5):
+            pass
+        print(f"stopping ({self._got[0]})", flush=True)
+
+
+def _serve_on_ray(cls: type[Any], args: argparse.Namespace) -> None:
+    try:
+        # Optional: the `ray` extra. Imported only when asked for (--ray).
+        import labserve.ray
+        from labserve.ray import cluster
+    except ImportError as exc:
+        raise UsageError(f"--ray needs the ray extra: pip install 'labserve[ray]' ({exc})") from exc
+    if args.host not in ("127.0.0.1", "localhost", "::1") and args.token is None:
+        raise UsageError(f"binding {args.host!r} (not loopback) needs --token")
+    with _StopSignals() as signals:
+        owned = cluster.start(address=args.ray_address, host=args.host, port=args.port)
+        app = None
+        try:
+            app = labserve.ray.deploy(
+                cls,
+                name=args.name,
+                config=args.config,
+                num_replicas=args.replicas,
+                token=args.token,
+                token_everywhere=args.host not in ("127.0.0.1", "localhost", "::1"),
+            )
+            print(
+                f"serving {app.runner} on Ray Serve ({args.replicas} replicas) at "
+                f"{app.url(args.host, args.port)}  (token {app.token}); Ctrl-C stops",
+                flush=True,
+            )
+            signals.wait()
+        finally:
+            if app is not None:
+                app.stop()
+            cluster.stop(owned=owned)
