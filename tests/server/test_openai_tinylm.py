@@ -211,10 +211,13 @@ def test_a_client_that_leaves_before_its_whole_reply_frees_its_sequence(slow, ch
         time.sleep(0.02)
     after = runner.generate.stats()
     assert after.outcomes["served"] == 0 and after.num_running == after.num_waiting == 0
-    # Withdrawn, not run to max_tokens: it stopped well short, and no step ran since.
+    # Withdrawn, not run to max_tokens: it stopped well short, and no step started since
+    # (the step in flight when it was withdrawn may still be recorded after it).
     assert 5 <= after.output_tokens <= 500
     time.sleep(0.1)
-    assert steps() == len(after.steps.start_s)
+    later = runner.generate.stats().steps.start_s
+    assert len(later) <= len(after.steps.start_s) + 1
+    assert all(t <= after.time_s for t in later)
 
 
 @pytest.mark.parametrize("seed", [-1, -(2**63), 2**64 - 1])
