@@ -3,7 +3,9 @@
 Issue 30's target: HTTP streaming against in process (``http_vs_inprocess.py``) and the load
 generator's CPU per streamed token (``load_cpu.py``, closed loop of 64 streams and open loop
 at 20 req/s, each on asyncio and uvloop) within 5% before and after, as the ratio new / old
-of the medians over alternating rounds. Each round runs, for the old tree then the new, every
+of the medians over alternating rounds. With them, ``server_cpu.py``: the server's own CPU per
+streamed token over a fixed amount of work, which the machine's other load moves much less
+than tokens/s. Each round runs, for the old tree then the new, every
 measure once, each in processes of its own that import that tree's labserve (``PYTHONPATH``,
 run from inside the tree; checked before the first round). The harness is this folder's
 scripts for both trees, so only labserve differs. ``--old`` and ``--new`` take a directory
@@ -98,14 +100,25 @@ def load_cpu(tree: Path, args: argparse.Namespace, *mode: str, name: str) -> Fig
     return figures
 
 
+def server_cpu(tree: Path, args: argparse.Namespace) -> Figures:
+    """One run of server_cpu.py: the server's CPU µs per token over fixed work, tokens/s."""
+    run = _script(tree, "server_cpu.py", "--rounds", "1")[0]
+    return {
+        "server_us_per_token": run["server_us_per_token"],
+        "server_fixed_work_tokens_per_s": run["tokens_per_s"],
+    }
+
+
 MEASURES: dict[str, Callable[[Path, argparse.Namespace], Figures]] = {
     "http": http_vs_inprocess,
     "cpu_closed": lambda tree, args: load_cpu(tree, args, name="closed64"),
     "cpu_open": lambda tree, args: load_cpu(
         tree, args, "--rate", "20", "--concurrency", "256", name="open20"
     ),
+    "server_cpu": server_cpu,
 }
-# What the target judges; the others (the CPU runs' tokens/s, the machine's) are kept as context.
+# What the target judges; the others are kept as context: the CPU runs' tokens/s, and the
+# server's CPU per token over fixed work, which tells a slower server from a busier machine.
 JUDGED = (
     "in_process_tokens_per_s",
     "http_tokens_per_s",
@@ -146,8 +159,13 @@ def summarize(runs: list[dict[str, Any]], keys: list[str]) -> dict[str, dict[str
         if not values["old"] or not values["new"]:
             continue
         old, new = statistics.median(values["old"]), statistics.median(values["new"])
-        summary[key] = {"old": values["old"], "new": values["new"], "old_median": old,
-                        "new_median": new, "new_over_old": new / old}  # fmt: skip
+        summary[key] = {
+            "old": values["old"],
+            "new": values["new"],
+            "old_median": old,
+            "new_median": new,
+            "new_over_old": new / old,
+        }
     return summary
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
 import statistics
@@ -64,8 +65,12 @@ def trial(url: str, body: bytes, baseline_s: float, after_s: float) -> dict[str,
         try:
             while not stop.is_set():
                 conn = http.client.HTTPConnection(host, port, timeout=300)
-                conn.request("POST", "/v1/completions", json.dumps({**NEIGHBOUR, "stream": True}),
-                             {"Content-Type": "application/json"})  # fmt: skip
+                conn.request(
+                    "POST",
+                    "/v1/completions",
+                    json.dumps({**NEIGHBOUR, "stream": True}),
+                    {"Content-Type": "application/json"},
+                )
                 resp = conn.getresponse()
                 if resp.status != 200:
                     raise RuntimeError(f"neighbour got {resp.status}: {resp.read()[:200]!r}")
@@ -74,7 +79,7 @@ def trial(url: str, body: bytes, baseline_s: float, after_s: float) -> dict[str,
                     if line.startswith(b"data:") and not line.startswith(b"data: [DONE]"):
                         events.append(time.monotonic())
                 conn.close()
-        except BaseException as exc:  # noqa: BLE001 (raised again in the measuring thread)
+        except BaseException as exc:  # raised again in the measuring thread
             failed.append(exc)
 
     _post(host, port, json.dumps({**NEIGHBOUR, "max_tokens": 8}).encode())  # start-up
@@ -90,7 +95,7 @@ def trial(url: str, body: bytes, baseline_s: float, after_s: float) -> dict[str,
     if failed:
         raise failed[0]
     message = json.loads(reply).get("error", {}).get("message", reply.decode()[:300])
-    pairs = list(zip(events, events[1:]))
+    pairs = list(itertools.pairwise(events))
     before = [(a, b) for a, b in pairs if b <= t0]
     within = [b - a for i, (a, b) in enumerate(before) if i + 1 not in firsts]
     around = [b - a for a, b in pairs if b > t0 and a < t1]
@@ -125,8 +130,10 @@ def measure(tree: Path | None, args: argparse.Namespace, body: bytes) -> dict[st
         started = json.loads(line)
         if tree is not None and not Path(started["labserve"]).resolve().is_relative_to(tree):
             sys.exit(f"the server imported {started['labserve']}, not {tree}'s labserve")
-        return {"load_before": os.getloadavg()[0],
-                **trial(started["url"], body, args.baseline_s, args.after_s)}  # fmt: skip
+        return {
+            "load_before": os.getloadavg()[0],
+            **trial(started["url"], body, args.baseline_s, args.after_s),
+        }
     finally:
         if server.stdin is not None:
             server.stdin.close()
@@ -177,13 +184,21 @@ def main() -> None:
         side: {k: statistics.median(run[k] for run in runs if run["side"] == side) for k in FIGURES}
         for side in sides
     }
-    print(f"\nprompt {args.mib:g} MiB, load average {load_start[0]:.1f} at start, "
-          f"{load_end[0]:.1f} at end; medians:\n")  # fmt: skip
-    print("| side | refusal s | neighbour median gap ms | longest silence around ms | "
-          "longest silence before ms |")  # fmt: skip
+    print(
+        f"\nprompt {args.mib:g} MiB, load average {load_start[0]:.1f} at start, "
+        f"{load_end[0]:.1f} at end; medians:\n"
+    )
+    print(
+        "| side | refusal s | neighbour median gap ms | longest silence around ms | "
+        "longest silence before ms |"
+    )
     print("|---|---:|---:|---:|---:|")
     for side, m in medians.items():
-        print(" | ".join([f"| {side}", *(f"{m[k]:,.3g}" for k in FIGURES)]) + " |")
+        around, before = m["longest_silence_around_ms"], m["longest_silence_before_ms"]
+        print(
+            f"| {side} | {m['refusal_s']:.2f} | {m['median_gap_ms']:.2f} | {around:,.0f} | "
+            f"{before:,.0f} |"
+        )
     report = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "body_bytes": len(body),
