@@ -21,11 +21,10 @@ from typing import Any
 
 import ipywidgets as w
 from bokeh.document import Document
-from IPython.display import display
 
 import labserve
 
-from .bokehjs import bokehjs_widget
+from .bokehjs import display_bokehjs
 from .chartwidget import ChartWidget
 from .gencharts import GenerationCharts
 from .gencontrols import GenerationControls
@@ -143,12 +142,8 @@ class GenerationDashboard:
         return box
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel. A
-        # new carrier per display: a page reloaded and Run All at once cannot draw the
-        # kernel's one yet (see bokehjs_widget), and every chart then failed for want of it.
-        carrier = bokehjs_widget(fresh=True)
-        self._carriers.append(carrier)
-        display(carrier)  # type: ignore[no-untyped-call]  # unannotated in IPython
+        # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel.
+        self._carriers.append(display_bokehjs())
         bundle = self.view()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # the VBox's own text holds live numbers
             bundle["text/plain"] = repr(self)

@@ -291,7 +291,7 @@ def test_bokehjs_travels_in_widget_state_not_in_the_notebook(dash, monkeypatch):
     from labserve.widgets import bokehjs
 
     shown: list[object] = []
-    monkeypatch.setattr("labserve.widgets.dashboard.display", shown.append)
+    monkeypatch.setattr("labserve.widgets.bokehjs.display", shown.append)
     bundle = dash._repr_mimebundle_()
     (carrier,) = shown  # before the charts' own output
     assert "application/vnd.jupyter.widget-view+json" in bundle

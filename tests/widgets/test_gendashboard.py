@@ -380,7 +380,7 @@ def test_each_display_brings_its_own_bokehjs_carrier_closed_with_the_dashboard(d
     # A page reloaded and Run All at once cannot draw a widget the kernel made before; the
     # charts then had no BokehJS. Each display brings a new hidden carrier.
     shown: list[Any] = []
-    monkeypatch.setattr("labserve.widgets.gendashboard.display", shown.append)
+    monkeypatch.setattr("labserve.widgets.bokehjs.display", shown.append)
     bundle = dash._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert bundle["text/plain"] == repr(dash)  # no live numbers in a saved notebook
