@@ -123,7 +123,10 @@ def display_bokehjs() -> Any:
     a page gets it when it draws the widget, including a page reloaded (or a second tab)
     while the kernel lives, which restores its widgets from the kernel without re-running
     a cell; the saved notebook holds only a reference to the widget. The script does
-    nothing on a page that has this version of BokehJS already.
+    nothing on a page that has this version of BokehJS already. Show the chart one widget
+    deeper than this one (in a box, as :class:`~labserve.widgets.ChartWidget` and the
+    dashboards do): a reloaded page restores all its widgets at once, and a chart's view
+    made at the top level was made before this widget's script had run.
 
     A new widget each time, not one per kernel: a page reloaded and then Run All at once
     knows the kernel's widgets only once it has fetched them all; until then a display of

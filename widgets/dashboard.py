@@ -121,13 +121,12 @@ class Dashboard:
             **token_errors,
         }
         """Where each group's refusals show."""
-        # A fixed height: the numbers a tuner compares, then the settings, the load and any
-        # warning. A message appearing does not move the charts. Room for three lines: in
-        # JupyterLab beside its file browser the numbers line wraps once, and at 3.6em the
-        # settings line was hidden under it.
+        # The numbers a tuner compares, then the settings, the load and any warning. Room for
+        # three lines, so a message appearing does not move the charts; more when a narrow
+        # page wraps them (a fixed height hid the settings line there, cut off mid-line).
         self.status = w.HTML(
             value="<code>starting…</code>",
-            layout=w.Layout(height="6.4em", overflow="hidden", margin="4px 0"),
+            layout=w.Layout(min_height="6.4em", margin="4px 0"),
         )
         self.replicas = w.HTML(value="", layout=w.Layout(display="none", margin="0 0 4px 0"))
         """Each replica's numbers (shown when the method runs on several)."""
@@ -183,7 +182,10 @@ class Dashboard:
         self._carriers.append(display_bokehjs())
         bundle = self.view()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # the VBox's own text holds live numbers
-            bundle["text/plain"] = repr(self)
+            # What a saved notebook shows where widgets do not draw: no state (a saved
+            # "(live)" said so before anything ran).
+            method = self.controls["method"].value
+            bundle["text/plain"] = f"<Dashboard {method}: live charts when its cell runs>"
         return bundle
 
     def save_html(self, path: str) -> None:

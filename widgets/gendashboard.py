@@ -81,9 +81,10 @@ class GenerationDashboard:
         """Every control by name (the scheduler's, then the load's)."""
         self.errors: dict[str, w.HTML] = {**self.scheduling.errors, "load": self.load.error}
         """Where each group's refusals show."""
+        # Room for three lines (as the request dashboard's); more when a narrow page wraps them.
         self.status = w.HTML(
             value="<code>starting…</code>",
-            layout=w.Layout(height="6.4em", overflow="hidden", margin="4px 0"),
+            layout=w.Layout(min_height="6.4em", margin="4px 0"),
         )
         self.panel = w.HBox([self.scheduling.box, self.load.box])
         self.pump = GenerationPump(
@@ -146,7 +147,10 @@ class GenerationDashboard:
         self._carriers.append(display_bokehjs())
         bundle = self.view()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # the VBox's own text holds live numbers
-            bundle["text/plain"] = repr(self)
+            # What a saved notebook shows where widgets do not draw: no state (a saved
+            # "(live)" said so before anything ran).
+            name = self.method.name
+            bundle["text/plain"] = f"<GenerationDashboard {name}: live charts when its cell runs>"
         return bundle
 
     def close(self) -> None:
