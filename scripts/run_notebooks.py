@@ -3,10 +3,10 @@
     .venv/bin/python scripts/run_notebooks.py [notebooks/02-*.ipynb ...]   (default: all)
 
 Saved outputs are what strict nbval compares, so re-run this after a change that moves a
-lesson's numbers. Each output that loads BokehJS (``load_bokehjs()``, a chart) is saved with
-a stub in place of its 2 MB of script, so the notebook stays small; labserve's nbval sanitizer
-makes any BokehJS compare equal to the stub. JupyterLab loads BokehJS when a reader runs the
-cell. (A dashboard's BokehJS travels in a widget's state, which is not saved at all.)
+lesson's numbers. labserve's charts bring BokehJS in a hidden widget's state, which is not
+saved at all; an output that holds BokehJS itself (inline Bokeh from other code) is saved with
+a stub in place of its 2 MB of script, so the notebook stays small, and labserve's nbval
+sanitizer makes any BokehJS compare equal to the stub.
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ _NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 """Round numbers an axis ends on (times a power of ten): fine enough not to squash the data."""
 _HEADROOM = 1.1
 """A linear axis ends this far above the data (then rounds up)."""
+_CAP_HEADROOM = 1.04
+"""A linear axis whose highest value is a cap (max_num_seqs) ends this far above it, not
+rounded: the data stays under it, and a cap of 256 put the axis's end at 300."""
 _LOG_HEADROOM = 1.2
 """A log axis spans this factor beyond the data at each end (then rounds)."""
 _SHRINK = 2.5
@@ -99,6 +102,8 @@ class YAxis:
     """One chart's y range, from its ``columns`` (summed per row if ``stacked``).
 
     ``ticker``: a log axis's ticks, set whenever the range changes (:func:`log_ticks`).
+    ``caps``: those of ``columns`` that are limits (``max_num_seqs``): while one is the
+    highest value, a linear axis ends just above it.
     """
 
     range: Range1d
@@ -106,6 +111,7 @@ class YAxis:
     log: bool = False
     stacked: bool = False
     ticker: FixedTicker | None = None
+    caps: tuple[str, ...] = ()
     _seen: bool = field(default=False, repr=False)
 
     @classmethod
@@ -116,9 +122,11 @@ class YAxis:
         log: bool = False,
         stacked: bool = False,
         ticker: FixedTicker | None = None,
+        caps: Sequence[str] = (),
     ) -> YAxis:
         """A y axis over ``columns`` showing the empty chart's range (log: 1 to 100)."""
-        axis = cls(Range1d(), tuple(columns), log=log, stacked=stacked, ticker=ticker)
+        axis = cls(Range1d(), tuple(columns), log=log, stacked=stacked, ticker=ticker,
+                   caps=tuple(caps))  # fmt: skip
         axis.reset()
         return axis
 
@@ -135,8 +143,21 @@ class YAxis:
             return math.inf, -math.inf
         return min(values), max(values)
 
-    def fit(self, lo: float, hi: float, *, shrink: bool) -> None:
-        """Grow the range to hold [lo, hi]; with ``shrink``, also tighten it around them."""
+    def cap(self, data: Mapping[str, Sequence[object]], first: int) -> float | None:
+        """The highest cap of the rows from ``first`` on, if no other value is above it."""
+        caps = [v for c in self.caps for v in _finite(data[c][first:])]
+        if not caps or self.stacked:
+            return None
+        top = max(caps)
+        others = [v for c in self.columns if c not in self.caps for v in _finite(data[c][first:])]
+        return top if top > 0 and max(others, default=0.0) <= top else None
+
+    def fit(self, lo: float, hi: float, *, shrink: bool, cap: float | None = None) -> None:
+        """Grow the range to hold [lo, hi]; with ``shrink``, also tighten it around them.
+
+        ``cap``: the highest value is that cap (see :meth:`cap`): a linear axis ends just
+        above it.
+        """
         if hi < lo:  # no data
             return
         r = self.range
@@ -148,7 +169,10 @@ class YAxis:
             start = want[0] if lo < old[0] or (shrink and want[0] > old[0] * _SHRINK) else old[0]
             end = want[1] if hi > old[1] or (shrink and want[1] * _SHRINK < old[1]) else old[1]
         else:
-            want = (0.0, nice_ceil(hi * _HEADROOM) if hi > 0 else 1.0)
+            if cap is not None and cap >= hi > 0:
+                want = (0.0, cap * _CAP_HEADROOM)
+            else:
+                want = (0.0, nice_ceil(hi * _HEADROOM) if hi > 0 else 1.0)
             start = 0.0
             end = want[1] if hi > old[1] or (shrink and want[1] * _SHRINK < old[1]) else old[1]
         new = want if not self._seen else (start, end)
@@ -187,12 +211,14 @@ class SteppedAxes:
         log: bool = False,
         stacked: bool = False,
         ticker: FixedTicker | None = None,
+        caps: Sequence[str] = (),
     ) -> Range1d:
         """A new y range that follows ``columns`` (log: positive values only).
 
         ``ticker``: gets the ticks that match the range (see :func:`tick_log_axis`).
+        ``caps``: the columns that are limits (see :class:`YAxis`).
         """
-        axis = YAxis.empty(columns, log=log, stacked=stacked, ticker=ticker)
+        axis = YAxis.empty(columns, log=log, stacked=stacked, ticker=ticker, caps=caps)
         self.ys.append(axis)
         return axis.range
 
@@ -212,7 +238,7 @@ class SteppedAxes:
         first = _first_at_or_after(t, _span(self.x)[0]) if moved else len(t) - new_rows
         for axis in self.ys:
             lo, hi = axis.extent(data, first)
-            axis.fit(lo, hi, shrink=moved)
+            axis.fit(lo, hi, shrink=moved, cap=axis.cap(data, first))
 
     def reset(self) -> None:
         """Back to empty charts."""

@@ -1,11 +1,12 @@
-"""Load BokehJS into the notebook page inline, so charts draw offline (no CDN).
+"""Bring BokehJS to every page that shows a chart, inline, so charts draw offline (no CDN).
 
 jupyter_bokeh's widget needs BokehJS already in the page, and sends none itself (its front-end
-extension bundles none either). A dashboard shows it in a hidden widget first
-(:func:`bokehjs_widget`): the 2 MB script lives in the kernel's widget state, so a page
-reloaded, or a second tab, gets it back with the widgets, without re-running a cell, and the
-notebook file never holds it. Other charts load it once per kernel as a cell output
-(:func:`load_bokehjs`, also for a setup cell), which ``scripts/run_notebooks.py`` saves as a stub.
+extension bundles none either). Every chart, a dashboard's or a static plot's, is displayed
+after a hidden widget of its own that holds BokehJS (:func:`display_bokehjs`): the 2 MB script
+lives in the kernel's widget state, so a page reloaded, or a second tab, gets it back with
+the widgets, without re-running a cell, and the notebook file never holds it (only a
+reference to the widget). This is the one way BokehJS reaches a page; :func:`load_bokehjs`
+(a setup cell's) displays the same widget.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ from typing import Any
 
 import bokeh
 from bokeh.resources import Resources
+from IPython import get_ipython
+from IPython.display import display
 
-__all__ = ["STUB", "bokehjs_widget", "load_bokehjs"]
+__all__ = ["STUB", "display_bokehjs", "load_bokehjs"]
 
 LOAD_MIME = "application/vnd.bokehjs_load.v0+json"
 """The mime type jupyter_bokeh's JupyterLab extension runs as a script."""
 STUB = "/* BEGIN bokeh.min.js */ /* not saved with the lesson: run this cell to load BokehJS */"
-"""What a saved notebook keeps in place of BokehJS (labserve's nbval sanitizer matches both)."""
-_loaded = False
+"""What a saved notebook keeps in place of BokehJS shown as an output (labserve's nbval
+sanitizer matches both); labserve itself no longer shows it as one."""
 ACK_NAME = "labserve-ack"
 """Name of the model in a chart document that carries each patch's sequence number.
 
@@ -106,32 +109,57 @@ def _bundle() -> dict[str, str]:
     return _bundle_cache
 
 
-_carrier: list[Any] = []
 _carrier_script: list[str] = []
+_shown_by_cell: dict[str, tuple[str, list[Any]]] = {}
+"""Cell id -> (the run's message id, the carriers that run displayed)."""
 
 
-def bokehjs_widget(*, fresh: bool = False) -> Any:
-    """A hidden widget that brings BokehJS to every page that shows it (one per kernel).
+def display_bokehjs() -> Any:
+    """Display a new hidden widget that brings BokehJS to the page, and return it.
 
-    BokehJS travels in the widget's state, not in the notebook's outputs: a page gets it when
-    it draws the widget, including a page reloaded (or a second tab) while the kernel lives,
-    which restores its widgets from the kernel without re-running a cell; the saved notebook
-    holds only a reference to the widget. Show it before the charts (the page runs its script
-    as it draws it, and jupyter_bokeh's views need BokehJS when they are made). The script
-    does nothing on a page that has this version of BokehJS already.
+    Call it just before displaying a chart (the page runs the script as it draws the
+    widget, and jupyter_bokeh's views need BokehJS when they are made); close the widget
+    with the chart. BokehJS travels in the widget's state, not in the notebook's outputs:
+    a page gets it when it draws the widget, including a page reloaded (or a second tab)
+    while the kernel lives, which restores its widgets from the kernel without re-running
+    a cell; the saved notebook holds only a reference to the widget. The script does
+    nothing on a page that has this version of BokehJS already. Show the chart one widget
+    deeper than this one (in a box, as :class:`~labserve.widgets.ChartWidget` and the
+    dashboards do): a reloaded page restores all its widgets at once, and a chart's view
+    made at the top level was made before this widget's script had run.
 
-    ``fresh``: a new widget, not the kernel's one. A page reloaded and then Run All at once
-    knows the kernel's widgets only once it has fetched them all from the kernel; until then
-    a display of an existing widget fails ("Could not create a view for model id"), so the
-    page got no BokehJS and every chart failed. A new widget comes with its state.
+    A new widget each time, not one per kernel: a page reloaded and then Run All at once
+    knows the kernel's widgets only once it has fetched them all; until then a display of
+    an existing widget fails ("Could not create a view for model id"), the page got no
+    BokehJS, and every chart failed. A cell run again closes the carriers its earlier run
+    displayed: the page that re-ran it replaced those outputs (BokehJS stays in the page),
+    and every open carrier is 2 MB more for each reloaded page to fetch.
+
+    Kernel main thread only (it displays an output of the running cell).
     """
-    if fresh:
-        return _new_carrier()
-    if _carrier and _carrier[0].comm is None:  # closed (Widget.close_all(), say)
-        _carrier.clear()
-    if not _carrier:
-        _carrier.append(_new_carrier())
-    return _carrier[0]
+    carrier = _new_carrier()
+    _close_earlier_runs(carrier)
+    display(carrier)  # type: ignore[no-untyped-call]  # unannotated in IPython
+    return carrier
+
+
+def _close_earlier_runs(carrier: Any) -> None:
+    """Remember ``carrier`` as the running cell's; close those of the cell's earlier runs."""
+    shell = get_ipython()
+    get_parent = getattr(shell, "get_parent", None)  # ipykernel's shell has it
+    parent = get_parent() if get_parent is not None else None
+    if not isinstance(parent, dict):
+        return
+    cell = (parent.get("metadata") or {}).get("cellId")  # JupyterLab and Notebook 7 send it
+    run = (parent.get("header") or {}).get("msg_id")
+    if not isinstance(cell, str) or not isinstance(run, str):
+        return
+    last_run, carriers = _shown_by_cell.get(cell, (run, []))
+    if last_run != run:
+        for old in carriers:
+            old.close()
+        carriers = []
+    _shown_by_cell[cell] = (run, [*carriers, carrier])
 
 
 def _new_carrier() -> Any:
@@ -156,14 +184,10 @@ def _new_carrier() -> Any:
 
 
 def load_bokehjs(force: bool = False) -> None:
-    """Display BokehJS (inline, about 2 MB of script) unless this kernel already did.
+    """Display BokehJS (inline, works offline) in a hidden widget, as :func:`display_bokehjs`.
 
-    The output carries the script; its text form says which version was loaded.
+    labserve's charts each bring it themselves; this is for a setup cell written before they
+    did, or for other jupyter_bokeh widgets. ``force`` is kept for old callers: every call
+    displays it.
     """
-    global _loaded
-    if _loaded and not force:
-        return
-    from IPython.display import display
-
-    display(_bundle(), raw=True)  # type: ignore[no-untyped-call]  # unannotated in IPython
-    _loaded = True
+    display_bokehjs()

@@ -245,12 +245,16 @@ class Charts:
             self.figures["latency"].title.text = title
 
     def show_fit(self, items: list[float], duration_ms: list[float], a_ms: float, b_ms: float,
-                 cap: float) -> None:  # fmt: skip
+                 cap: float, c_ms: float = 0.0, width: float = 0.0) -> None:  # fmt: skip
         """Replace the cost chart's points and fitted line (drawn only where there is data).
 
-        The y axis covers the bulk of the points and the line, not a stray stall: points far
-        above are counted in the title. With a single batch size the line is not
-        identifiable, and the title says so. ``cap`` (max_batch_size) is kept for callers.
+        The fit is ``a_ms + b_ms * items + c_ms * tokens``; for a padded method (``c_ms``
+        and ``width``, its batches' mean padded tokens per item, not 0) the line is drawn at
+        that mean width, ``a_ms + (b_ms + c_ms * width) * items``, which is what an item
+        costs in the batches it saw. The y axis covers the bulk of the points and the line,
+        not a stray stall: points far above are counted in the title. With a single batch
+        size the line is not identifiable, and the title says so. ``cap`` (max_batch_size)
+        is kept for callers.
         """
         items, duration_ms = items[-_FIT_POINTS:], duration_ms[-_FIT_POINTS:]
         self.fit_points.data = {"items": items, "duration_ms": duration_ms}
@@ -265,13 +269,18 @@ class Charts:
             text = f"Batch time: all {lo:g} items, fit not identifiable"
             top_line = 0.0
         else:
-            ends = [a_ms + b_ms * lo, a_ms + b_ms * hi]
+            tokens = c_ms != 0.0 and width > 0.0 and math.isfinite(c_ms * width)
+            item_ms = b_ms + c_ms * width if tokens else b_ms
+            ends = [a_ms + item_ms * lo, a_ms + item_ms * hi]
             self.fit_line.data = {"items": [lo, hi], "duration_ms": ends}
             # Short enough for the chart's width (the longer title was cut off); a negative
             # fixed part is no real cost: the line is only good over the sizes it saw.
-            text = f"Batch ms ≈ {a_ms:.2f} + {b_ms:.3f} * items"
-            if a_ms < 0:
-                text += f" (a < 0: for {lo:g}-{hi:g} only)"
+            # A padded method's line is at its mean width: the title says which.
+            fit = f"Batch ms ≈ {a_ms:.2f} + {item_ms:.3f} * items"
+            at = [f" at {width:.0f} tokens/item", f" at {width:.0f} tok/item"] if tokens else [""]
+            below = [f" (a < 0: for {lo:g}-{hi:g} only)", " (a < 0)"] if a_ms < 0 else [""]
+            forms = [fit + x + y for x in at for y in below]
+            text = next((f for f in forms if len(f) <= _TITLE_CHARS), forms[-1])
             top_line = max(ends)
         ms = np.asarray(duration_ms, dtype=float)
         bulk = float(np.percentile(ms, 95)) if len(ms) >= 20 else float(ms.max())

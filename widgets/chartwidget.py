@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import ipywidgets as w
 from bokeh.core.json_encoder import serialize_json
 from bokeh.core.serialization import Serializer
 from bokeh.document.events import ColumnsStreamedEvent, ModelChangedEvent
@@ -26,7 +27,7 @@ from bokeh.protocol.messages.patch_doc import patch_doc
 from IPython import get_ipython
 from jupyter_bokeh import BokehModel
 
-from .bokehjs import ACK_NAME, load_bokehjs
+from .bokehjs import ACK_NAME, display_bokehjs
 
 __all__ = ["ACK_NAME", "HOOKS", "ChartWidget", "one_patch_per_widget"]
 
@@ -167,6 +168,7 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
         find = getattr(model, "select_one", None)
         self._ack_model = find({"name": ACK_NAME}) if find is not None else None
         self._writer_lock = lock
+        self._shown: list[Any] = []  # the widgets each display of this one showed with it
         _cells.hook()
         super().__init__(model, **kwargs)
 
@@ -285,11 +287,23 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
         return f"ChartWidget({type(self._model).__name__})"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        load_bokehjs()
-        return super()._repr_mimebundle_(**kwargs)
+        # BokehJS first, in a hidden widget of its own, as a dashboard shows it: a reloaded
+        # page or a second tab gets it from the kernel, and the saved notebook holds none.
+        # The chart one widget deeper, as in a dashboard's box: a reloaded page restores all
+        # its widgets at once, and a chart's view made at the top level was made before its
+        # carrier's script had run (no BokehJS yet: "Failed to create view").
+        box = w.VBox([self])
+        self._shown += [display_bokehjs(), box]
+        bundle = box._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, dict):
+            bundle["text/plain"] = repr(self)
+        return bundle
 
     def close(self) -> None:
-        """Close the widget (idempotent)."""
+        """Close the widget and those its displays showed with it (idempotent)."""
         if not self._closed:
             self._closed = True
+            for shown in self._shown:  # BokehJS stays in the pages that ran it
+                shown.close()
+            self._shown.clear()
             super().close()

@@ -27,7 +27,7 @@ __all__ = [
 
 MAX_BATCH_SIZE_STEPS = tuple(2**k for k in range(11))  # 1 .. 1024
 MAX_LATENCY_MS_STEPS = (0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
-_STYLE = {"description_width": "110px"}
+_STYLE = {"description_width": "125px"}  # "latency target ms" whole, as tokencontrols
 ERROR_WIDTH = "240px"
 """The widest a refusal next to a control grows before it wraps."""
 

@@ -19,11 +19,10 @@ from typing import Any
 
 import ipywidgets as w
 from bokeh.document import Document
-from IPython.display import display
 
 import labserve
 
-from .bokehjs import bokehjs_widget
+from .bokehjs import display_bokehjs
 from .charts import Charts
 from .chartwidget import ChartWidget
 from .controls import BatchingControls
@@ -122,13 +121,12 @@ class Dashboard:
             **token_errors,
         }
         """Where each group's refusals show."""
-        # A fixed height: the numbers a tuner compares, then the settings, the load and any
-        # warning. A message appearing does not move the charts. Room for three lines: in
-        # JupyterLab beside its file browser the numbers line wraps once, and at 3.6em the
-        # settings line was hidden under it.
+        # The numbers a tuner compares, then the settings, the load and any warning. Room for
+        # three lines, so a message appearing does not move the charts; more when a narrow
+        # page wraps them (a fixed height hid the settings line there, cut off mid-line).
         self.status = w.HTML(
             value="<code>starting…</code>",
-            layout=w.Layout(height="6.4em", overflow="hidden", margin="4px 0"),
+            layout=w.Layout(min_height="6.4em", margin="4px 0"),
         )
         self.replicas = w.HTML(value="", layout=w.Layout(display="none", margin="0 0 4px 0"))
         """Each replica's numbers (shown when the method runs on several)."""
@@ -181,14 +179,13 @@ class Dashboard:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel.
-        # A new carrier per display: a page reloaded and Run All at once could not draw the
-        # kernel's one yet (see bokehjs_widget), and every chart then failed for want of it.
-        carrier = bokehjs_widget(fresh=True)
-        self._carriers.append(carrier)
-        display(carrier)  # type: ignore[no-untyped-call]  # unannotated in IPython
+        self._carriers.append(display_bokehjs())
         bundle = self.view()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # the VBox's own text holds live numbers
-            bundle["text/plain"] = repr(self)
+            # What a saved notebook shows where widgets do not draw: no state (a saved
+            # "(live)" said so before anything ran).
+            method = self.controls["method"].value
+            bundle["text/plain"] = f"<Dashboard {method}: live charts when its cell runs>"
         return bundle
 
     def save_html(self, path: str) -> None:

@@ -46,10 +46,11 @@ class GenerationCharts:
             # decades, the decades only over more (fixed 1, 2, 5 ticks heaped up there).
             ticker = FixedTicker() if log else None
             stacked = kw.get("stacked", False)
+            caps = kw.get("caps", ())
             fig = figure(
                 title=title,
                 x_range=self.axes.x,
-                y_range=self.axes.y(columns, log=log, stacked=stacked, ticker=ticker),
+                y_range=self.axes.y(columns, log=log, stacked=stacked, ticker=ticker, caps=caps),
                 y_axis_type="log" if log else "linear",
                 tools="pan,wheel_zoom,reset,save",
                 width=width,
@@ -79,7 +80,8 @@ class GenerationCharts:
                  line_width=2, legend_label="tpot_slo_ms")  # fmt: skip
 
         seqs = timeline("Sequences (now; preempted: last 1 s)", "sequences",
-                        ["num_running", "num_waiting", "max_num_seqs", "preempted"])  # fmt: skip
+                        ["num_running", "num_waiting", "max_num_seqs", "preempted"],
+                        caps=["max_num_seqs"])  # fmt: skip
         seqs.step("t", "num_running", source=src, color=_C[0], mode="after", line_width=2,
                   legend_label="running")  # fmt: skip
         seqs.step("t", "num_waiting", source=src, color=_C[1], mode="after", line_width=2,
@@ -99,7 +101,8 @@ class GenerationCharts:
         step.step("t", "max_num_batched_tokens", source=src, color=_C[3], mode="after",
                   line_dash="dashed", legend_label="max_num_batched_tokens")  # fmt: skip
 
-        kv = timeline("KV cache (now)", "blocks", ["kv_blocks_used", "num_kv_blocks"])
+        kv = timeline("KV cache (now)", "blocks", ["kv_blocks_used", "num_kv_blocks"],
+                      caps=["num_kv_blocks"])  # fmt: skip
         kv.step("t", "kv_blocks_used", source=src, color=_C[0], mode="after", line_width=2,
                 legend_label="blocks used")  # fmt: skip
         kv.step("t", "num_kv_blocks", source=src, color=_C[3], mode="after", line_dash="dashed",

@@ -25,7 +25,7 @@ __all__ = ["MAX_NUM_BATCHED_TOKENS_STEPS", "MAX_NUM_SEQS_STEPS", "GenerationCont
 
 MAX_NUM_SEQS_STEPS = tuple(2**k for k in range(11))  # 1 .. 1024
 MAX_NUM_BATCHED_TOKENS_STEPS = tuple(2**k for k in range(4, 16))  # 16 .. 32768
-_STYLE = {"description_width": "170px"}
+_STYLE = {"description_width": "185px"}  # "max_num_batched_tokens" whole
 _SLIDERS = {
     "max_num_seqs": MAX_NUM_SEQS_STEPS,
     "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS_STEPS,

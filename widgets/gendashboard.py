@@ -21,11 +21,10 @@ from typing import Any
 
 import ipywidgets as w
 from bokeh.document import Document
-from IPython.display import display
 
 import labserve
 
-from .bokehjs import bokehjs_widget
+from .bokehjs import display_bokehjs
 from .chartwidget import ChartWidget
 from .gencharts import GenerationCharts
 from .gencontrols import GenerationControls
@@ -82,9 +81,10 @@ class GenerationDashboard:
         """Every control by name (the scheduler's, then the load's)."""
         self.errors: dict[str, w.HTML] = {**self.scheduling.errors, "load": self.load.error}
         """Where each group's refusals show."""
+        # Room for three lines (as the request dashboard's); more when a narrow page wraps them.
         self.status = w.HTML(
             value="<code>starting…</code>",
-            layout=w.Layout(height="6.4em", overflow="hidden", margin="4px 0"),
+            layout=w.Layout(min_height="6.4em", margin="4px 0"),
         )
         self.panel = w.HBox([self.scheduling.box, self.load.box])
         self.pump = GenerationPump(
@@ -143,15 +143,14 @@ class GenerationDashboard:
         return box
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel. A
-        # new carrier per display: a page reloaded and Run All at once cannot draw the
-        # kernel's one yet (see bokehjs_widget), and every chart then failed for want of it.
-        carrier = bokehjs_widget(fresh=True)
-        self._carriers.append(carrier)
-        display(carrier)  # type: ignore[no-untyped-call]  # unannotated in IPython
+        # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel.
+        self._carriers.append(display_bokehjs())
         bundle = self.view()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # the VBox's own text holds live numbers
-            bundle["text/plain"] = repr(self)
+            # What a saved notebook shows where widgets do not draw: no state (a saved
+            # "(live)" said so before anything ran).
+            name = self.method.name
+            bundle["text/plain"] = f"<GenerationDashboard {name}: live charts when its cell runs>"
         return bundle
 
     def close(self) -> None:

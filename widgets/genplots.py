@@ -88,20 +88,27 @@ def generation_steps_figure(
         y_axis_label=STEP_COLUMNS[y],
         tools="pan,wheel_zoom,box_zoom,reset,save",
     )
-    items = []
-    for i, (name, result) in enumerate(results.items()):
+    sources = []
+    for name, result in results.items():
         steps = getattr(result, "steps", None)
         if steps is None or not hasattr(steps, "start_s"):
             raise TypeError(f"{name!r} has no per-step records (a generation run's .steps)")
         x, values = _thin(np.asarray(steps.start_s, float), _column(steps, y), max_points)
-        source = ColumnDataSource(
-            {"x": x.tolist(), "y": values.tolist(), "run": [name] * len(x)}, name=name
-        )
-        line = fig.step("x", "y", source=source, mode="after", color=_COLORS[i % 10], line_width=2)
-        renderers: list[GlyphRenderer[Any]] = [line]  # Any: Bokeh's GlyphRenderer is invariant
-        items.append(LegendItem(label=name, renderers=renderers))
+        data = {"x": x.tolist(), "y": values.tolist(), "run": [name] * len(x)}
+        sources.append((name, ColumnDataSource(data, name=name)))
+    # The first run on top, as the legend lists them: drawn last. Dense step lines of two
+    # runs overlap most of the time, and the one drawn later hid the other (lesson 09's
+    # chunked run vanished under the unchunked one); slightly translucent, both show.
+    lines: dict[str, GlyphRenderer[Any]] = {}  # Any: Bokeh's GlyphRenderer is invariant
+    for i in reversed(range(len(sources))):
+        name, source = sources[i]
+        lines[name] = fig.step("x", "y", source=source, mode="after", color=_COLORS[i % 10],
+                               line_width=1.5, line_alpha=0.85)  # fmt: skip
+    items = [LegendItem(label=name, renderers=[lines[name]]) for name, _ in sources]
     fig.add_tools(HoverTool(tooltips=[("", "@run"), ("t (s)", "@x{0.000}"), ("", "@y{0.[0]}")]))
-    fig.add_layout(Legend(items=items, click_policy="hide"), "right")
+    # Above the plot, in a row: on the right, long run names took a third of its width.
+    legend = Legend(items=items, click_policy="hide", orientation="horizontal")
+    fig.add_layout(legend, "above")
     return fig
 
 

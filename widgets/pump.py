@@ -116,4 +116,6 @@ class Pump(Ticker[labserve.SourceView]):
                     snap.cost_fit.a_ms,
                     snap.cost_fit.b_ms,
                     float(snap.config.max_batch_size),
+                    snap.cost_fit.c_ms,
+                    snap.cost_fit.width,
                 )

@@ -98,14 +98,24 @@ class GenerationLoadResult:
             ok &= (g.end_s - g.arrival_s) * 1000.0 <= limits["e2el"]
         return np.asarray(ok)
 
+    @property
+    def textless(self) -> int:
+        """Served requests whose stream carried no text: they have no TTFT or TPOT."""
+        return int((self.served & np.isnan(self.generation.first_token_s)).sum())
+
     def percentiles_ms(self, metric: str) -> dict[str, float]:
-        """Mean, p50, p90, p95 and p99 of ``ttft``, ``itl``, ``tpot`` or ``e2e`` (served), ms."""
+        """Mean, p50, p90, p95 and p99 of ``ttft``, ``itl``, ``tpot`` or ``e2e`` (served), ms.
+
+        TTFT and TPOT leave out the served requests whose stream carried no text (no first
+        token to time: see :attr:`textless`), instead of being NaN for the whole run.
+        """
         values = {
             "ttft": self.generation.ttft_s,
             "itl": self.generation.served_itl_s,
             "tpot": self.generation.tpot_s,
             "e2e": self.generation.e2e_s,
         }[metric]
+        values = values[~np.isnan(values)]
         if values.size == 0:
             return {"mean": math.nan} | {f"p{q:g}": math.nan for q in _QS}
         got = np.percentile(values, _QS) * 1000.0
@@ -133,6 +143,7 @@ class GenerationLoadResult:
             "tokens_from_usage": int(self.tokens_from_usage[served].sum()),
             "goodput_rps": self.goodput_rps(),
             "good": int(self._good().sum()),
+            "textless": self.textless,
         }
         for metric in _METRICS:
             for key, value in self.percentiles_ms(metric).items():
@@ -170,6 +181,11 @@ class GenerationLoadResult:
             row = "".join(f"{s[f'{metric}_{k}_ms']:>9.2f}" for k in ("mean", "p50", "p90"))
             row += "".join(f"{s[f'{metric}_{k}_ms']:>9.2f}" for k in ("p95", "p99"))
             lines.append(f"  {metric.upper():<12}{row}")
+        if s["textless"]:
+            lines.append(
+                f"  TTFT and TPOT over {served - s['textless']:,} of {served:,} served: "
+                f"{s['textless']:,} stream(s) carried no text to time a first token by"
+            )
         if "send_lag_p99_ms" in s:
             lines.append(
                 f"send lag      p99 {s['send_lag_p99_ms']:.2f} ms, max {s['send_lag_max_ms']:.2f} "

@@ -249,6 +249,9 @@ ROUTES = (
         },
     ),
     Route("/healthz", {"GET": Verb(_health, "Alive; degraded names stuck methods")}),
+    # vLLM's, TGI's and transformers' servers answer GET /health, and clients built for them
+    # check it before sending load (guidellm's start-up check stops at a 404).
+    Route("/health", {"GET": Verb(_health, "As /healthz (the path vLLM and TGI answer)")}),
     Route("/stats", {"GET": Verb(_stats, "Every batchable method's snapshot, as JSON")}),
     Route("/metrics", {"GET": Verb(_metrics, "Prometheus text")}),
     Route(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import subprocess
 import sys
 import threading
@@ -157,7 +158,8 @@ class RawSse:
     Kinds: ``stream`` (five tokens as SSE, no usage), ``crlf`` (the same with CRLF line
     ends and a comment), ``usage`` (usage says 9 tokens in three chunks), ``cut`` (two
     tokens, then the connection closes), ``nodone`` (tokens, then a clean end without
-    [DONE] or a finish_reason), ``json`` (not streamed: one JSON body with usage), ``503``.
+    [DONE] or a finish_reason), ``json`` (not streamed: one JSON body with usage),
+    ``textless`` (two chunks of empty text, usage 2 tokens), ``503``.
     """
 
     def __init__(self, script) -> None:
@@ -238,6 +240,12 @@ class RawSse:
             ],
             "cut": [_event("a"), _event("b")],
             "nodone": [_event("a"), _event("b")],
+            "textless": [  # tokens that decode to no text (say, half a UTF-8 character)
+                _event(""),
+                _event(""),
+                b'data: {"choices": [], "usage": {"completion_tokens": 2}}\n\n',
+                b"data: [DONE]\n\n",
+            ],
         }[kind]
         for piece in pieces:
             writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
@@ -618,6 +626,30 @@ def test_the_stats_entry_is_found_by_model_name():
 
 
 # -- the command line --------------------------------------------------------------------
+
+
+def test_a_stream_without_text_leaves_the_others_ttft_and_tpot(raw_sse, capsys):
+    # A served stream whose chunks all carried empty text has no first token to time: it is
+    # left out of TTFT and TPOT (and said so), instead of making them NaN for the whole run.
+    url = raw_sse(["stream", "textless", "stream"]).url + "/v1/completions"
+    argv = ["load", url, "--rate", "20", "--duration", "0.15", "--loop", "asyncio"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out.lower(), out
+    said = re.search(
+        r"TTFT and TPOT over (\d+) of (\d+) served: (\d+) stream\(s\) carried no text", out
+    )
+    assert said, out
+    timed, served, textless = map(int, said.groups())
+    assert served == timed + textless and textless >= 1 and timed >= 1
+    url = raw_sse(["stream", "textless", "stream"]).url + "/v1/completions"
+    r = generation_load_test(url, duration_s=0.15, arrivals=ConstantArrivals(20))
+    assert kinds(r) == {"served": 3} and r.textless == 1
+    assert r.generation.num_output.tolist() == [5, 2, 5]
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        figures = r.percentiles_ms(metric)
+        assert all(math.isfinite(v) for v in figures.values()), (metric, figures)
+    assert len(r.generation.e2e_s) == 3  # its end-to-end time still counts
 
 
 def test_the_cli_prints_latencies_and_goodput(serve_letters, capsys):

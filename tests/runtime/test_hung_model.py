@@ -147,6 +147,7 @@ def test_the_server_reports_a_stuck_method_not_ready(bg):
             status, health = get("/healthz")
             assert status == 200 and health["status"] == "degraded"
             assert list(health["not_ready"]) == ["hung.predict"]
+            assert get("/health") == (status, health)  # what vLLM's clients check
             model.gate.set()
     finally:
         server.stop()

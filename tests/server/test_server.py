@@ -165,6 +165,14 @@ def test_stats_and_metrics_read_the_runner(served):
     assert call(served, "/healthz")[0] == 200
 
 
+def test_health_answers_as_healthz_for_clients_built_for_vllm(served):
+    # guidellm's start-up check sends GET /health (vLLM, TGI and transformers answer it).
+    status, headers, body = call(served, "/health")
+    assert (status, json.loads(body)) == (200, {"status": "ok"})
+    assert headers["Content-Type"] == "application/json"
+    assert body == call(served, "/healthz")[2]
+
+
 def test_patch_config_needs_the_token_validates_and_applies(served):
     change = json.dumps({"runner": "model", "method": "predict", "max_batch_size": 2}).encode()
     assert call(served, "/config", change, "PATCH")[0] == 401

@@ -93,6 +93,27 @@ def test_log_axes_hold_the_data_and_the_cap_and_stacked_axes_the_sum():
     assert (sizes.start, sizes.end) == (1.0, 100.0) and charts.x_range.start == 0.0
 
 
+def test_an_axis_whose_top_is_a_cap_ends_just_above_it():
+    # max_num_seqs 256 with 4-20 sequences running: the axis ended at 300.
+    axes = SteppedAxes(follow_s=10.0, step_s=1.0)
+    columns = ["num_running", "num_waiting", "max_num_seqs"]
+    y = axes.y(columns, caps=["max_num_seqs"])
+    data: dict[str, list[float]] = {"t": [], **{c: [] for c in columns}}
+
+    def tick(t: float, running: float, waiting: float, cap: float) -> None:
+        for column, value in zip(["t", *columns], [t, running, waiting, cap], strict=True):
+            data[column].append(value)
+        axes.update(data, 1)
+
+    tick(0.0, 20.0, 0.0, 256.0)
+    assert y.end == pytest.approx(256 * 1.04)  # the cap's line inside, nothing wasted above
+    tick(0.2, 200.0, 300.0, 256.0)  # waiting past the cap: the usual round end
+    assert y.end == 400.0
+    plain = axes.y(["num_running"])  # no cap: 10% above the data, rounded up
+    tick(0.4, 256.0, 0.0, 256.0)
+    assert plain.end == 300.0
+
+
 def test_no_rows_no_change():
     axes = SteppedAxes(60.0)
     axes.update({"t": []}, 0)

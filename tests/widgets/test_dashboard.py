@@ -291,10 +291,12 @@ def test_bokehjs_travels_in_widget_state_not_in_the_notebook(dash, monkeypatch):
     from labserve.widgets import bokehjs
 
     shown: list[object] = []
-    monkeypatch.setattr("labserve.widgets.dashboard.display", shown.append)
+    monkeypatch.setattr("labserve.widgets.bokehjs.display", shown.append)
     bundle = dash._repr_mimebundle_()
     (carrier,) = shown  # before the charts' own output
     assert "application/vnd.jupyter.widget-view+json" in bundle
+    # No state in a saved notebook (it said "(live)" before anything ran).
+    assert bundle["text/plain"].endswith(": live charts when its cell runs>")
     assert not any("bokeh.min.js" in str(v) for v in bundle.values())
     script = carrier.outputs[0]["data"][bokehjs.LOAD_MIME]
     assert script.startswith("if (!(window.Bokeh && window.Bokeh.version ===")  # once a page

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import time
@@ -214,3 +215,28 @@ def test_a_server_by_url_gets_the_token_view_when_asked(runner):
             d.close()
     finally:
         server.stop()
+
+
+def test_a_padded_models_cost_line_runs_through_its_batches(dash, runner):
+    # Its cost is almost all per padded token: a line of the fit's fixed and per-item parts
+    # alone ran far below every point. Batches of 4-12 items, 96-160 tokens wide.
+    rng = np.random.default_rng(0)
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        for _ in range(40):
+            widths = rng.integers(96, 161, size=int(rng.integers(4, 13)))
+            ids = [np.ones((1, int(n)), dtype=np.int64) for n in widths]
+            list(pool.map(runner.encode.run, ids, timeout=10))
+    fit = runner.encode.stats().cost_fit
+    assert fit.c_ms > 0 and fit.width > 90  # the per-token part the line must include
+    wait_for(lambda: len(dash.charts.fit_line.data["items"]) == 2)
+    with dash.pump.lock:
+        line = dict(dash.charts.fit_line.data)
+        points = dict(dash.charts.fit_points.data)
+        title = dash.charts.figures["cost"].title.text
+    slope = (line["duration_ms"][1] - line["duration_ms"][0]) / (
+        line["items"][1] - line["items"][0]
+    )
+    items, ms = np.asarray(points["items"]), np.asarray(points["duration_ms"])
+    at_median = line["duration_ms"][0] + slope * (np.median(items) - line["items"][0])
+    assert 0.5 < at_median / np.median(ms) < 2.0, (line, title)
+    assert f"at {fit.width:.0f} tokens/item" in title

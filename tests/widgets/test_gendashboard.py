@@ -380,10 +380,15 @@ def test_each_display_brings_its_own_bokehjs_carrier_closed_with_the_dashboard(d
     # A page reloaded and Run All at once cannot draw a widget the kernel made before; the
     # charts then had no BokehJS. Each display brings a new hidden carrier.
     shown: list[Any] = []
-    monkeypatch.setattr("labserve.widgets.gendashboard.display", shown.append)
+    monkeypatch.setattr("labserve.widgets.bokehjs.display", shown.append)
     bundle = dash._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
-    assert bundle["text/plain"] == repr(dash)  # no live numbers in a saved notebook
+    # No live numbers or state in a saved notebook (it said "(live)" before anything ran).
+    assert (
+        bundle["text/plain"]
+        == f"<GenerationDashboard {dash.method.name}: live charts when its cell runs>"
+    )
+    assert "live)" in repr(dash)  # the object itself says what it is doing
     dash._repr_mimebundle_()
     assert len(shown) == 2 and shown[0] is not shown[1]
     assert all(c.layout.display == "none" for c in shown)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from bokeh.models import ColumnDataSource, GlyphRenderer
+from bokeh.models import ColumnDataSource, GlyphRenderer, Legend
 from jupyter_bokeh import BokehModel
 from labserve.widgets import generation_steps_figure, plot_generation_steps
 
@@ -64,3 +64,14 @@ def test_bad_input_is_refused_with_what_was_expected(runs):
 def test_plot_wraps_the_figure_in_a_widget(runs):
     chart = plot_generation_steps(runs, y="num_running")
     assert isinstance(chart, BokehModel)
+
+
+def test_the_first_run_is_drawn_on_top_and_the_legend_takes_no_width(runs):
+    # Lesson 09's chunked run vanished under the unchunked one drawn after it.
+    fig = generation_steps_figure(runs, y="num_seqs")
+    drawn = [r.data_source.name for r in fig.renderers]  # Bokeh draws in this order
+    assert drawn == list(reversed(runs))
+    (legend,) = fig.select({"type": Legend})
+    assert [item.label.value for item in legend.items] == list(runs)
+    assert legend in fig.above and legend.orientation == "horizontal"
+    assert all(r.glyph.line_alpha < 1 for r in fig.renderers)  # where they overlap, both show
