@@ -10,14 +10,12 @@ Every admitted request leaves with exactly one outcome: a result (``complete``),
 typed error (``fail``, or rejected by ``poll``), or cancelled (``cancel``).
 Not thread-safe: one owner calls everything.
 
-The queue is a front over small parts it owns: what it holds (:mod:`.occupancy`: the
-waiting requests in shape groups, :mod:`.groups`, and the batches in slots), who is
-refused or rejected and when (:mod:`.overload`, its scans in :mod:`.deadlines`), what it
-records (:mod:`.tally`), each caller's outcome from a finished batch (:mod:`.outcomes`),
-the strategies (:mod:`.policy`) and the latency target's budget
-they plan to (:mod:`.budget`). It keeps the config and decides: each poll asks the
-strategy about each group, and fires it or holds it. The simulator's bulk admission is
-:class:`~.bulk.BulkQueue`.
+The queue is a front over parts it owns: what it holds (:mod:`.occupancy`; shape groups
+in :mod:`.groups`), who is refused or rejected and when (:mod:`.overload`; the scans in
+:mod:`.deadlines`), what it records (:mod:`.tally`), callers' outcomes (:mod:`.outcomes`),
+the strategies (:mod:`.policy`) and their latency budget (:mod:`.budget`). It keeps the
+config and decides: each poll asks the strategy about each group, fires it or holds it.
+The simulator's bulk admission is :class:`~.bulk.BulkQueue`.
 """
 
 from __future__ import annotations
@@ -273,7 +271,8 @@ class BatchQueue:
         cfg = self._config
         all_busy = self._slots.in_flight >= cfg.max_concurrent_batches
         self._slots.free(batch)
-        self._overload.released(cfg, batch, now, all_busy=all_busy, ok=ok)
+        if cfg.on_overload == "reject" or batch.due_s:
+            self._overload.released(cfg, batch, now, all_busy=all_busy, ok=ok)
         duration = now - batch.start_s
         if ok:
             self.cost_model.observe(batch.items, duration, batch.tokens)
@@ -290,7 +289,9 @@ class BatchQueue:
         driver arms it a tick early and says for when: the batch then fires in time, and its
         requests' recorded waits, taken at ``now``, stay within ``max_latency_ms``.
         """
-        self._tally.flush()
+        # Guards skip calls that would do nothing: "off" polls once per request.
+        if self._tally.new_requests:
+            self._tally.flush()
         overload = self._overload
         if self._pending_config is not None:
             self._use(self._pending_config)
@@ -298,7 +299,8 @@ class BatchQueue:
             overload.late_check_s = -math.inf  # new caps: predict the queued starts anew
         step = Step()
         cfg = self._config
-        overload.check_timeouts(cfg, now, step)
+        if overload.expired or overload.timeout_check_s != math.inf:
+            overload.check_timeouts(cfg, now, step)
         if not self._waiting.requests:
             return step
         reject = cfg.on_overload == "reject"
@@ -335,11 +337,9 @@ class BatchQueue:
                 decision = Fire("drain")
             else:
                 items = group.items
-                if padding is not None and cfg.max_batch_tokens:
-                    # What a strategy sees of a padded group: full once the budget binds.
-                    if ragged.budget_binds(
-                        group.queue, cfg.max_batch_size, cfg.max_batch_tokens, padding
-                    ):
+                tokens = cfg.max_batch_tokens
+                if padding is not None and tokens:  # seen as full once the token budget binds
+                    if ragged.budget_binds(group.queue, cfg.max_batch_size, tokens, padding):
                         items = cfg.max_batch_size
                 view = HeadView(
                     items, group.requests, head.arrival_s, group.hold_start, group.hold_until
@@ -362,7 +362,8 @@ class BatchQueue:
                     batch.width, batch.true_tokens = self.codec.measure(
                         [(r.lengths, a, b) for r, a, b in parts]
                     )
-                self._overload.fired(cfg, batch, now)
+                if cfg.on_overload == "reject":
+                    self._overload.fired(cfg, batch, now)
                 slots.fire(batch)
                 step.fire.append(batch)
                 continue
