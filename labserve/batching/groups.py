@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable
 
+from labserve.batching import ragged
+from labserve.batching.padding import Padding
 from labserve.batching.requests import Request, RequestState
 
 __all__ = ["Part", "ShapeGroup"]
@@ -78,6 +80,16 @@ class ShapeGroup:
             parts.append((r, start, r.items))
         self.queue.clear()
         total, taken = self.items, len(parts)
+        self.items -= total
+        self.requests -= taken
+        return parts, total, taken
+
+    def take_padded(
+        self, cap: int, budget: int, padding: Padding, one_request: bool, now: float
+    ) -> tuple[list[Part], int, int]:
+        """:meth:`take` for a padded method: in order, within the cap and the token budget."""
+        self.hold_start = self.hold_until = None
+        parts, total, taken = ragged.take(self.queue, cap, budget, padding, one_request, now)
         self.items -= total
         self.requests -= taken
         return parts, total, taken

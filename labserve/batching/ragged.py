@@ -20,10 +20,11 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 
+from labserve.base.errors import TokenBudgetError
 from labserve.batching.padding import Padding
 from labserve.batching.requests import Request, RequestState
 
-__all__ = ["bucket_of", "budget_binds", "length_key", "take"]
+__all__ = ["bucket_of", "budget_binds", "check_tokens", "length_key", "take"]
 
 
 def bucket_of(length: int, buckets: Sequence[int]) -> int:
@@ -38,6 +39,18 @@ def length_key(key: Hashable, length: int, buckets: Sequence[int], pad: bool) ->
     if buckets:
         return (key, "bucket", bucket_of(length, buckets))
     return key
+
+
+def check_tokens(label: str, request: Request, padding: Padding, budget: int) -> None:
+    """Refuse (TokenBudgetError) a request whose longest row alone exceeds the budget.
+
+    Method ``label``'s budget is ``budget`` padded tokens; a refused request is marked done.
+    """
+    longest = int(request.lengths.max())
+    padded = padding.round_width(longest)
+    if padded > budget:
+        request.state = RequestState.DONE
+        raise TokenBudgetError(label, longest, padded, budget)
 
 
 def take(

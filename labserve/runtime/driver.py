@@ -13,7 +13,13 @@ handled on the loop. A worker thread that finishes a synchronous batch records i
 if another batch is ready, starts it at once in the same thread: the model is not left
 idle waiting for the loop to be scheduled (on a busy loop, with the GIL, that wait is
 milliseconds). The finished batch's results are split out and delivered by another
-worker meanwhile, or by the same worker when nothing else is ready to run.
+worker meanwhile, or by the same worker when nothing else is ready to run. A batch is
+recorded before its callers are answered: a snapshot shows every batch whose callers
+have their answers.
+
+Its parts, each owned by the driver: the arrivals waiting for the next pump
+(:mod:`.arrivals`), the model call (:mod:`.model_call`), the worker threads of a
+synchronous model (:mod:`.workers`) and the way out to the callers (:mod:`.delivery`).
 
 Wake-ups are per batch, not per request: the arrivals of one loop iteration are admitted
 together (one lock, one clock read, one decision), and a batch's callers are answered
@@ -26,23 +32,20 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from labserve.base.errors import (
-    BatchSizeMismatchError,
-    CancelledRequestError,
-    LabServeError,
-    RunnerStoppedError,
-)
+from labserve.base.errors import CancelledRequestError, RunnerStoppedError
 from labserve.batching.queue import BatchQueue
 from labserve.batching.requests import Batch, Outcome, Request, Step
 from labserve.config.batching import BatchingConfig
 from labserve.metrics.snapshot import BatchRecord, Snapshot
-from labserve.runtime.delivery import hand_out, settle, settle_all
+from labserve.runtime.arrivals import Arrivals
+from labserve.runtime.delivery import Delivery, hand_out, settle
+from labserve.runtime.model_call import ModelCall, should_isolate
 from labserve.runtime.scheduling import MIN_TIMER_S, Host, Timer
 from labserve.runtime.stall import StallWatch
+from labserve.runtime.workers import Workers
 
 __all__ = ["MethodDriver"]
 
@@ -66,7 +69,7 @@ class MethodDriver:
         if is_async and scheduler.loop is None:
             raise TypeError("an async model needs a scheduler with an asyncio loop")
         self.queue = queue
-        self._fn = queue.codec.bind(fn)  # a padded method may take its rows' lengths
+        self._model = ModelCall(fn, queue.codec, queue.name)
         self._is_async = is_async
         self._scheduler = scheduler
         self._now = scheduler.now  # monotonic, and the scheduler's timers agree with it
@@ -78,15 +81,9 @@ class MethodDriver:
         self._tasks: set[asyncio.Task[None]] = set()
         self._on_idle: Callable[[], None] | None = None  # set by a close that waits
         self._closed = False  # closed and idle: nothing more is admitted or run
-        # Arrivals from other threads wait here; one loop callback takes all that came.
-        self._inbox: deque[Request] = deque()
-        self._inbox_scheduled = False
-        # Arrivals not yet admitted (loop-only): the next pump admits them all at once,
-        # as arrived when the first of them did (never later than any of them came).
-        self._arrivals: list[Request] = []
-        self._arrived_s = 0.0
-        self._pump_scheduled = False
-        self._delivering = 0  # batches released whose results are still being delivered
+        self._arrivals = Arrivals(scheduler, self._pump, self._refuse)
+        self._out = Delivery(queue, self._lock, scheduler, self._pump)
+        self._workers = Workers(queue, self._lock, scheduler, self._model, self._out)
         self._stall = StallWatch(queue.label)  # async models: warn once if one blocks the loop
         self._loop = scheduler.loop  # whose futures the loop thread settles itself
 
@@ -105,24 +102,13 @@ class MethodDriver:
         callers).
 
         Requests arriving together from many threads cost the loop one wake-up, not one
-        each. The flag is cleared before the inbox is emptied, so an arrival racing with
-        the drain either is drained or schedules a new one: none is left behind. Once the
-        loop is closed, requests are refused here with RunnerStoppedError.
+        each (:meth:`Arrivals.put_threadsafe`). Once the loop is closed, requests are
+        refused here with RunnerStoppedError.
         """
         if self._closed:
             self._refuse([request])
             return
-        self._inbox.append(request)
-        if not self._inbox_scheduled:
-            self._inbox_scheduled = True
-            try:
-                self._scheduler.call_soon_threadsafe(self._drain_inbox)
-            except RuntimeError:  # the loop is closed: nobody will ever admit them
-                self._inbox_scheduled = False
-                taken = []
-                while self._inbox:
-                    taken.append(self._inbox.popleft())
-                self._refuse(taken)
+        self._arrivals.put_threadsafe(request)
 
     def _refuse(self, requests: list[Request]) -> None:
         """Refuse (and count) requests that came after the close, from the calling thread."""
@@ -140,7 +126,11 @@ class MethodDriver:
             pass  # the loop is closed: stopping answered everyone
 
     def snapshot(self) -> Snapshot:
-        """A consistent snapshot of the queue. Thread-safe."""
+        """A consistent snapshot of the queue. Thread-safe.
+
+        It shows every batch whose callers have been answered (a batch is recorded
+        before its callers are answered; see :class:`Delivery`).
+        """
         with self._lock:
             return self.queue.snapshot(self._now())
 
@@ -167,20 +157,9 @@ class MethodDriver:
     def idle(self) -> bool:
         """True when nothing is queued, running or being delivered. Thread-safe."""
         with self._lock:
-            return self.queue.idle and not self._delivering
+            return self.queue.idle and not self._out.pending
 
     # -- the loop side -------------------------------------------------------------------
-
-    def _drain_inbox(self) -> None:
-        self._inbox_scheduled = False
-        inbox = self._inbox
-        arrivals = self._arrivals
-        if inbox and not arrivals:
-            self._arrived_s = self._now()
-        while inbox:
-            arrivals.append(inbox.popleft())
-        if not self._pump_scheduled:
-            self._pump()  # no need to wait another loop iteration
 
     def submit(self, request: Request) -> None:
         """Admit a request; a refusal is set on its handle. Loop-only.
@@ -188,13 +167,7 @@ class MethodDriver:
         Admission and the decision run once per loop iteration, after every arrival of
         that iteration: a burst of callers is admitted together and costs one decision.
         """
-        arrivals = self._arrivals
-        if not arrivals:
-            self._arrived_s = self._now()
-        arrivals.append(request)
-        if not self._pump_scheduled:
-            self._pump_scheduled = True
-            self._scheduler.call_soon(self._pump)
+        self._arrivals.put(request)
 
     def _admit_arrivals(self) -> list[Outcome]:
         """Admit every pending arrival (lock held); return the refused, with their errors.
@@ -202,11 +175,10 @@ class MethodDriver:
         They are admitted as of the first one's arrival: their waits and deadlines count
         from then (a busy loop iteration delays the admission, not the clock).
         """
-        arrivals = self._arrivals
+        arrivals, arrived_s = self._arrivals.take()
         if not arrivals:
             return []
-        self._arrivals = []
-        return self.queue.admit_all(arrivals, self._arrived_s)
+        return self.queue.admit_all(arrivals, arrived_s)
 
     def cancel(self, request: Request) -> None:
         """Withdraw a request whose caller gave up. Loop-only.
@@ -221,27 +193,23 @@ class MethodDriver:
         if withdrawn:
             refused.append((request, None, CancelledRequestError(self.queue.label)))
         if refused:
-            self._settle_here(refused)
+            self._out.here(refused)
         if withdrawn or refused:
             self._pump()
-
-    def _settle_here(self, outcomes: list[Outcome]) -> None:
-        """Answer ``outcomes`` from the loop thread, whoever awaits them. Loop-only."""
-        settle_all(hand_out(outcomes, self._loop))
 
     def _pump(self, due_s: float | None = None) -> None:
         """Admit, decide, carry the decision out and set both timers. Loop-only.
 
         ``due_s``: the wake this pump was set for, when the wake timer is why it runs.
         """
-        self._pump_scheduled = False
+        self._arrivals.pump_scheduled = False
         now = self._now()
         with self._lock:
             refused = self._admit_arrivals()
             step = self.queue.poll(now, due_s)
-            idle = self.queue.idle and not self._delivering
+            idle = self.queue.idle and not self._out.pending
         if refused:
-            self._settle_here(refused)
+            self._out.here(refused)
         self._carry_out(step)
         self._wake.set(step.wake_s, now)
         self._check.set(step.timeout_check_s, now)
@@ -250,7 +218,7 @@ class MethodDriver:
 
     def _carry_out(self, step: Step) -> None:
         if step.rejected or step.timed_out:
-            self._settle_here(step.rejected + step.timed_out)
+            self._out.here(step.rejected + step.timed_out)
         for batch in step.fire:
             self._launch(batch)
 
@@ -262,198 +230,23 @@ class MethodDriver:
 
     def _launch(self, batch: Batch) -> None:
         if self._scheduler.closing:  # a task started now would be destroyed with the loop
-            self._abandon(batch)
+            self._out.abandon(batch)
             return
         if self._is_async:
             task = asyncio.ensure_future(self._run_async(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
-        try:
-            self._scheduler.submit(self._worker, batch)
-        except RuntimeError:  # the pool is shut down: the loop is stopping
-            self._abandon(batch)
-
-    def _abandon(self, batch: Batch) -> None:
-        """Fail a fired batch that will never run (labserve is stopping). Any thread."""
-        with self._lock:
-            now = self._now()
-            outcomes = self.queue.fail(batch, RunnerStoppedError(self.queue.runner), now)
-            self.queue.release(batch, now, ok=False)
-        self._call_loop(self._answer_on_loop, hand_out(outcomes, self._loop), False)
-
-    def _call_loop(self, fn: Callable[..., None], *args: Any) -> bool:
-        """Hand ``fn(*args)`` to the loop from any thread; False once the loop is closed."""
-        try:
-            self._scheduler.call_soon_threadsafe(fn, *args)
-        except RuntimeError:
-            return False
-        return True
-
-    def _answer_on_loop(
-        self, outcomes: list[Outcome], delivered: bool = False, batch: Batch | None = None
-    ) -> None:
-        settle_all(outcomes)  # labserve's loop's own futures (a worker answered the rest)
-        if delivered or batch is not None:
-            with self._lock:
-                if delivered:
-                    self._delivering -= 1
-                if batch is not None:  # its callers have their answers: the latency is known
-                    self.queue.answered(batch, self._now())
-        self._pump()  # fresh decision and timers from the current state
-
-    # -- worker threads (synchronous models) ---------------------------------------------
-
-    def _worker(self, batch: Batch | None) -> None:
-        """Run ``batch``, free its slot, and go straight on to whatever fires next.
-
-        Recording and delivering the finished batch's results is handed to another
-        worker, so that the next model call does not wait for it.
-        """
-        while batch is not None:
-            output, error, outcomes = self._run_sync(batch)
-            with self._lock:
-                now = self._now()
-                self.queue.release(batch, now, ok=error is None and outcomes is None)
-                step = self.queue.poll(now)
-                self._delivering += 1
-            args = (batch, output, error, outcomes, step.rejected + step.timed_out)
-            if not step.fire:
-                # Nothing else to run: deliver from this thread (no hop to another worker).
-                self._deliver(*args)
-                return
-            try:
-                self._scheduler.submit(self._deliver, *args)
-            except RuntimeError:  # the pool is shut down: deliver here, run nothing more
-                self._deliver(*args)
-                for fired in step.fire:
-                    self._abandon(fired)
-                return
-            batch = step.fire[0]
-            for extra in step.fire[1:]:
-                try:
-                    self._scheduler.submit(self._worker, extra)
-                except RuntimeError:
-                    self._abandon(extra)
-
-    def _deliver(
-        self,
-        batch: Batch,
-        output: Any,
-        error: BaseException | None,
-        outcomes: list[Outcome] | None,
-        rejected: list[Outcome],
-    ) -> None:
-        """Worker thread: record a finished batch's outcomes and hand them to the callers."""
-        mine: list[Outcome] | None = None  # the outcomes to set on labserve's loop
-        try:
-            parts: list[Any] | None = None
-            if outcomes is None and error is None:
-                try:
-                    parts = batch.split(self.queue.codec, output)
-                except Exception as exc:  # an output that will not split: callers must hear
-                    error = exc
-            with self._lock:
-                now = self._now()
-                if outcomes is None:
-                    if error is None:
-                        assert parts is not None
-                        outcomes = self._complete(batch, parts)
-                    else:
-                        outcomes = self.queue.fail(batch, error, now)
-            mine = hand_out(outcomes + rejected if rejected else outcomes, self._loop)
-        finally:
-            if mine is None:  # failed midway: whatever outcomes there are must still go out
-                mine = hand_out([*(outcomes or ()), *rejected], self._loop)
-            # The loop answers its own callers and counts the delivery done (so that stop()
-            # waits for it); if the loop is gone, nobody is left to answer on it.
-            if not self._call_loop(self._answer_on_loop, mine, True, batch):
-                with self._lock:
-                    self._delivering -= 1
-
-    def _run_sync(self, batch: Batch) -> tuple[Any, BaseException | None, list[Outcome] | None]:
-        """Call the model: (output, None, None), (None, error, None), or bisected outcomes.
-
-        Catches everything the model raises, KeyboardInterrupt and SystemExit included:
-        they become its callers' errors, never a worker's death with the slot still held.
-        """
-        try:
-            # Only the count is checked here; splitting waits for _deliver, off this path.
-            output = self._fn(*batch.stack(self.queue.codec))
-            self._check_count(batch, output)
-            return output, None, None
-        except BaseException as exc:
-            if self._should_isolate(batch, exc):
-                return None, exc, self._isolate_sync(batch)
-            return None, exc, None
-
-    def _isolate_sync(self, batch: Batch) -> list[Outcome]:
-        """Rerun each half of a failed batch, bisecting further, until only the poisoned fail.
-
-        Each half's callers are answered as soon as that half is known, not when the whole
-        bisection ends: a half that hangs must not hold up the answers of one already done
-        (nor keep them past request_timeout_ms, which no longer looks at them). Returns no
-        outcomes: none is left to deliver.
-        """
-        for half in batch.halves():
-            self._attempt_sync(half)
-        return []
-
-    def _attempt_sync(self, batch: Batch) -> None:
-        try:
-            parts = self._call(batch)
-        except BaseException as exc:
-            if self._should_isolate(batch, exc):
-                self._isolate_sync(batch)
-                return
-            with self._lock:
-                outcomes = self.queue.fail(batch, exc, self._now())
-        else:
-            with self._lock:
-                outcomes = self._complete(batch, parts)
-        mine = hand_out(outcomes, self._loop)
-        if mine:
-            self._call_loop(settle_all, mine)
-
-    def _call(self, batch: Batch) -> list[Any]:
-        """Stack, call the model, split. Touches no queue state (any thread)."""
-        return self._split(batch, self._fn(*batch.stack(self.queue.codec)))
-
-    def _split(self, batch: Batch, output: Any) -> list[Any]:
-        self._check_count(batch, output)
-        return batch.split(self.queue.codec, output)
-
-    def _check_count(self, batch: Batch, output: Any) -> None:
-        """Raise BatchSizeMismatchError unless ``output`` has one item per input item."""
-        try:
-            returned = self.queue.codec.output_items(output)
-        except LabServeError as exc:
-            raise BatchSizeMismatchError(self.queue.name, batch.items, -1) from exc
-        if returned != batch.items:
-            raise BatchSizeMismatchError(self.queue.name, batch.items, returned)
-
-    def _complete(self, batch: Batch, parts: list[Any]) -> list[Outcome]:
-        """queue.complete, lock held; a failure to rejoin fails the callers instead."""
-        try:
-            return self.queue.complete(batch, parts, self._now())
-        except Exception as bug:  # e.g. parts that will not rejoin: callers must still hear
-            return self.queue.fail(batch, bug, self._now())
-
-    def _should_isolate(self, batch: Batch, exc: BaseException) -> bool:
-        return (
-            isinstance(exc, Exception)
-            and self.queue.config.isolate_errors
-            and len(batch.parts) > 1
-            and not isinstance(exc, BatchSizeMismatchError)
-        )
+        self._workers.start(batch)
 
     # -- async models (on the loop) ------------------------------------------------------
 
     async def _run_async(self, batch: Batch) -> None:
-        outcomes: list[Outcome] = []  # a stop's, under the model; the rest are answered at once
+        """Run ``batch``, record it (release), then answer its callers."""
+        outcomes: list[Outcome] = []  # answered once the batch is recorded
         ok = False
         try:
-            ok = await self._attempt_async(batch)
+            ok, outcomes = await self._attempt_async(batch)
         except asyncio.CancelledError:  # the loop is stopping under the model
             with self._lock:
                 stopped = RunnerStoppedError(self.queue.runner)
@@ -462,28 +255,30 @@ class MethodDriver:
         finally:
             with self._lock:
                 self.queue.release(batch, self._now(), ok=ok)
-            self._answer_on_loop(hand_out(outcomes, self._loop), False, batch)
+            self._out.on_loop(hand_out(outcomes, self._loop), False, batch)
 
-    async def _attempt_async(self, batch: Batch) -> bool:
-        """Run ``batch`` (bisecting on error if asked); True if it ran cleanly whole."""
+    async def _attempt_async(self, batch: Batch) -> tuple[bool, list[Outcome]]:
+        """Run ``batch`` (bisecting on error if asked): (ran cleanly whole, outcomes to give).
+
+        A bisected batch's halves are answered here, each as soon as it is known (see
+        :meth:`Workers.bisect`); it leaves no outcomes to give.
+        """
         try:
-            call = self._fn(*batch.stack(self.queue.codec))
-            parts = self._split(batch, await self._stall.timed(call))
+            parts = self._model.split(batch, await self._stall.timed(self._model.start(batch)))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # SystemExit too: it must not end labserve's loop
-            if self._should_isolate(batch, exc):
+            if should_isolate(batch, exc, self.queue.config):
                 for half in batch.halves():
-                    await self._attempt_async(half)
-                return False
+                    _, done = await self._attempt_async(half)
+                    self._out.here(done)
+                return False, []
             with self._lock:
                 done = self.queue.fail(batch, exc, self._now())
-            self._settle_here(done)  # now, not once every half ran (see _isolate_sync)
-            return False
+            return False, done
         with self._lock:
-            done = self._complete(batch, parts)
-        self._settle_here(done)
-        return True
+            done = self._out.complete(batch, parts)
+        return True, done
 
     # -- closing ------------------------------------------------------------------------
 
@@ -493,7 +288,7 @@ class MethodDriver:
             refused = self._admit_arrivals()  # arrived before the close
             self.queue.close()
         if refused:
-            self._settle_here(refused)
+            self._out.here(refused)
         self._pump()
 
     def abort(self) -> None:
@@ -506,7 +301,7 @@ class MethodDriver:
         with self._lock:
             stopped = RunnerStoppedError(self.queue.runner)
             outcomes = self.queue.abort(stopped, self._now())
-        self._settle_here(outcomes)
+        self._out.here(outcomes)
 
     def end(self) -> None:
         """Disarm the timers and refuse what still arrives. Loop-only; once idle or aborted."""

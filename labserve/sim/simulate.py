@@ -18,9 +18,9 @@ import numpy as np
 
 from labserve.base.clock import SimClock
 from labserve.base.vocabulary import REASONS, REFUSED, REJECTED, SERVED, TIMEOUT, Reason
+from labserve.batching.bulk import BulkQueue
 from labserve.batching.containers import Codec
 from labserve.batching.estimators import RateEstimator
-from labserve.batching.queue import BulkQueue
 from labserve.batching.requests import Batch, Outcome, Request
 from labserve.config.batching import BatchingConfig
 from labserve.metrics.results import RunResult

@@ -12,8 +12,9 @@ from labserve.base.errors import (
     RunnerStoppedError,
 )
 from labserve.base.vocabulary import STRATEGIES
+from labserve.batching.bulk import BulkQueue
 from labserve.batching.containers import Codec, TensorSpec
-from labserve.batching.queue import BatchQueue, BulkQueue
+from labserve.batching.queue import BatchQueue
 from labserve.config.batching import BatchingConfig
 
 MS = 1e-3
@@ -1076,7 +1077,7 @@ def test_admit_all_queues_exactly_what_admitting_one_by_one_queues(strategy):
     for _ in range(len(calls)):  # "off" fires one request per poll
         assert admitted_state(one, clock.now()) == admitted_state(bulk, clock.now())
         for q in (one, bulk):
-            for b in list(q._running.values()):
+            for b in list(q._slots.running.values()):
                 q.complete(b, q.codec.split(b.stack(q.codec)[0], b.counts), clock.now())
                 q.release(b, clock.now(), ok=True)
         if one.idle:

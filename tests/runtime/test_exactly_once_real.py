@@ -4,8 +4,8 @@
 (through tritonclient), on the real background loop, with the issue's case: two callers 50 ms
 apart under every strategy while the model hangs, ``request_timeout_ms=200``. Each caller
 hears RequestTimeoutError (504 over HTTP) once; the model's late return changes nothing.
-Bounds are generous (the hang lasts 30 s; answers are expected in well under 5 s): nothing here
-measures speed.
+Bounds are generous (the hang lasts 30 s; answers are expected within 10 s, a caller left
+waiting for the model is caught by the 20 s wait): nothing here measures speed.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ httpclient = pytest.importorskip("tritonclient.http")
 InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceServerException
 
 STRATEGIES = ["off", "fixed", "greedy", "adaptive"]
-BOUND_S = 5.0  # answered by then, though the model hangs for 30 s
+BOUND_S = 10.0  # answered by then, though the model hangs for 30 s (waits are 2 x this < 30)
 
 
 class Hangs(labserve.Runnable):
