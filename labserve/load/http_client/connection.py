@@ -106,8 +106,8 @@ class Connection(asyncio.Protocol):
         self.reader = self.done = None
         self.abort()
 
-    def end(self, outcome: int | None, detail: str = "") -> None:
-        """Tell the reader how the request ended (once) and free the connection."""
+    def end(self, outcome: int | None, detail: str = "", now: float | None = None) -> None:
+        """Tell the reader how the request ended (once, at ``now``) and free the connection."""
         reader, self.reader = self.reader, None
         done, self.done = self.done, None
         if outcome is not None:
@@ -115,7 +115,7 @@ class Connection(asyncio.Protocol):
         if done is None or done.done():  # given up meanwhile: the reader hears nothing
             return
         if reader is not None:
-            reader.ended(outcome, detail, clock_s())
+            reader.ended(outcome, detail, clock_s() if now is None else now)
         done.set_result(None)
 
     def data_received(self, data: bytes) -> None:
@@ -130,7 +130,7 @@ class Connection(asyncio.Protocol):
             self.end(RESET, f"the reply did not parse: {exc}")
             return
         if complete:
-            self.end(None)
+            self.end(None, "", now)
 
     def eof_received(self) -> bool | None:
         """The server closed its side: that ends a reply read up to the close."""

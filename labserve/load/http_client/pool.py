@@ -71,7 +71,10 @@ class ConnectionPool:
         if conn is None:
             return None
         loop = asyncio.get_running_loop()
-        return self._start(conn, data, reader, loop.time() + timeout_s, None)
+        done = conn.send(data, reader)
+        timer = loop.call_at(loop.time() + timeout_s, _expire, conn, done)
+        done.add_done_callback(functools.partial(self._sent, conn, timer))
+        return done
 
     async def send(
         self, data: bytes, reader: ReplyReader, timeout_s: float, *, idle_timeout: bool = False
@@ -96,9 +99,21 @@ class ConnectionPool:
             except OSError as exc:
                 reader.ended(CONNECT_ERROR, f"cannot connect: {exc}", clock_s())
                 return 0.0
-        done = self._start(conn, data, reader, deadline, timeout_s if idle_timeout else None)
+        done = conn.send(data, reader)
         written_at = conn.last_read
-        await done
+        if idle_timeout:
+            timer = loop.call_later(timeout_s, _check_idle, conn, done, timeout_s)
+        else:
+            timer = loop.call_at(deadline, _expire, conn, done)
+        try:
+            await done
+        except BaseException:  # cancelled: the reply may still come, the connection is lost
+            conn.detach()
+            self._drop()
+            raise
+        finally:
+            timer.cancel()
+        self._done_with(conn)
         return written_at
 
     async def request(self, data: bytes, timeout_s: float) -> Reply:
@@ -118,36 +133,24 @@ class ConnectionPool:
             if not waiter.done():
                 waiter.cancel()
 
-    def _start(
-        self,
-        conn: Connection,
-        data: bytes,
-        reader: ReplyReader,
-        deadline: float,
-        idle_timeout_s: float | None,
-    ) -> asyncio.Future[None]:
-        """Write the request and arm its timer; the connection comes back when it ends."""
-        loop = asyncio.get_running_loop()
-        done = conn.send(data, reader)
-        if idle_timeout_s is None:
-            timer = loop.call_at(deadline, _expire, conn, done)
-        else:
-            timer = loop.call_later(idle_timeout_s, _check_idle, conn, done, idle_timeout_s)
-        done.add_done_callback(functools.partial(self._ended, conn, timer))
-        return done
-
-    def _ended(
-        self, conn: Connection, timer: asyncio.TimerHandle, done: asyncio.Future[None]
-    ) -> None:
-        timer.cancel()
-        if done.cancelled():  # given up: the reply may still come, the connection is lost
-            conn.detach()
-            self._drop()
-        elif conn.reusable and not self._closed:
+    def _done_with(self, conn: Connection) -> None:
+        """Take back the connection of a request that ended: idle again, or dropped."""
+        if conn.reusable and not self._closed:
             self._release(conn)
         else:
             conn.abort()
             self._drop()
+
+    def _sent(
+        self, conn: Connection, timer: asyncio.TimerHandle, done: asyncio.Future[None]
+    ) -> None:
+        """A request sent by :meth:`try_send` ended, or was given up."""
+        timer.cancel()
+        if done.cancelled():  # given up: the reply may still come, the connection is lost
+            conn.detach()
+            self._drop()
+        else:
+            self._done_with(conn)
 
     def _take_idle(self) -> Connection | None:
         while self._idle:
