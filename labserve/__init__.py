@@ -90,8 +90,11 @@ from labserve.load.arrivals import (
     TraceArrivals,
     arrivals,
 )
-from labserve.load.gen_result import GenerationLoadResult
-from labserve.load.generation import GenerationLoadRun, start_generation_load
+from labserve.load.generation import (
+    GenerationLoadResult,
+    GenerationLoadRun,
+    start_generation_load,
+)
 from labserve.load.generator import LoadRun, load_test, start_load
 from labserve.load.presets import LOAD_PRESETS, preset_arrivals
 from labserve.metrics.prometheus import SnapshotCollector

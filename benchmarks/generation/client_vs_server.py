@@ -35,8 +35,8 @@ def client(args: argparse.Namespace) -> None:
     import warnings
 
     from labserve.load.arrivals import PoissonArrivals
-    from labserve.load.gen_server_view import server_percentile_ms
     from labserve.load.generation import generation_load_test
+    from labserve.load.generation.server_view import server_percentile_ms
 
     warnings.simplefilter("ignore")
     load = LOADS[args.load]

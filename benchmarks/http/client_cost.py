@@ -27,7 +27,7 @@ CLIENTS = ("labserve", "labserve+uvloop", "aiohttp", "tornado", "httpx")
 
 
 async def run_labserve(seconds: float, n: int) -> int:
-    from labserve.load.http_conn import ConnectionPool, request_bytes
+    from labserve.load.http_client import ConnectionPool, request_bytes
 
     pool = ConnectionPool("127.0.0.1", PORT, limit=n)
     data = request_bytes("POST", "/runners/m/predict", f"127.0.0.1:{PORT}", HEADERS, BODY)

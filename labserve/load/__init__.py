@@ -1,11 +1,13 @@
-"""Load for a runner or an HTTP server: seeded arrival processes and the load generator.
+"""Load for a runner or an HTTP server: seeded arrival processes and the load generators.
 
-:mod:`~labserve.load.arrivals` (arrival processes), :mod:`~labserve.load.generator` (open
-and closed loop, ``load_test``/``start_load``), :mod:`~labserve.load.http` and
-:mod:`~labserve.load.http_conn` (the HTTP side), :mod:`~labserve.load.server_view` (a
-labserve server's /stats over a run), :mod:`~labserve.load.records` (per-request records);
-for generation servers (``/v1/completions``: TTFT, ITL, TPOT, goodput),
-:mod:`~labserve.load.generation` and the modules it names.
+:mod:`~labserve.load.arrivals` (arrival processes), :mod:`~labserve.load.run` (a load run
+of either kind: the open and closed loops, ``LoadRun``), :mod:`~labserve.load.records`
+(what a run keeps per request, the sender interface), :mod:`~labserve.load.http_client`
+(the HTTP/1.1 keep-alive pool both kinds send over). Request batching:
+:mod:`~labserve.load.generator` (``load_test``/``start_load``), :mod:`~labserve.load.http`
+(its HTTP sender: the simple route, OIP v2), :mod:`~labserve.load.server_view` (a labserve
+server's /stats over a run). Generation servers (``/v1/completions``: TTFT, ITL, TPOT,
+goodput): :mod:`labserve.load.generation`.
 The ``arrivals(kind, **params)`` factory lives in :mod:`labserve.load.arrivals` and is not
 re-exported here: its name would shadow the submodule of the same name.
 """

@@ -12,13 +12,10 @@ what was measured so far.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
+import functools
 import inspect
 import itertools
 import math
-import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,8 +24,6 @@ import numpy as np
 from labserve.base.descriptors import socket_budget
 from labserve.base.errors import (
     LabServeError,
-    LoadInterrupted,
-    LoadWarning,
     ModelStuckError,
     OverloadError,
     QueueFullError,
@@ -37,29 +32,25 @@ from labserve.base.errors import (
 from labserve.base.vocabulary import FAILED, REASONS, REFUSED, REJECTED, SERVED, TIMEOUT
 from labserve.load.arrivals import Arrivals
 from labserve.load.examples import ExampleMix
-from labserve.load.gen_result import GenerationLoadResult
-from labserve.load.generation import generation_load_test, is_generation_url
+from labserve.load.generation.result import GenerationLoadResult
+from labserve.load.generation.start import generation_load_test, is_generation_url
 from labserve.load.http import HttpSender
 from labserve.load.loop import load_loop  # re-exported: where it was first defined
 from labserve.load.mix import LengthMix
-from labserve.load.records import Control, Record, Sender, clock_s
+from labserve.load.records import Record, Sender, clock_s
+from labserve.load.run import LoadRun, start_run  # LoadRun re-exported
 from labserve.metrics.results import RunResult
 from labserve.runtime import session
-from labserve.runtime.loop import BackgroundLoop
 from labserve.runtime.runner import RunnerMethod
 
 __all__ = ["LoadRun", "load_loop", "load_test", "start_load"]
 
-# Behind schedule by more than this (p99), the run says it could not keep the rate.
-_LAG_LIMIT_S = 0.005
 # An open-loop HTTP run opens this many keep-alive connections before the clock starts
 # (wrk's -c64), and more as requests find them all busy, up to the limit below: a fixed 64
 # cannot carry 2,500 req/s at a server latency of 25 ms, and the sends fell seconds behind.
 # At the limit, requests wait for a connection (the wait counts in their latency and their
 # send lag) and the run says so.
 _OPEN_LOOP_CONNECTIONS = 64
-# How often a blocking wait wakes to let Ctrl-C in (a lock wait is not interruptible).
-_WAKE_S = 0.05
 # load_test's parameters for a generation URL only (declared on generation_load_test).
 _GENERATION_ONLY = ("output_len", "model", "goodput")
 
@@ -184,7 +175,7 @@ def start_load(
             raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
         if think_s < 0:
             raise ValueError(f"think_s must be >= 0, got {think_s!r}")
-    sender: Sender
+    sender: Sender[Record]
     mix, example = _mix(input_len, example, examples, seed)
     if isinstance(target, str):
         pool = connections or concurrency or socket_budget()
@@ -211,26 +202,26 @@ def start_load(
         bg = target.runner.bg
         target.start()  # the loop and the driver start before the clock does
         batches_before = target.stats().batches
-    control = Control()
-    if arrivals is not None:
-        times = np.asarray(arrivals.times(duration_s, seed=seed), dtype=float)
-        future = bg.submit(_open_loop(sender, times, control))
-    else:
-        assert concurrency is not None
-        future = bg.submit(_closed_loop(sender, concurrency, think_s, duration_s, control))
-    run = LoadRun(bg, future, control, sender, float(duration_s), batches_before, label)
-    run.asked_rps = float(arrivals.mean_rate(duration_s)) if arrivals is not None else None
-    return _tracked(run, target, future)
+    report = functools.partial(_report, sender, batches_before, label)
+    run = start_run(
+        bg,
+        sender,
+        report,
+        duration_s=float(duration_s),
+        arrivals=arrivals,
+        concurrency=concurrency,
+        think_s=think_s,
+        seed=seed,
+    )
+    return _tracked(run, target)
 
 
-def _tracked(
-    run: LoadRun, target: RunnerMethod | str, future: concurrent.futures.Future[Any]
-) -> LoadRun:
+def _tracked(run: LoadRun[RunResult], target: RunnerMethod | str) -> LoadRun[RunResult]:
     """Recorded until it ends: stop_all() stops it; so does replacing the runner it loads."""
     where = target if isinstance(target, str) else f"{target.runner.name}.{target.name}"
     needs = [] if isinstance(target, str) else [("runner", target.runner.name)]
     session.track(run, "load", f"{where} #{next(_load_ids)}", run.stop, needs=needs)
-    future.add_done_callback(lambda _: session.forget(run))
+    run.add_done_callback(session.forget)
     return run
 
 
@@ -274,127 +265,29 @@ def _length_mix(input_len: Any, example: Any, seed: int) -> LengthMix | None:
     return LengthMix(input_len, example, seed=seed)
 
 
-class LoadRun:
-    """A load run started by :func:`start_load`. Thread-safe.
-
-    ``stop()`` ends the sending early (requests already sent still get their replies);
-    ``result()`` waits for the last reply and returns the RunResult.
-    """
-
-    def __init__(
-        self,
-        bg: BackgroundLoop,
-        future: concurrent.futures.Future[Record],
-        control: Control,
-        sender: Sender,
-        duration_s: float,
-        batches_before: int,
-        label: str,
-    ) -> None:
-        self._bg = bg
-        self._future = future
-        self._control = control
-        self._sender = sender
-        self._duration_s = duration_s
-        self._batches_before = batches_before
-        self._label = label
-        self._result: RunResult | None = None
-        self.asked_rps: float | None = None
-        """The open loop's rate as asked (its arrivals' mean), which warnings quote."""
-
-    @property
-    def running(self) -> bool:
-        """True until the last reply is in."""
-        return not self._future.done()
-
-    @property
-    def sent(self) -> int:
-        """Requests sent so far."""
-        return self._control.sent
-
-    def stop(self) -> None:
-        """Send no more requests (idempotent; returns at once)."""
-        if not self._future.done():
-            self._bg.call_soon(self._control.stop)
-
-    def result(self, timeout: float | None = None) -> RunResult:
-        """Wait for the last reply (up to ``timeout`` seconds) and return the RunResult.
-
-        Warns :class:`LoadWarning` when the sends fell behind schedule. Raises
-        ``TimeoutError`` when the run is still going after ``timeout``, and
-        :class:`LoadInterrupted` (with the result so far) when interrupted: the load stops.
-        """
-        return self._wait(timeout, stacklevel=3)
-
-    def _wait(self, timeout: float | None, stacklevel: int) -> RunResult:
-        if self._result is not None:
-            return self._result
-        try:
-            rec = _wait_future(self._future, timeout)
-        except KeyboardInterrupt:
-            # Stop sending and give up what is in flight, at once; then report.
-            if not self._future.done():
-                self._bg.call_soon(self._control.stop, True)
-            rec = _wait_future(self._future, None)
-            raise LoadInterrupted(self._make_result(rec), self._control.sent) from None
-        except concurrent.futures.TimeoutError:
-            raise TimeoutError(f"the load run is still going after {timeout} s") from None
-        result = self._make_result(rec)
-        if result.send_lag_s is not None and len(result.send_lag_s):
-            rate_rps = self.asked_rps or len(result.arrival_s) / result.duration_s
-            why = ""
-            pool = self._sender.pool_seen if isinstance(self._sender, HttpSender) else None
-            if pool is not None and pool.waited_at_limit:
-                share = pool.waited_at_limit / len(result.arrival_s)
-                why = (
-                    f"; {share:.1%} of the requests found all {pool.limit} connections (the "
-                    "limit) open and busy when due, and waited: the server answers slower "
-                    "than this rate needs; raise the limit with connections=, --connections"
-                )
-            elif pool is not None and rec.waited_for_connection:
-                why = (
-                    f"; connections opened as needed, {pool.most_open} at most (limit "
-                    f"{pool.limit}): the generator, not the pool, fell behind"
-                )
-            _warn_if_behind(result.send_lag_s, rate_rps, stacklevel, why)
-        self._result = result
-        return result
-
-    def _make_result(self, rec: Record) -> RunResult:
-        duration_s = self._duration_s
-        if self._control.stopped_at is not None:
-            duration_s = max(min(self._control.stopped_at - rec.t0, duration_s), 1e-9)
-        sender = self._sender
-        if isinstance(sender, _MethodSender):
-            return _result(sender.method, rec, duration_s, self._batches_before, self._label, None)
-        assert isinstance(sender, HttpSender)
-        view = sender.server_view(duration_s)
-        return _result(None, rec, duration_s, 0, self._label, view)
-
-    def __repr__(self) -> str:
-        state = "running" if self.running else "done"
-        return f"<LoadRun {state}, {self.sent} sent>"
+def _report(
+    sender: Sender[Record], batches_before: int, label: str, rec: Record, duration_s: float
+) -> RunResult:
+    """The RunResult of a request run's record: with the runner's batches, or the server's."""
+    if isinstance(sender, _MethodSender):
+        return _result(sender.method, rec, duration_s, batches_before, label, None)
+    assert isinstance(sender, HttpSender)
+    return _result(None, rec, duration_s, 0, label, sender.server_view(duration_s))
 
 
-def _wait_future(future: concurrent.futures.Future[Record], timeout: float | None) -> Record:
-    """``future.result(timeout)``, waking every few ms so that Ctrl-C gets in at once."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        wait_s = _WAKE_S if deadline is None else min(_WAKE_S, max(deadline - time.monotonic(), 0))
-        try:
-            return future.result(wait_s)
-        except concurrent.futures.TimeoutError:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise
-
-
-class _MethodSender(Sender):
+class _MethodSender(Sender[Record]):
     def __init__(
         self, method: RunnerMethod, example: Any, mix: LengthMix | ExampleMix | None = None
     ) -> None:
         self.method = method
         self.example = example
         self.mix = mix
+
+    def new_record(self) -> Record:
+        return Record()
+
+    def new_slot(self, rec: Record, intended_s: float) -> int:
+        return rec.new_slot(intended_s)
 
     async def send(self, rec: Record, k: int) -> None:
         payload = self.example if self.mix is None else self.mix.payload(k)
@@ -421,94 +314,6 @@ def _outcome_of(exc: LabServeError) -> int:
     if isinstance(exc, RequestTimeoutError):
         return TIMEOUT
     return FAILED
-
-
-async def _send_on_schedule(
-    sender: Sender, rec: Record, times: list[float], control: Control
-) -> None:
-    loop = asyncio.get_running_loop()
-    t0, n, i = rec.t0, len(times), 0
-    while i < n and control.stopped_at is None:  # stopped while the pool was opening
-        # Everything due goes out now; then one sleep until the next is due.
-        now = clock_s()
-        while i < n and t0 + times[i] <= now:
-            k = rec.new_slot(times[i])
-            control.sent += 1
-            # On an idle connection the request is written now, without a task. Either
-            # way the sender reports when it went out (after any wait for a connection).
-            sent = sender.send_soon(rec, k)
-            if sent is None:
-                sent = loop.create_task(sender.send(rec, k))
-            control.track(sent)
-            i += 1
-        if i < n:
-            await asyncio.sleep(t0 + times[i] - clock_s())
-
-
-async def _open_loop(sender: Sender, times: np.ndarray, control: Control) -> Record:
-    loop = asyncio.get_running_loop()
-    await sender.open()
-    rec = Record()
-    try:
-        rec.t0 = clock_s() + 0.005
-        rec.track_lag = True
-        control.sending = loop.create_task(_send_on_schedule(sender, rec, times.tolist(), control))
-        try:
-            await control.sending
-        except asyncio.CancelledError:
-            if control.stopped_at is None:
-                raise  # the run itself was cancelled, not stopped
-        await _answered(control)
-    finally:
-        await _close(sender, control)
-    if control.error is not None:
-        raise control.error
-    return rec
-
-
-async def _answered(control: Control) -> None:
-    """Wait until every request in flight has its outcome."""
-    while control.in_flight:
-        await asyncio.wait(set(control.in_flight))
-
-
-async def _close(sender: Sender, control: Control) -> None:
-    """Cancel what is still in flight (the run was interrupted) and close the sender."""
-    for task in control.in_flight:
-        task.cancel()
-    await sender.close()
-
-
-async def _closed_loop(
-    sender: Sender, clients: int, think_s: float, duration_s: float, control: Control
-) -> Record:
-    loop = asyncio.get_running_loop()
-    await sender.open()
-    rec = Record()
-    try:
-        rec.t0 = clock_s()
-        end = rec.t0 + duration_s
-
-        async def client() -> None:
-            while clock_s() < end and control.stopped_at is None:
-                k = rec.new_slot(clock_s() - rec.t0)
-                control.sent += 1
-                sent = sender.send_soon(rec, k)
-                if sent is not None:
-                    await sent
-                else:
-                    await sender.send(rec, k)
-                if think_s:
-                    await asyncio.sleep(think_s)
-
-        for _ in range(clients):
-            control.track(loop.create_task(client()))
-        await _answered(control)
-    finally:
-        await _close(sender, control)
-    if control.error is not None:
-        raise control.error
-    return rec
 
 
 def _result(
@@ -546,16 +351,3 @@ def _result(
         batch_padding_tokens=np.asarray([b.padding_tokens for b in held], dtype=np.int64),
         errors=dict(rec.errors.most_common()),
     )
-
-
-def _warn_if_behind(lag_s: np.ndarray, rate_rps: float, stacklevel: int = 1, why: str = "") -> None:
-    p99 = float(np.percentile(lag_s, 99))
-    if p99 > _LAG_LIMIT_S:
-        warnings.warn(
-            LoadWarning(
-                f"the load generator could not keep {rate_rps:,.0f} req/s: sends fell behind "
-                f"schedule by up to {lag_s.max() * 1000:.1f} ms (p99 {p99 * 1000:.1f} ms); "
-                f"latencies are measured from the intended send times{why}"
-            ),
-            stacklevel=stacklevel + 1,
-        )

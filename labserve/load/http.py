@@ -1,6 +1,6 @@
 """The load generator's HTTP side: labserve's simple route and any OIP v2 server.
 
-One keep-alive pool of HTTP/1.1 connections per run (:mod:`labserve.load.http_conn`),
+One keep-alive pool of HTTP/1.1 connections per run (:mod:`labserve.load.http_client`),
 sized to the load and opened before the clock starts; the request's bytes made once; every
 way a request can end recorded as an outcome of its own kind (a 4xx, a 503, a timeout, a
 refused connection, a dropped one), never raised. A v2 target's inputs (names, datatypes,
@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import io
 import json
 import math
 import re
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +27,9 @@ import numpy as np
 from labserve.base.errors import InputError, LoadTargetError
 from labserve.base.vocabulary import SERVED
 from labserve.load.examples import ExampleMix
-from labserve.load.http_conn import ConnectionPool, Reply, request_bytes
+from labserve.load.http_client.endpoint import Endpoint, path_of
+from labserve.load.http_client.pool import ConnectionPool
+from labserve.load.http_client.reply import Reply, WholeReply
 from labserve.load.mix import LengthMix
 from labserve.load.records import Record, Sender, clock_s
 from labserve.load.server_view import find_method, server_view
@@ -50,7 +50,7 @@ _SIDE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
-class HttpTarget:
+class HttpTarget(Endpoint):
     """What a load URL points at: labserve's simple route, a v2 infer URL, or another URL.
 
     ``runner``/``method`` name the labserve method behind it, as far as the URL tells
@@ -58,15 +58,9 @@ class HttpTarget:
     batchable method); ``base`` is the server's root, where ``/stats`` would be.
     """
 
-    url: str
-    base: str
-    kind: str
+    base: str = ""
+    kind: str = "other"
     """"simple", "v2" or "other" (posted as on the simple route)."""
-    host: str = ""
-    port: int = 80
-    tls: bool = False
-    path: str = "/"
-    """The request target: path and query."""
     runner: str | None = None
     method: str | None = None
     model: str | None = None
@@ -75,25 +69,9 @@ class HttpTarget:
     @classmethod
     def parse(cls, url: str) -> HttpTarget:
         """Read a load URL; LoadTargetError if it is not an http(s) URL."""
-        parsed = urllib.parse.urlsplit(url)
-        try:
-            port = parsed.port
-        except ValueError as exc:
-            raise LoadTargetError(url, f"bad port: {exc}") from None
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise LoadTargetError(url, "the URL must start with http:// or https:// and a host")
-        tls = parsed.scheme == "https"
-        origin = f"{parsed.scheme}://{parsed.netloc}"
-        target = cls(
-            url,
-            origin,
-            "other",
-            host=parsed.hostname,
-            port=port or (443 if tls else 80),
-            tls=tls,
-            path=(parsed.path or "/") + (f"?{parsed.query}" if parsed.query else ""),
-        )
-        path_url = origin + parsed.path.rstrip("/")
+        endpoint = Endpoint.parse(url)
+        target = cls(**dataclasses.asdict(endpoint), base=endpoint.origin)
+        path_url = endpoint.origin + endpoint.path.split("?", 1)[0].rstrip("/")
         if m := _V2.match(path_url):
             runner, _, method = m["model"].partition(".")
             return dataclasses.replace(
@@ -112,25 +90,13 @@ class HttpTarget:
         return target
 
     @property
-    def host_header(self) -> str:
-        """The ``Host`` header's value."""
-        default = 443 if self.tls else 80
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return host if self.port == default else f"{host}:{self.port}"
-
-    def path_of(self, url: str) -> str:
-        """The request target (path and query) of another URL on this server."""
-        parsed = urllib.parse.urlsplit(url)
-        return (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else "")
-
-    @property
     def metadata_url(self) -> str:
         """The v2 model metadata URL (v2 targets only)."""
         version = f"/versions/{self.version}" if self.version else ""
         return f"{self.base}/v2/models/{self.model}{version}"
 
 
-class HttpSender(Sender):
+class HttpSender(Sender[Record]):
     """POSTs one example to an HTTP target over a keep-alive pool. Loop-only.
 
     ``connections`` bounds the pool (requests beyond it wait for a free connection, and
@@ -193,7 +159,7 @@ class HttpSender(Sender):
                 arr = np.asarray(self.example)
                 self.items = int(arr.shape[0]) if arr.ndim else 1
                 body, headers["Content-Type"] = _simple_body(arr, self.binary)
-            self.request = request_bytes("POST", t.path, t.host_header, headers, body)
+            self.request = t.request("POST", t.path, headers, body)
             self._headers = headers
             self._stats_before = await self._stats()
             await self.pool.prewarm(self.prewarm, min(self.timeout_s, _SIDE_TIMEOUT_S))
@@ -221,12 +187,19 @@ class HttpSender(Sender):
             arr = np.asarray(self.mix.payload(k))
             headers = dict(self._headers)
             body, headers["Content-Type"] = _simple_body(arr, self.binary)
-            t = self.target
             items = int(arr.shape[0]) if arr.ndim else 1
-            made = (request_bytes("POST", t.path, t.host_header, headers, body), items)
+            made = (self.target.request("POST", self.target.path, headers, body), items)
             if getattr(self.mix, "reuse", True):  # not a function's (one body per request)
                 self._requests[n] = made
         return made
+
+    def new_record(self) -> Record:
+        """An empty request record."""
+        return Record()
+
+    def new_slot(self, rec: Record, intended_s: float) -> int:
+        """A slot for the next request."""
+        return rec.new_slot(intended_s)
 
     async def send(self, rec: Record, k: int) -> None:
         """POST the request; record its outcome and finish time."""
@@ -234,33 +207,36 @@ class HttpSender(Sender):
         request, rec.items[k] = self._request_for(k)
         if rec.track_lag:  # open loop: send_soon found no idle connection
             rec.waited_for_connection += 1
-        reply = await self.pool.request(request, self.timeout_s)
-        now = clock_s()
-        rec.went_out(k, reply.written_at or now)  # after the wait for a connection
-        rec.outcome[k] = reply.outcome
-        rec.finish[k] = now - rec.t0
-        if reply.outcome != SERVED:
-            rec.note_error(_message(reply))
+        written_at = await self.pool.send(request, _Recorded(rec, k), self.timeout_s)
+        rec.went_out(k, written_at or clock_s())  # after the wait for a connection
 
     def send_soon(self, rec: Record, k: int) -> asyncio.Future[Any] | None:
         """Write the request now on an idle connection (no task); None if none is idle."""
         assert self.pool is not None
         request, items = self._request_for(k)
-        waiter = self.pool.try_send(request, self.timeout_s)
-        if waiter is None:
+        sent = self.pool.try_send(request, _Recorded(rec, k), self.timeout_s)
+        if sent is None:
             return None
         rec.went_out(k, clock_s())
         rec.items[k] = items
-        waiter.add_done_callback(functools.partial(self._record, rec, k))
-        return waiter
+        return sent
 
-    def _record(self, rec: Record, k: int, waiter: asyncio.Future[Reply]) -> None:
-        if not waiter.cancelled():
-            reply = waiter.result()
-            rec.outcome[k] = reply.outcome
-            rec.finish[k] = clock_s() - rec.t0
-            if reply.outcome != SERVED:
-                rec.note_error(_message(reply))
+    def why_behind(self, rec: Record) -> str:
+        """How the pool explains sends behind schedule: at its limit, or not the cause."""
+        pool = self.pool_seen
+        if pool is not None and pool.waited_at_limit:
+            share = pool.waited_at_limit / len(rec.arrival)
+            return (
+                f"; {share:.1%} of the requests found all {pool.limit} connections (the "
+                "limit) open and busy when due, and waited: the server answers slower "
+                "than this rate needs; raise the limit with connections=, --connections"
+            )
+        if pool is not None and rec.waited_for_connection:
+            return (
+                f"; connections opened as needed, {pool.most_open} at most (limit "
+                f"{pool.limit}): the generator, not the pool, fell behind"
+            )
+        return ""
 
     def server_view(self, duration_s: float) -> dict[str, Any] | None:
         """The labserve server's view of the run (None for other servers, or before close)."""
@@ -271,7 +247,7 @@ class HttpSender(Sender):
 
     async def _get_json(self, url: str) -> tuple[Reply, Any]:
         assert self.pool is not None
-        data = request_bytes("GET", self.target.path_of(url), self.target.host_header, self.headers)
+        data = self.target.request("GET", path_of(url), self.headers)
         reply = await self.pool.request(data, min(self.timeout_s, _SIDE_TIMEOUT_S))
         try:
             return reply, json.loads(reply.body) if reply.body else None
@@ -302,6 +278,26 @@ class HttpSender(Sender):
         if not isinstance(inputs, list) or not all(isinstance(i, Mapping) for i in inputs):
             raise LoadTargetError(url, f"the metadata's inputs are not tensors: {inputs!r}")
         return inputs
+
+
+class _Recorded(WholeReply):
+    """Request ``k``'s reply, written into the run's record when it ends. Loop-only."""
+
+    __slots__ = ("k", "rec")
+
+    def __init__(self, rec: Record, k: int) -> None:
+        super().__init__()
+        self.rec = rec
+        self.k = k
+
+    def ended(self, outcome: int | None, detail: str, now: float) -> None:
+        """Record the request's outcome and finish time (and why, when not served)."""
+        super().ended(outcome, detail, now)
+        rec, k, reply = self.rec, self.k, self.reply
+        rec.outcome[k] = reply.outcome
+        rec.finish[k] = now - rec.t0
+        if reply.outcome != SERVED:
+            rec.note_error(_message(reply))
 
 
 def _message(reply: Reply) -> str:

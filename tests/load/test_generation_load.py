@@ -31,14 +31,15 @@ from labserve.cli import main
 from labserve.generation.api import Finish
 from labserve.lab.demo import TinyLM
 from labserve.load.arrivals import ConstantArrivals, PoissonArrivals
-from labserve.load.gen_result import build_result
-from labserve.load.gen_server_view import find_model_stats, generation_server_view
-from labserve.load.gen_stream import CompletionStream, GenRecord
 from labserve.load.generation import generation_load_test, start_generation_load
+from labserve.load.generation.prompts import GenerationMix
+from labserve.load.generation.result import build_result
+from labserve.load.generation.server_view import find_model_stats, generation_server_view
+from labserve.load.generation.sse import SseParser
+from labserve.load.generation.stream import CompletionStream, GenRecord
 from labserve.load.goodput import parse_goodput
-from labserve.load.prompts import GenerationMix
-from labserve.load.sse import SseParser
-from labserve.load.stream_conn import StreamHandler, _StreamConnection
+from labserve.load.http_client import ReplyReader
+from labserve.load.http_client.connection import Connection
 from labserve.runtime.loop import background_loop
 from labserve.server.app import make_app
 from labserve.server.core import HttpCore
@@ -478,6 +479,8 @@ def test_stop_ends_the_sending_and_every_stream_still_ends(serve_letters):
     run.stop()
     r = run.result(timeout=10)
     assert len(r) == len(letters.requests) and kinds(r) == {"served": len(r)}
+    # One run type for both kinds; like a request run, it spans the time until stop().
+    assert isinstance(run, labserve.LoadRun) and r.duration_s < 30
 
 
 def test_load_test_drives_a_generation_url(serve_letters):
@@ -775,7 +778,7 @@ class _Transport:
         return self.aborted
 
 
-class _Collected(StreamHandler):
+class _Collected(ReplyReader):
     def __init__(self):
         self.status, self.data, self.ends = 0, b"", []
 
@@ -802,7 +805,7 @@ class _Collected(StreamHandler):
 )
 def test_a_reply_split_anywhere_reads_whole(reply, body):
     async def read(pieces):
-        conn = _StreamConnection()
+        conn = Connection()
         conn.connection_made(_Transport())
         handler = _Collected()
         done = conn.send(b"GET / HTTP/1.1\r\n\r\n", handler)

@@ -9,7 +9,8 @@ from labserve.base.errors import LoadWarning
 from labserve.base.vocabulary import OUTCOMES
 from labserve.lab.demo import SleepModel
 from labserve.load.arrivals import ConstantArrivals
-from labserve.load.generator import _warn_if_behind, load_test
+from labserve.load.generator import load_test
+from labserve.load.run import _warn_if_behind
 
 
 @pytest.fixture

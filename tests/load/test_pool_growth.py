@@ -9,7 +9,7 @@ import pytest
 
 import labserve
 from labserve.base.descriptors import socket_budget
-from labserve.load.http_conn import ConnectionPool, request_bytes
+from labserve.load.http_client import ConnectionPool, request_bytes
 
 # A busy test machine may delay sends; the warning is tested in test_generator.py.
 pytestmark = pytest.mark.filterwarnings("ignore::labserve.LoadWarning")

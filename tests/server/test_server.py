@@ -258,7 +258,7 @@ def test_http_load_over_the_simple_route_and_v2_form_batches():
 
 @contextlib.contextmanager
 def _ignore_lag():
-    from labserve.load.generator import LoadWarning
+    from labserve.base.errors import LoadWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LoadWarning)  # a busy machine may lag; tested elsewhere

@@ -26,8 +26,8 @@ import numpy.typing as npt
 from labserve.base.vocabulary import CANCELLED, OUTCOMES, SERVED, TIMEOUT
 from labserve.generation.results import GenerationResult, StepSeries
 from labserve.generation.sequence import SEQ_OUTCOMES, SeqOutcome
-from labserve.load.gen_server_view import server_percentile_key, server_percentile_ms
-from labserve.load.gen_stream import GenRecord
+from labserve.load.generation.server_view import server_percentile_key, server_percentile_ms
+from labserve.load.generation.stream import GenRecord
 
 __all__ = ["GenerationLoadResult", "build_result"]
 
@@ -61,7 +61,7 @@ class GenerationLoadResult:
     errors: dict[str, int] = field(default_factory=dict)
     """What the failed requests were told (the message, by count)."""
     server: dict[str, Any] | None = None
-    """Against labserve: its ``/stats`` for the model over the run (see gen_server_view)."""
+    """Against labserve: its ``/stats`` for the model over the run (see ``server_view``)."""
     label: str = ""
     clock_t0_s: float = 0.0
     """The run's time 0 on ``time.monotonic`` (to line its times up with a server's)."""

@@ -1,7 +1,7 @@
 """One streamed generation as the load generator reads it: events in, one record out. Loop-only.
 
 A :class:`GenRecord` holds a run's per-request columns; a :class:`CompletionStream` (the
-:class:`~labserve.load.stream_conn.StreamHandler` of one request) parses its reply's
+:class:`~labserve.load.http_client.connection.ReplyReader` of one request) parses its reply's
 server-sent events as they arrive, keeps the arrival time of each content chunk (a
 chunk whose text is not empty: a chat's opening role chunk and the closing
 ``finish_reason`` chunk carry none), the server's ``usage``, and writes the request's one
@@ -23,23 +23,25 @@ import math
 from typing import Any
 
 from labserve.base.vocabulary import CANCELLED, FAILED, SERVED
-from labserve.load.http_conn import outcome_of_status
-from labserve.load.sse import SseError, SseParser
-from labserve.load.stream_conn import StreamHandler
+from labserve.load.generation.sse import SseError, SseParser
+from labserve.load.http_client.connection import ReplyReader
+from labserve.load.http_client.reply import outcome_of_status
+from labserve.load.records import RunRecord
 
 __all__ = ["CompletionStream", "GenRecord"]
 
 _MAX_BODY = 1 << 20  # a non-streamed reply or an error body, at most (the rest is dropped)
 
 
-class GenRecord:
-    """Per-request columns of one generation run (times on ``clock_s``), filled on the loop."""
+class GenRecord(RunRecord):
+    """Per-request columns of one generation run, filled on the loop.
+
+    ``arrival`` (and ``lag``) are seconds from ``t0``, as every run's; a stream's chunk and
+    end times are on ``clock_s`` itself.
+    """
 
     def __init__(self) -> None:
-        self.t0 = 0.0
-        """When the run's clock starts (``clock_s``)."""
-        self.arrival: list[float] = []
-        """Intended send time, seconds from ``t0``."""
+        super().__init__()
         self.chunks: list[list[float]] = []
         """Arrival times (``clock_s``) of each request's content chunks."""
         self.end: list[float] = []
@@ -50,10 +52,6 @@ class GenRecord:
         self.prompt_tokens: list[int] = []
         self.asked_input: list[int] = []
         self.asked_output: list[int] = []
-        self.lag: list[float] = []
-        """Open loop: how late each request was written after its intended time."""
-        self.errors: dict[str, int] = {}
-        """Failure messages by count."""
 
     def new_slot(self, intended_s: float, asked_input: int, asked_output: int) -> int:
         """Add a request intended at ``intended_s`` (from ``t0``); returns its index."""
@@ -72,14 +70,15 @@ class GenRecord:
         """Request ``k`` ended as ``outcome`` (not served) at ``now``, for ``detail``."""
         self.outcome[k] = outcome
         self.end[k] = now
-        said = detail[:200]
-        self.errors[said] = self.errors.get(said, 0) + 1
+        self.note_error(detail[:200])
 
 
-class CompletionStream(StreamHandler):
+class CompletionStream(ReplyReader):
     """The handler of request ``k``'s reply: SSE events to its record. Loop-only."""
 
     __slots__ = ("_body", "_done", "_error", "_finished", "_sse", "_status", "_usage", "k", "rec")
+
+    wants_type = True  # a 2xx of text/event-stream is a stream, any other a whole reply
 
     def __init__(self, rec: GenRecord, k: int) -> None:
         self.rec = rec

@@ -1,10 +1,10 @@
 """The HTTP side of a generation load: the model, /stats, and each request's stream. Loop-only.
 
-:class:`GenerationSender` opens a :class:`~labserve.load.stream_conn.StreamPool` to the
-server, finds the model (the only one ``GET /v1/models`` lists, unless named), reads the
+:class:`GenerationSender` opens a :class:`~labserve.load.http_client.pool.ConnectionPool` to
+the server, finds the model (the only one ``GET /v1/models`` lists, unless named), reads the
 server's ``/stats`` entry for it before and after the run, and streams request ``k``
-(its body from :class:`~labserve.load.prompts.GenerationMix`) into a
-:class:`~labserve.load.gen_stream.CompletionStream` that records it.
+(its body from :class:`~labserve.load.generation.prompts.GenerationMix`) into a
+:class:`~labserve.load.generation.stream.CompletionStream` that records it.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import json
 from typing import Any
 
 from labserve.base.errors import LoadTargetError
-from labserve.load.gen_server_view import find_model_stats, generation_server_view
-from labserve.load.gen_stream import CompletionStream, GenRecord
-from labserve.load.http import HttpTarget
-from labserve.load.http_conn import request_bytes
-from labserve.load.prompts import CHAT_PATH, COMPLETIONS_PATH, GenerationMix
-from labserve.load.records import clock_s
-from labserve.load.stream_conn import StreamHandler, StreamPool
+from labserve.load.generation.prompts import CHAT_PATH, COMPLETIONS_PATH, GenerationMix
+from labserve.load.generation.server_view import find_model_stats, generation_server_view
+from labserve.load.generation.stream import CompletionStream, GenRecord
+from labserve.load.http_client.endpoint import Endpoint
+from labserve.load.http_client.pool import ConnectionPool
+from labserve.load.http_client.reply import Reply
+from labserve.load.records import Sender, clock_s
 
 __all__ = ["GenerationSender"]
 
@@ -27,32 +27,7 @@ _PREWARM = 64  # connections opened before the clock starts (each is a handshake
 _SIDE_TIMEOUT_S = 5.0  # /v1/models and /stats, read outside the timed run
 
 
-class _Collect(StreamHandler):
-    """A whole small reply (``/v1/models``, ``/stats``): its status and body."""
-
-    def __init__(self) -> None:
-        self.status = 0
-        self.data = b""
-        self.detail = ""
-
-    def head(self, status: int, content_type: str, now: float) -> None:
-        self.status = status
-
-    def body(self, data: bytes, now: float) -> None:
-        self.data += data
-
-    def ended(self, outcome: int | None, detail: str, now: float) -> None:
-        if outcome is not None:
-            self.status, self.detail = 0, detail
-
-    def json(self) -> Any:
-        try:
-            return json.loads(self.data) if self.status == 200 and self.data else None
-        except ValueError:
-            return None
-
-
-class GenerationSender:
+class GenerationSender(Sender[GenRecord]):
     """Sends request ``k`` of a generation run and records it. Loop-only."""
 
     def __init__(
@@ -66,7 +41,7 @@ class GenerationSender:
         timeout_s: float,
     ) -> None:
         self.url = url
-        self.target = HttpTarget.parse(url)
+        self.target = Endpoint.parse(url)
         self.chat = self.target.path.split("?", 1)[0].rstrip("/").endswith(CHAT_PATH)
         input_len, output_len, seed, ignore_eos = mix_args
         # The model is known only once /v1/models answers; the mix checks its lengths now.
@@ -79,10 +54,11 @@ class GenerationSender:
         self.headers |= self.auth
         self.connections = connections
         self.timeout_s = timeout_s
-        self.pool: StreamPool | None = None
+        self.pool: ConnectionPool | None = None
+        self.pool_seen: ConnectionPool | None = None
+        """The pool of the run once closed: who waited for a connection."""
         self.stats_before: dict[str, Any] | None = None
         self.stats_after: dict[str, Any] | None = None
-        self.waited = 0  # open loop: requests that found every connection busy when due
 
     @property
     def root(self) -> str:
@@ -93,7 +69,7 @@ class GenerationSender:
     async def open(self) -> None:
         """Open the pool, find the model, read /stats, open connections ahead of the clock."""
         t = self.target
-        self.pool = StreamPool(t.host, t.port, tls=t.tls, limit=self.connections)
+        self.pool = ConnectionPool(t.host, t.port, tls=t.tls, limit=self.connections)
         try:
             if self.model is None:
                 self.model = await self._only_model()
@@ -108,36 +84,55 @@ class GenerationSender:
         """Read /stats once more (if it answered before), then close the pool (idempotent)."""
         if self.pool is None:
             return
+        self.pool_seen = self.pool
         if self.stats_before is not None and self.stats_after is None:
             self.stats_after = await self._stats()
         pool, self.pool = self.pool, None
         await pool.close()
 
-    async def send(self, rec: GenRecord, k: int, open_loop: bool) -> None:
+    def new_record(self) -> GenRecord:
+        """An empty generation record."""
+        return GenRecord()
+
+    def new_slot(self, rec: GenRecord, intended_s: float) -> int:
+        """A slot for the next request, with the lengths the mix drew for it."""
+        return rec.new_slot(intended_s, *self.mix.lengths(len(rec.arrival)))
+
+    async def send(self, rec: GenRecord, k: int) -> None:
         """Stream request ``k`` (its slot is made) and record its one outcome."""
         assert self.pool is not None
         body, _, _ = self.mix.body(k)
-        t = self.target
-        data = request_bytes("POST", t.path, t.host_header, self.headers, body)
-        if open_loop and not self.pool.has_idle:
-            self.waited += 1
-        written_at = await self.pool.stream(data, CompletionStream(rec, k), self.timeout_s)
-        if open_loop:
-            sent = (written_at or clock_s()) - rec.t0
-            rec.lag.append(max(sent - rec.arrival[k], 0.0))
+        data = self.target.request("POST", self.target.path, self.headers, body)
+        written_at = await self.pool.send(
+            data, CompletionStream(rec, k), self.timeout_s, idle_timeout=True
+        )
+        rec.went_out(k, written_at or clock_s())
 
-    async def _get(self, path: str) -> _Collect:
+    def why_behind(self, rec: GenRecord) -> str:
+        """Requests that found every connection streaming when due, if any did."""
+        waited = self.pool_seen.waited_at_limit if self.pool_seen is not None else 0
+        if not waited:
+            return ""
+        return (
+            f"; {waited / len(rec.lag):.0%} of the requests found all {self.connections} "
+            "connections streaming when due (give more with connections=, --connections)"
+        )
+
+    async def _get(self, path: str) -> Reply:
         assert self.pool is not None
-        t = self.target
-        got = _Collect()
-        data = request_bytes("GET", path, t.host_header, self.auth)
-        await self.pool.stream(data, got, _SIDE_TIMEOUT_S)
-        return got
+        data = self.target.request("GET", path, self.auth)
+        return await self.pool.request(data, _SIDE_TIMEOUT_S)
+
+    def _json(self, reply: Reply) -> Any:
+        try:
+            return json.loads(reply.body) if reply.status == 200 and reply.body else None
+        except ValueError:
+            return None
 
     async def _only_model(self) -> str:
         got = await self._get(f"{self.root}/v1/models")
-        listed = got.json()
-        where = f"{self.target.base}{self.root}/v1/models"
+        listed = self._json(got)
+        where = f"{self.target.origin}{self.root}/v1/models"
         if got.status == 401:
             said = "unauthorized: give the server's token (token=, --token)"
             raise LoadTargetError(self.url, said)
@@ -158,7 +153,7 @@ class GenerationSender:
     async def _stats(self) -> dict[str, Any] | None:
         got = await self._get(f"{self.root}/stats")
         assert self.model is not None
-        return find_model_stats(got.json(), self.model)
+        return find_model_stats(self._json(got), self.model)
 
     def server_view(self) -> dict[str, Any] | None:
         """The server's /stats for the model over the run (None when it had none)."""
