@@ -39,7 +39,7 @@ _bundle_cache: dict[str, str] = {}
 
 
 # Three patches to BokehJS's page-side work per frame, measured with a CDP profile and trace of
-# a live dashboard in JupyterLab (benchmarks/RESULTS.md). BokehJS rewrites each renderer's
+# a live dashboard in JupyterLab (benchmarks/HISTORY.md). BokehJS rewrites each renderer's
 # position stylesheet on every paint; each rewrite invalidates the page's style, and BokehJS's
 # next CSS read (it reads CSS variables for every text and fill colour) forces a style pass
 # over JupyterLab's large page. (1) Skip rewrites that change nothing. (2) A glyph renderer's

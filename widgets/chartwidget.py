@@ -64,7 +64,7 @@ ACK_EVERY_S = 1.0
 """A page that keeps up is asked to acknowledge a patch this often, not every patch. Each
 answer is a kernel message, which the kernel announces busy, then idle; JupyterLab redraws its
 busy indicators (and swaps its favicon) for each: at 5 Hz that cost the page more than its
-charts (benchmarks/RESULTS.md)."""
+charts (benchmarks/HISTORY.md)."""
 SLOW_ACK_S = 0.15
 """An acknowledgement later than this (under a 5 Hz tick) says the page is not keeping up:
 from then on every patch asks for one, and new changes are held while one is outstanding.

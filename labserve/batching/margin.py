@@ -18,7 +18,7 @@ start within :meth:`OverloadMargin.margin_s` of the cap for its ``j``: a high qu
 batches. The largest, over a few seconds: the late sheds come from rare stalls (a thread
 waiting for the GIL or a core), and a margin that left out the top 2% of a second's batches
 (an earlier version) still let 0.4-1.9% of what was shed through, on a quiet machine; the
-largest over 512 batches, 0-0.8% (benchmarks/RESULTS.md, issue 24). Batch ends are
+largest over 512 batches, 0-0.8% (benchmarks/HISTORY.md, issue 24). Batch ends are
 measured, not the starts of the requests that were served, since
 those are what remains after the late ones were shed. Refusing a little early costs no
 throughput while the queue still holds a full batch when the slot frees: the next batch's

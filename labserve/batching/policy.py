@@ -17,7 +17,7 @@ latency (its wait so far, the rest of the hold, and the fitted time of the batch
 then be) reaches the target, and fires at once when it already would not hold. Without a
 target it decides exactly as ``greedy``: measured side by side, an earlier hold rule (hold
 when the cost model said a short wait saved more latency than it cost) almost never held
-under Poisson load and its p99 was no better than greedy's (benchmarks/RESULTS.md).
+under Poisson load and its p99 was no better than greedy's (benchmarks/HISTORY.md).
 """
 
 from __future__ import annotations
