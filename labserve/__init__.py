@@ -59,9 +59,8 @@ from labserve.generation.config import (
 from labserve.generation.sampling import SamplingParams
 from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.export import export_config
-from labserve.lab.generation_sweep import sweep_generation
-from labserve.lab.genload import UntilStopped
-from labserve.lab.gensources import (
+from labserve.lab.generation.load import UntilStopped
+from labserve.lab.generation.sources import (
     GenerationSource,
     GenerationView,
     HttpGenerationSource,
@@ -69,6 +68,7 @@ from labserve.lab.gensources import (
     generation_snapshot_from_dict,
     generation_sources,
 )
+from labserve.lab.generation.sweep import sweep_generation
 from labserve.lab.profiling import CostCurve, profile
 from labserve.lab.sources import (
     HttpSource,
@@ -106,12 +106,12 @@ from labserve.metrics.snapshot import (
     Snapshot,
     snapshot_from_dict,
 )
-from labserve.runtime.generative import GenerativeMethod
+from labserve.runtime.generation.method import GenerativeMethod
+from labserve.runtime.generation.streams import AsyncTokenStream, TokenStream
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import Runnable, method
 from labserve.runtime.runner import Runner, RunnerMethod
 from labserve.runtime.session import stop_all, track
-from labserve.runtime.token_streams import AsyncTokenStream, TokenStream
 from labserve.server import Server, serve
 from labserve.sim import LinearCost, simulate
 from labserve.sim.generation import StepCost, replay_generation, simulate_generation

@@ -24,9 +24,9 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from labserve.generation.scheduler import Scheduler
 from labserve.generation.sequence import SeqState
-from labserve.runtime import generation_driver
-from labserve.runtime.generation_driver import GenerationDriver, _StepResult
-from labserve.runtime.token_streams import End
+from labserve.runtime.generation import driver as generation_driver
+from labserve.runtime.generation.driver import GenerationDriver, _StepResult
+from labserve.runtime.generation.streams import End
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -247,3 +248,40 @@ _REACH_IN = ast.parse("from labserve.server.app import _Base\n")  # parsed at im
 def test_no_module_imports_another_modules_private_name():
     assert private_imports(_TREES) == []
     assert private_imports({pathlib.Path("reach.py"): _REACH_IN}) == ["reach.py:1 imports _Base"]
+
+
+# -- the naming rule ---------------------------------------------------------------------
+
+UI = CORE.parent / "widgets"
+# gen* but not generation.py (the allowed module) nor generator.py (the request load generator)
+GENERATION_WORDS = re.compile(r"^(gen(?!era)|generation_|generative|token_streams)")
+"""File names that say "generation" by a prefix or an infix instead of by their place."""
+
+
+def _misplaced(root: pathlib.Path) -> list[str]:
+    """Modules named for generation outside a ``generation`` package or module."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if "generation" in parts[:-1]:
+            continue
+        if GENERATION_WORDS.match(path.stem):
+            out.append(str(path.relative_to(root.parent)))
+    return out
+
+
+def test_generation_only_code_lives_under_a_generation_segment():
+    # The rule (README, Architecture): what serves generation only lives in a package named
+    # generation/ on its floor (labserve/generation/, runtime/generation/, load/generation/,
+    # lab/generation/, widgets/generation/) or in a module generation.py; no gen*, gen_*,
+    # generation_* or generative* names beside it.
+    assert _misplaced(CORE) + _misplaced(UI) == []
+
+
+def test_the_naming_rule_can_fail(tmp_path):
+    (tmp_path / "pkg" / "generation").mkdir(parents=True)
+    names = ["gencharts.py", "generation.py", "generator.py", "generative.py"]
+    names.append("generation/charts.py")
+    for name in names:
+        (tmp_path / "pkg" / name).write_text("")
+    assert _misplaced(tmp_path / "pkg") == ["pkg/gencharts.py", "pkg/generative.py"]

@@ -20,10 +20,11 @@ def _listed() -> set[str]:
 
 
 def _on_disk() -> set[str]:
-    found = {"labserve.widgets"} if (ROOT / "widgets" / "__init__.py").exists() else set()
+    found = set()
     for init in (ROOT / "labserve").rglob("__init__.py"):
-        parts = init.parent.relative_to(ROOT).parts
-        found.add(".".join(parts))
+        found.add(".".join(init.parent.relative_to(ROOT).parts))
+    for init in (ROOT / "widgets").rglob("__init__.py"):  # installed as labserve.widgets
+        found.add(".".join(("labserve", *init.parent.relative_to(ROOT).parts)))
     return found
 
 

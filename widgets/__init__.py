@@ -13,8 +13,8 @@ from .bokehjs import load_bokehjs
 from .charts import Charts, plot
 from .chartwidget import ChartWidget
 from .dashboard import Dashboard
-from .gendashboard import GenerationDashboard
-from .genplots import generation_steps_figure, plot_generation_steps
+from .generation.dashboard import GenerationDashboard
+from .generation.plots import generation_steps_figure, plot_generation_steps
 from .plots import (
     compare_figure,
     compare_series,

@@ -4,7 +4,7 @@
 rule that a document has one writer, the count and record of failed ticks, and the stop at
 interpreter exit. A pump subclasses it with what a tick pulls and streams
 (:class:`~labserve.widgets.pump.Pump` for batchable methods,
-:class:`~labserve.widgets.genpump.GenerationPump` for generative ones).
+:class:`~labserve.widgets.generation.pump.GenerationPump` for generative ones).
 """
 
 from __future__ import annotations

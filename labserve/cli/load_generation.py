@@ -113,7 +113,7 @@ def _arrivals(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _goodput(fields: list[str] | None) -> dict[str, float]:
-    from labserve.load.goodput import parse_goodput
+    from labserve.load.generation.goodput import parse_goodput
 
     try:
         return parse_goodput(fields)

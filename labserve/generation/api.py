@@ -1,6 +1,6 @@
 """What a served generative method offers its callers: a request, its stream, its ending.
 
-The runtime's continuous-batching engine (:mod:`labserve.runtime.generative`) implements
+The runtime's continuous-batching engine (:mod:`labserve.runtime.generation.method`) implements
 these protocols; the OpenAI-compatible routes (:mod:`labserve.server.openai`) drive any
 :class:`Generator` through the server's :class:`~labserve.server.exchange.Backend`, so a
 stand-in plugs in as well.

@@ -18,7 +18,7 @@ import yaml
 from labserve.config.batching import BatchingConfig
 from labserve.generation.config import GenerationConfig
 from labserve.lab.engines import ENGINE_FORMATS, export_engine
-from labserve.runtime.generative import GenerativeMethod
+from labserve.runtime.generation.method import GenerativeMethod
 from labserve.runtime.runner import RunnerMethod
 
 __all__ = ["BATCHING_FORMATS", "FORMATS", "export_config"]

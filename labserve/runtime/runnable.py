@@ -81,7 +81,7 @@ def method(
     share a batch, padded, and the model gets each row's true length (see Padding).
 
     ``generative=True`` marks a method that advances a batch of sequences by one step
-    (continuous batching; see :mod:`labserve.runtime.generative`): it takes a
+    (continuous batching; see :mod:`labserve.runtime.generation.method`): it takes a
     :class:`~labserve.generation.batch.SeqBatch` and returns next-token logits; ``batching``
     then takes GenerationConfig settings (``max_num_seqs``, ``max_num_batched_tokens``, ...).
 

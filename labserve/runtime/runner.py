@@ -31,7 +31,7 @@ from labserve.generation.stats import GenerationSnapshot
 from labserve.metrics.snapshot import BatchRecord, Snapshot
 from labserve.runtime import session
 from labserve.runtime.driver import MethodDriver
-from labserve.runtime.generative import GenerativeMethod
+from labserve.runtime.generation.method import GenerativeMethod
 from labserve.runtime.loop import BackgroundLoop, background_loop
 from labserve.runtime.runnable import MethodSpec, Runnable
 from labserve.runtime.scheduling import LoopHost

@@ -1,12 +1,12 @@
 """What every served method of a Runner has, whichever kind: the :class:`ServedMethod` Protocol.
 
 A Runner serves two kinds of method: :class:`~labserve.runtime.runner.RunnerMethod`
-(request batching, or a plain call) and :class:`~labserve.runtime.generative.GenerativeMethod`
-(continuous batching). Code that only names a method, reads or changes its settings, or
-reads or resets its figures (``PATCH /config``, ``GET /config``, ``Runner.configure``) takes
-a :class:`ServedMethod` and works with both. What differs stays on each class: calls
-(``run`` and a batch queue; ``stream`` and a step scheduler), the config's type and its
-snapshot's fields.
+(request batching, or a plain call) and
+:class:`~labserve.runtime.generation.method.GenerativeMethod` (continuous batching). Code
+that only names a method, reads or changes its settings, or reads or resets its figures
+(``PATCH /config``, ``GET /config``, ``Runner.configure``) takes a :class:`ServedMethod` and
+works with both. What differs stays on each class: calls (``run`` and a batch queue;
+``stream`` and a step scheduler), the config's type and its snapshot's fields.
 """
 
 from __future__ import annotations

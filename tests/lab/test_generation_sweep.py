@@ -6,7 +6,7 @@ import pytest
 
 from labserve.base.errors import ConfigError
 from labserve.generation.config import GenerationConfig
-from labserve.lab.generation_sweep import GENERATION_COLUMNS, sweep_generation
+from labserve.lab.generation.sweep import GENERATION_COLUMNS, sweep_generation
 from labserve.lab.sweep import format_table
 from labserve.sim.generation import StepCost
 

@@ -10,7 +10,7 @@ import pytest
 
 import labserve
 from labserve.lab.demo import SleepModel, TinyLM
-from labserve.lab.genload import start_runner_generation_load
+from labserve.lab.generation.load import start_runner_generation_load
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 20.0) -> None:

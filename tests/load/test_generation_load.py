@@ -32,12 +32,12 @@ from labserve.generation.api import Finish
 from labserve.lab.demo import TinyLM
 from labserve.load.arrivals import ConstantArrivals, PoissonArrivals
 from labserve.load.generation import generation_load_test, start_generation_load
+from labserve.load.generation.goodput import parse_goodput
 from labserve.load.generation.prompts import GenerationMix
 from labserve.load.generation.result import build_result
 from labserve.load.generation.server_view import find_model_stats, generation_server_view
 from labserve.load.generation.sse import SseParser
 from labserve.load.generation.stream import CompletionStream, GenRecord
-from labserve.load.goodput import parse_goodput
 from labserve.load.http_client import ReplyReader
 from labserve.load.http_client.connection import Connection
 from labserve.runtime.loop import background_loop

@@ -29,9 +29,9 @@ import labserve
 from labserve.generation.batch import SeqBatch
 from labserve.generation.config import GenerationConfig
 from labserve.generation.sampling import SamplingParams, SequenceSampler, TextDecoder
-from labserve.runtime.generation_driver import GenerationDriver, GenerativeModel, NewSequence
+from labserve.runtime.generation.driver import GenerationDriver, GenerativeModel, NewSequence
+from labserve.runtime.generation.streams import End
 from labserve.runtime.scheduling import MIN_TIMER_S
-from labserve.runtime.token_streams import End
 from labserve.runtime.virtual import VirtualHost
 
 TICK = MIN_TIMER_S

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from bokeh.document import Document
 from labserve.widgets import Dashboard, GenerationDashboard
-from labserve.widgets.gencharts import GenerationCharts
-from labserve.widgets.genpump import GenerationPump
-from labserve.widgets.genseries import GEN_COLUMNS, GenerationSeries
+from labserve.widgets.generation.charts import GenerationCharts
+from labserve.widgets.generation.pump import GenerationPump
+from labserve.widgets.generation.series import GEN_COLUMNS, GenerationSeries
 
 import labserve
 from labserve.generation.results import StepSeries

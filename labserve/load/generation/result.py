@@ -9,7 +9,7 @@ ITL = the gaps between a request's content chunks; TPOT = (e2e - TTFT) / (output
 the server's ``usage.completion_tokens`` when the stream carries it, else the number of
 content chunks (a chunk that carries several tokens then counts as one, as it does for
 ``vllm bench serve``). Goodput counts served requests meeting every target given
-(:mod:`labserve.load.goodput`) per second of the run's span. Immutable; thread-safe.
+(:mod:`labserve.load.generation.goodput`) per second of the run's span. Immutable; thread-safe.
 """
 
 from __future__ import annotations

@@ -24,11 +24,11 @@ from typing import Any, TypeAlias
 from labserve.base.errors import LoadTargetError
 from labserve.base.lengths import LengthDist
 from labserve.load.arrivals import Arrivals
+from labserve.load.generation.goodput import parse_goodput
 from labserve.load.generation.prompts import CHAT_PATH, COMPLETIONS_PATH
 from labserve.load.generation.result import GenerationLoadResult, build_result
 from labserve.load.generation.sender import GenerationSender
 from labserve.load.generation.stream import GenRecord
-from labserve.load.goodput import parse_goodput
 from labserve.load.loop import load_loop
 from labserve.load.run import LoadRun, start_run
 

@@ -4,7 +4,7 @@
 sequences by one step (a :class:`~labserve.generation.batch.SeqBatch`: each sequence's new
 tokens, a prefill chunk or its last output, from its position; it returns the next-token
 logits, or the token ids, of the sequences that sample). The runner serves it by
-continuous batching (:mod:`labserve.runtime.generation_driver`): labserve owns the
+continuous batching (:mod:`labserve.runtime.generation.driver`): labserve owns the
 schedule, the KV budget, sampling, stop rules and each sequence's life; the model owns its
 tensors. The model's optional hooks and attributes, found on its Runnable:
 
@@ -46,11 +46,11 @@ from labserve.generation.admission import check_lengths, check_token_ids
 from labserve.generation.api import Completion, GenerateRequest
 from labserve.generation.sampling import SamplingParams, SequenceSampler, TextDecoder
 from labserve.generation.stats import GenerationSnapshot
-from labserve.runtime.generation_driver import GenerationDriver, GenerativeModel, NewSequence
+from labserve.runtime.generation.driver import GenerationDriver, GenerativeModel, NewSequence
+from labserve.runtime.generation.streams import AnyStream, AsyncTokenStream, TokenStream
 from labserve.runtime.loop import BackgroundLoop
 from labserve.runtime.runnable import MethodSpec
 from labserve.runtime.scheduling import LoopHost
-from labserve.runtime.token_streams import AnyStream, AsyncTokenStream, TokenStream
 
 __all__ = ["DEFAULT_MAX_TOKENS", "GenerativeMethod"]
 

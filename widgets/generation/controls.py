@@ -19,7 +19,7 @@ import ipywidgets as w
 
 import labserve
 
-from .controls import control_layout, error_html
+from ..controls import control_layout, error_html
 
 __all__ = ["MAX_NUM_BATCHED_TOKENS_STEPS", "MAX_NUM_SEQS_STEPS", "GenerationControls"]
 

@@ -27,7 +27,7 @@ from labserve.base.lengths import LengthDist
 from labserve.generation.config import GENERATION_SETTINGS, GenerationConfig
 from labserve.generation.results import StepSeries
 from labserve.generation.stats import GenerationSnapshot
-from labserve.lab.genload import LoadLike, start_runner_generation_load
+from labserve.lab.generation.load import LoadLike, start_runner_generation_load
 from labserve.lab.sources import (
     HttpMethodBase,
     RunnerMethodBase,
@@ -37,7 +37,7 @@ from labserve.lab.sources import (
 )
 from labserve.load.arrivals import Arrivals
 from labserve.load.generation import start_generation_load
-from labserve.runtime.generative import GenerativeMethod
+from labserve.runtime.generation.method import GenerativeMethod
 from labserve.runtime.runner import Runner
 from labserve.server import Server
 
@@ -135,7 +135,7 @@ class RunnerGenerationSource(RunnerMethodBase[GenerationConfig]):
         output_len: LengthDist | str | int,
         seed: int = 0,
     ) -> LoadLike:
-        """Generations through ``async_run`` on the runner's loop (:mod:`labserve.lab.genload`)."""
+        """Generations through ``async_run`` on the runner's loop (``lab/generation/load.py``)."""
         return start_runner_generation_load(
             self.generative_method,
             arrivals=arrivals,

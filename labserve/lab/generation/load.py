@@ -23,7 +23,7 @@ import numpy as np
 from labserve.base.errors import LabServeError
 from labserve.base.lengths import LengthDist, parse_length
 from labserve.load.arrivals import Arrivals
-from labserve.runtime.generative import GenerativeMethod
+from labserve.runtime.generation.method import GenerativeMethod
 
 __all__ = ["LoadLike", "RunnerGenerationLoad", "UntilStopped", "start_runner_generation_load"]
 

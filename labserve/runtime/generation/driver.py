@@ -57,8 +57,8 @@ from labserve.generation.sampling import SequenceSampler
 from labserve.generation.scheduler import Scheduler
 from labserve.generation.sequence import Finished, Scheduled, StepPlan
 from labserve.generation.stats import GenerationRecorder, GenerationSnapshot
+from labserve.runtime.generation.streams import AnyStream, End, feed_streams
 from labserve.runtime.scheduling import Host, Timer
-from labserve.runtime.token_streams import AnyStream, End, feed_streams
 
 __all__ = ["Caller", "GenerationDriver", "GenerativeModel", "NewSequence"]
 

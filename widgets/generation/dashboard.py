@@ -2,11 +2,11 @@
 
 It watches a generative method (continuous batching) wherever it runs, through a
 ``labserve.GenerationSource``: a runner in this process or a labserve server by URL. It
-composes :class:`~labserve.widgets.gencontrols.GenerationControls`,
-:class:`~labserve.widgets.genloadpanel.GenerationLoadControls`,
-:class:`~labserve.widgets.gencharts.GenerationCharts` shown through
+composes :class:`~labserve.widgets.generation.controls.GenerationControls`,
+:class:`~labserve.widgets.generation.loadpanel.GenerationLoadControls`,
+:class:`~labserve.widgets.generation.charts.GenerationCharts` shown through
 :class:`~labserve.widgets.chartwidget.ChartWidget`, and one
-:class:`~labserve.widgets.genpump.GenerationPump`, the only writer of the charts. It shares
+:class:`~labserve.widgets.generation.pump.GenerationPump`, the only writer of the charts. It shares
 the request dashboard's machinery, so the same guarantees hold: BokehJS travels in a
 hidden widget (a reloaded page gets it back), a new view or a reloaded page draws the
 document as it is now, patches wait for the page's acknowledgements.
@@ -24,12 +24,12 @@ from bokeh.document import Document
 
 import labserve
 
-from .bokehjs import display_bokehjs
-from .chartwidget import ChartWidget
-from .gencharts import GenerationCharts
-from .gencontrols import GenerationControls
-from .genloadpanel import GenerationLoadControls
-from .genpump import GenerationPump
+from ..bokehjs import display_bokehjs
+from ..chartwidget import ChartWidget
+from .charts import GenerationCharts
+from .controls import GenerationControls
+from .loadpanel import GenerationLoadControls
+from .pump import GenerationPump
 
 __all__ = ["GenerationDashboard"]
 

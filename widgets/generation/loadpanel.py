@@ -18,7 +18,7 @@ import ipywidgets as w
 
 import labserve
 
-from .controls import control_layout, error_html
+from ..controls import control_layout, error_html
 
 __all__ = ["GenerationLoadControls"]
 

@@ -4,7 +4,7 @@ TTFT and inter-token latency against their targets, sequences running and waitin
 preempted), tokens per step split into prefill and decode against the step's budget, KV
 blocks used against the cache's, and throughput (served requests, goodput, output tokens).
 Every chart shares one time axis that the kernel moves in steps (``axes.py``), and one
-source (one row per tick, ``genseries.py``). Whoever streams into them must be the only
+source (one row per tick, ``series.py``). Whoever streams into them must be the only
 writer of their document (the dashboard's pump). Not thread-safe.
 """
 
@@ -19,10 +19,10 @@ from bokeh.models.widgets.markups import Div
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
 
-from .axes import SteppedAxes, tick_log_axis
-from .charts import KEY_STYLE, legend_key
-from .chartwidget import ACK_NAME
-from .genseries import GEN_COLUMNS, Rows
+from ..axes import SteppedAxes, tick_log_axis
+from ..charts import KEY_STYLE, legend_key
+from ..chartwidget import ACK_NAME
+from .series import GEN_COLUMNS, Rows
 
 __all__ = ["GenerationCharts"]
 

@@ -13,10 +13,10 @@ from bokeh.document import Document
 
 import labserve
 
-from .chartwidget import one_patch_per_widget
-from .gencharts import GenerationCharts
-from .genseries import GenerationSeries
-from .ticker import Ticker
+from ..chartwidget import one_patch_per_widget
+from ..ticker import Ticker
+from .charts import GenerationCharts
+from .series import GenerationSeries
 
 __all__ = ["GenerationPump"]
 

@@ -7,7 +7,7 @@ A generation run (the simulator's or a live run's result) carries per-step colum
 shows ``static`` and continuous batching side by side. Only attributes are read (duck
 typing): the widgets layer uses labserve's public API only.
 
->>> from labserve.widgets.genplots import plot_generation_steps           # doctest: +SKIP
+>>> from labserve.widgets.generation.plots import plot_generation_steps           # doctest: +SKIP
 >>> plot_generation_steps({"static": a, "continuous": b}, y="num_seqs")   # doctest: +SKIP
 """
 
@@ -23,7 +23,7 @@ from bokeh.models.renderers import GlyphRenderer
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
 
-from .chartwidget import ChartWidget
+from ..chartwidget import ChartWidget
 
 __all__ = ["STEP_COLUMNS", "generation_steps_figure", "plot_generation_steps"]
 

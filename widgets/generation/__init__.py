@@ -1,0 +1,3 @@
+"""Generation-only parts of widgets/ (the naming rule: README, Architecture)."""
+
+__all__: list[str] = []
