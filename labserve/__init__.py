@@ -49,13 +49,13 @@ from labserve.base.vocabulary import OUTCOMES, REASONS, STRATEGIES
 from labserve.batching.containers import Padding, TensorSpec
 from labserve.config.batching import BatchingConfig
 from labserve.config.file import ConfigFile, load_config_file
-from labserve.generation.api import Completion, Finish, GenerateRequest
-from labserve.generation.batch import SeqBatch
-from labserve.generation.config import (
+from labserve.config.generation import (
     GENERATION_STRATEGIES,
     SCHEDULING_POLICIES,
     GenerationConfig,
 )
+from labserve.generation.api import Completion, Finish, GenerateRequest
+from labserve.generation.batch import SeqBatch
 from labserve.generation.sampling import SamplingParams
 from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.export import export_config

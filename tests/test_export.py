@@ -7,7 +7,7 @@ import yaml
 import labserve
 from labserve import BatchingConfig, export_config, load_config_file
 from labserve.cli import main
-from labserve.generation.config import GenerationConfig
+from labserve.config.generation import GenerationConfig
 from labserve.lab.engines import ENGINE_FORMATS
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from labserve.generation.config import GenerationConfig
+from labserve.config.generation import GenerationConfig
 from labserve.generation.scheduler import Scheduler
 from labserve.sim.generation import StepCost, simulate_generation
 

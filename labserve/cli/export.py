@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from labserve.base.vocabulary import STRATEGIES
 from labserve.cli._common import UsageError, check_sections
-from labserve.generation.config import GENERATION_STRATEGIES, SCHEDULING_POLICIES
+from labserve.config.generation import GENERATION_STRATEGIES, SCHEDULING_POLICIES
 from labserve.lab.engines import ENGINE_FORMATS
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def _export_engine(args: argparse.Namespace) -> None:
     """A generative method's knobs, from the flags, as an engine's flags."""
     from labserve.base.errors import ConfigError
     from labserve.config.file import load_config_file
-    from labserve.generation.config import GenerationConfig
+    from labserve.config.generation import GenerationConfig
     from labserve.lab.export import export_config
 
     if args.max_batch_size is not None or args.max_latency_ms is not None:

@@ -9,7 +9,7 @@ the scheduler swaps it in at the next step.
 Each setting is declared as the batching settings are, ``name: type = setting(default,
 rule)``, and checked by the same mechanism (:mod:`labserve.config.settings`), so both configs
 give the same messages. It lives on the config floor beside ``BatchingConfig``;
-``labserve.generation.config`` re-exports it for the generation core's imports.
+``labserve.config.generation`` re-exports it for the generation core's imports.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from labserve.base.errors import InputError, LengthLimitError
-from labserve.generation.config import GenerationConfig
+from labserve.config.generation import GenerationConfig
 
 __all__ = ["check_admission", "check_lengths", "check_token_ids"]
 

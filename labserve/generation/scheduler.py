@@ -27,7 +27,7 @@ owner calls :meth:`Scheduler.schedule`, runs the model, then :meth:`Scheduler.co
 The scheduler is the one owner of a method's generation state: the config in force and
 the pending one, each sequence's one record (:class:`~labserve.generation.sequence.SeqState`
 and its status), the deadlines, the admission decision and the stop decision. Settings
-are of three kinds (:data:`~labserve.generation.config.ARRIVAL_SETTINGS` and the rest):
+are of three kinds (:data:`~labserve.config.generation.ARRIVAL_SETTINGS` and the rest):
 those that act on arrivals (``request_timeout_ms``, ``max_queue_size``) act from the moment
 :meth:`Scheduler.configure` accepts them, for every sequence admitted after; those that
 shape steps apply at the next :meth:`Scheduler.schedule`, and a change there that leaves a
@@ -45,8 +45,8 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from labserve.base.errors import LabServeError, QueueFullError
+from labserve.config.generation import GenerationConfig
 from labserve.generation.admission import check_admission
-from labserve.generation.config import GenerationConfig
 from labserve.generation.sequence import (
     Finished,
     FinishReason,

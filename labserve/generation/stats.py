@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from labserve.generation.config import GenerationConfig
+from labserve.config.generation import GenerationConfig
 from labserve.generation.results import GenerationResult, StepSeries
 from labserve.generation.sequence import SEQ_OUTCOMES, Finished, SeqOutcome, StepRecord
 from labserve.metrics.histogram import LogHistogram

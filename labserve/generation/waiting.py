@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from labserve.generation.config import SchedulingPolicy
+from labserve.config.generation import SchedulingPolicy
 from labserve.generation.sequence import SeqState
 
 __all__ = ["WaitingQueue"]

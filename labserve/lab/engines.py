@@ -16,7 +16,7 @@ as a YAML for ``trtllm-serve --extra_llm_api_options``.
 
 from __future__ import annotations
 
-from labserve.generation.config import GenerationConfig
+from labserve.config.generation import GenerationConfig
 
 __all__ = ["ENGINE_FORMATS", "export_engine"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import yaml
 
 from labserve.config.batching import BatchingConfig
-from labserve.generation.config import GenerationConfig
+from labserve.config.generation import GenerationConfig
 from labserve.lab.engines import ENGINE_FORMATS, export_engine
 from labserve.runtime.generation.method import GenerativeMethod
 from labserve.runtime.runner import RunnerMethod

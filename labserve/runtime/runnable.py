@@ -10,7 +10,7 @@ from typing import Any, ClassVar, TypeVar, overload
 from labserve.batching.containers import TensorSpec
 from labserve.batching.padding import Padding
 from labserve.config.batching import BatchingLayer
-from labserve.generation.config import GenerationConfig
+from labserve.config.generation import GenerationConfig
 
 __all__ = ["MethodSpec", "Runnable", "method"]
 

@@ -6,7 +6,7 @@ takes the time a :class:`StepCost` says, and its outcomes are collected. Prompt 
 lengths come from the shared length vocabulary (:mod:`labserve.base.lengths`); outputs run
 to their drawn length (``ignore_eos``, as a benchmark fixes them). Same seed, same result.
 
->>> from labserve.generation.config import GenerationConfig
+>>> from labserve.config.generation import GenerationConfig
 >>> r = simulate_generation(GenerationConfig(), StepCost(fixed_ms=5), n_requests=4,
 ...                         input_len=8, output_len=3)
 >>> round(r.percentiles_ms("ttft")["p50"], 6), round(r.percentiles_ms("tpot")["p50"], 6)
@@ -23,7 +23,7 @@ import numpy as np
 
 from labserve.base.errors import LengthLimitError, QueueFullError
 from labserve.base.lengths import LengthDist, parse_length
-from labserve.generation.config import GenerationConfig
+from labserve.config.generation import GenerationConfig
 from labserve.generation.results import GenerationResult
 from labserve.generation.scheduler import Scheduler
 from labserve.generation.sequence import Finished, StepPlan, StepRecord

@@ -1,10 +1,12 @@
 """The one mechanism both configs are declared and checked with (labserve.config.settings)."""
 
 import dataclasses
+import importlib.util
 import pickle
 
 import pytest
 
+import labserve
 from labserve.base.errors import ConfigError
 from labserve.config.batching import BatchingConfig
 from labserve.config.generation import GenerationConfig
@@ -84,7 +86,8 @@ def test_a_replaced_config_equals_and_pickles_like_a_built_one():
     assert replaced.request_timeout_s == 0.005
 
 
-def test_the_generation_core_imports_the_one_generation_config():
-    from labserve.generation import config
+def test_the_generation_config_has_one_home():
+    # No re-export under generation/: one import path per concept (issue 31's naming rule).
 
-    assert config.GenerationConfig is GenerationConfig
+    assert importlib.util.find_spec("labserve.generation.config") is None
+    assert labserve.GenerationConfig is GenerationConfig

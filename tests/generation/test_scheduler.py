@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from labserve.base.errors import ConfigError, InputError, LengthLimitError, QueueFullError
-from labserve.generation.config import GenerationConfig
+from labserve.config.generation import GenerationConfig
 from labserve.generation.scheduler import Scheduler
 
 
@@ -299,7 +299,7 @@ def test_config_refuses_bad_values_naming_the_rule(changes, words):
 
 
 def test_every_generation_setting_is_of_exactly_one_kind():
-    from labserve.generation.config import (
+    from labserve.config.generation import (
         ARRIVAL_SETTINGS,
         GENERATION_SETTINGS,
         START_SETTINGS,

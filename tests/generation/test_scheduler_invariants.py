@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labserve.base.errors import LengthLimitError
-from labserve.generation.config import GenerationConfig
+from labserve.config.generation import GenerationConfig
 from labserve.generation.scheduler import Scheduler
 from labserve.generation.sequence import Finished
 

@@ -5,7 +5,7 @@ import concurrent.futures
 import pytest
 
 from labserve.base.errors import ConfigError
-from labserve.generation.config import GenerationConfig
+from labserve.config.generation import GenerationConfig
 from labserve.lab.generation.sweep import GENERATION_COLUMNS, sweep_generation
 from labserve.lab.sweep import format_table
 from labserve.sim.generation import StepCost

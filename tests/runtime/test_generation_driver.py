@@ -26,8 +26,8 @@ from hypothesis.stateful import (
 )
 
 import labserve
+from labserve.config.generation import GenerationConfig
 from labserve.generation.batch import SeqBatch
-from labserve.generation.config import GenerationConfig
 from labserve.generation.sampling import SamplingParams, SequenceSampler, TextDecoder
 from labserve.runtime.generation.driver import GenerationDriver, GenerativeModel, NewSequence
 from labserve.runtime.generation.streams import End

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from labserve.base.lengths import EmpiricalLengths
-from labserve.generation.config import GenerationConfig
+from labserve.config.generation import GenerationConfig
 from labserve.sim.generation import StepCost, replay_generation, simulate_generation
 
 CFG = GenerationConfig(request_timeout_ms=0, max_queue_size=100_000)

@@ -8,7 +8,7 @@ from bokeh.models import ColumnDataSource, GlyphRenderer, Legend
 from jupyter_bokeh import BokehModel
 from labserve.widgets import generation_steps_figure, plot_generation_steps
 
-from labserve.generation.config import GenerationConfig
+from labserve.config.generation import GenerationConfig
 from labserve.sim.generation import StepCost, simulate_generation
 
 

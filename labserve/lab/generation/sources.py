@@ -2,7 +2,7 @@
 
 The counterpart of :mod:`labserve.lab.sources` for methods served by continuous batching
 (``@labserve.method(generative=True)``). A :class:`GenerationSource` gives what a dashboard
-needs: the :class:`~labserve.generation.config.GenerationConfig` asked for, a live change
+needs: the :class:`~labserve.config.generation.GenerationConfig` asked for, a live change
 (applied at the next step), a view (a :class:`~labserve.generation.stats.GenerationSnapshot`),
 a reset, and load (a length mix at a rate). :class:`RunnerGenerationSource` watches a
 runner's method in this process; :class:`HttpGenerationSource` a labserve server's by URL
@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from labserve.base.lengths import LengthDist
-from labserve.generation.config import GENERATION_SETTINGS, GenerationConfig
+from labserve.config.generation import GENERATION_SETTINGS, GenerationConfig
 from labserve.generation.results import StepSeries
 from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.generation.load import LoadLike, start_runner_generation_load

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from labserve.base.lengths import LengthDist, parse_length
-from labserve.generation.config import GenerationConfig
+from labserve.config.generation import GenerationConfig
 from labserve.sim.generation import StepCost, simulate_generation
 
 __all__ = ["GENERATION_COLUMNS", "sweep_generation"]

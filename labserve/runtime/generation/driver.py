@@ -50,9 +50,9 @@ from labserve.base.errors import (
     RequestTimeoutError,
     RunnerStoppedError,
 )
+from labserve.config.generation import GenerationConfig
 from labserve.generation.api import Finish
 from labserve.generation.batch import SeqBatch
-from labserve.generation.config import GenerationConfig
 from labserve.generation.sampling import SequenceSampler
 from labserve.generation.scheduler import Scheduler
 from labserve.generation.sequence import Finished, Scheduled, StepPlan
