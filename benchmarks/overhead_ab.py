@@ -4,11 +4,16 @@ Each round runs, one process each, `batching_bench.py --rates none` (the overhea
 only: a no-op model, waves of 64 concurrent requests) for labserve's strategies in the
 `--before` tree (its own labserve, imported through PYTHONPATH) and in this one, then
 BentoML's dispatcher and the harness alone (`null`), every system on the event loop of the
-round (`--loop`: asyncio, then uvloop). The before tree's labserve predates the loop
-choice and always runs on asyncio, so it runs in the asyncio rounds only. Prints a table of
-median [min-max] µs per request with the load average, and writes the rows as JSON.
+round (`--loop`: asyncio, then uvloop). The before tree runs on the loops of
+`--before-loops` (asyncio alone by default: a labserve older than the loop choice runs on
+asyncio whatever it is asked). `--baselines` names the peers run in the after tree; without
+benchmarks/.venv-baselines (BentoML), `--baselines null` runs labserve's systems and the
+harness alone. Prints a table of median [min-max] µs per request with the load average, and
+writes the rows as JSON.
 
     benchmarks/.venv-baselines/bin/python benchmarks/overhead_ab.py --before /tmp/before
+    .venv/bin/python benchmarks/overhead_ab.py --before /work/wt-old --baselines null \
+        --before-loops asyncio,uvloop --rounds 5
 """
 
 from __future__ import annotations
@@ -64,12 +69,14 @@ def main() -> None:
     parser.add_argument("--waves", type=int, default=1000)
     parser.add_argument("--loops", default="asyncio,uvloop", type=lambda s: s.split(","))
     parser.add_argument("--json", default=str(HERE / "overhead_ab_before_after.json"))
+    parser.add_argument("--baselines", default=",".join(BASELINES), type=lambda s: s.split(","))
+    parser.add_argument("--before-loops", default="asyncio", type=lambda s: s.split(","))
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     for i in range(args.rounds):
         for loop in args.loops:
-            runs = [("after", ROOT, [*LABSERVE, *BASELINES])]
-            if loop == "asyncio":
+            runs = [("after", ROOT, [*LABSERVE, *args.baselines])]
+            if loop in args.before_loops:
                 runs.insert(i % 2, ("before", args.before, list(LABSERVE)))
             for side, tree, systems in runs:
                 load = os.getloadavg()[0]

@@ -5,7 +5,8 @@ generator's CPU per streamed token (``load_cpu.py``, closed loop of 64 streams a
 at 20 req/s, each on asyncio and uvloop) within 5% before and after, as the ratio new / old
 of the medians over alternating rounds. With them, ``server_cpu.py``: the server's own CPU per
 streamed token over a fixed amount of work, which the machine's other load moves much less
-than tokens/s. Each round runs, for the old tree then the new, every
+than tokens/s, and ``inprocess_cpu.py``, the same for the in-process runner (measure
+``inprocess_cpu``, not run by default). Each round runs, for the old tree then the new, every
 measure once, each in processes of its own that import that tree's labserve (``PYTHONPATH``,
 run from inside the tree; checked before the first round). The harness is this folder's
 scripts for both trees, so only labserve differs. ``--old`` and ``--new`` take a directory
@@ -109,6 +110,15 @@ def server_cpu(tree: Path, args: argparse.Namespace) -> Figures:
     }
 
 
+def inprocess_cpu(tree: Path, args: argparse.Namespace) -> Figures:
+    """One run of inprocess_cpu.py: the process's CPU µs per token in process, fixed work."""
+    run = _script(tree, "inprocess_cpu.py", "--rounds", "1")[0]
+    return {
+        "in_process_us_per_token": run["in_process_us_per_token"],
+        "in_process_fixed_work_tokens_per_s": run["tokens_per_s"],
+    }
+
+
 MEASURES: dict[str, Callable[[Path, argparse.Namespace], Figures]] = {
     "http": http_vs_inprocess,
     "cpu_closed": lambda tree, args: load_cpu(tree, args, name="closed64"),
@@ -116,9 +126,12 @@ MEASURES: dict[str, Callable[[Path, argparse.Namespace], Figures]] = {
         tree, args, "--rate", "20", "--concurrency", "256", name="open20"
     ),
     "server_cpu": server_cpu,
+    "inprocess_cpu": inprocess_cpu,
 }
 # What the target judges; the others are kept as context: the CPU runs' tokens/s, and the
-# server's CPU per token over fixed work, which tells a slower server from a busier machine.
+# server's and the in-process runner's CPU per token over fixed work, which tell slower code
+# from a busier machine (issue 30's third run: tokens/s spread 2x over rounds at load 7-20,
+# the server's CPU per token 1.4x).
 JUDGED = (
     "in_process_tokens_per_s",
     "http_tokens_per_s",
@@ -185,7 +198,8 @@ def main() -> None:
     parser.add_argument("--old", default="5022212", help="a directory or a commit")
     parser.add_argument("--new", default="HEAD", help="a directory or a commit")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--measures", default=",".join(MEASURES), help="of " + ",".join(MEASURES))
+    default = ",".join(m for m in MEASURES if m != "inprocess_cpu")  # the measures of issue 30
+    parser.add_argument("--measures", default=default, help="of " + ",".join(MEASURES))
     parser.add_argument("--http-seconds", default="15", help="http_vs_inprocess.py's --seconds")
     parser.add_argument("--cpu-seconds", default="10", help="load_cpu.py's --seconds")
     parser.add_argument("--json", type=Path, default=HERE / "before_after_issue30.json")
