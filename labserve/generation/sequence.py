@@ -71,7 +71,7 @@ class SeqState:
 
     __slots__ = (
         "arrival_s",
-        "blocks",
+        "block_table",
         "deadline_s",
         "finish_reason",
         "first_scheduled_s",
@@ -118,10 +118,15 @@ class SeqState:
         self.num_tokens = prompt_len  # known: prompt + outputs so far
         self.num_computed = 0  # in the KV cache
         self.num_output = 0
-        self.blocks = 0  # KV blocks held
+        self.block_table: list[int] = []  # the pool blocks holding its positions, in order
         self.num_preemptions = 0
         self.first_scheduled_s: float | None = None
         self.token_times_s: list[float] = []  # when each output token was produced
+
+    @property
+    def blocks(self) -> int:
+        """KV blocks held."""
+        return len(self.block_table)
 
     @property
     def finished(self) -> bool:

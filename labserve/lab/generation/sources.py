@@ -258,6 +258,9 @@ def generation_snapshot_from_dict(data: Mapping[str, Any]) -> GenerationSnapshot
         prompt_tokens_per_s=_nan(data.get("prompt_tokens_per_s")),
         requests_per_s=_nan(data.get("requests_per_s")),
         goodput=_nan(data.get("goodput")),
+        kv_blocks_total=int(data.get("kv_blocks_total", 0)),
+        kv_bytes=int(data.get("kv_bytes", 0)),
+        kv_memory="model" if data.get("kv_memory") == "model" else "accounting",
         steps=steps,
         histograms={},
     )
