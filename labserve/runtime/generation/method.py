@@ -289,11 +289,12 @@ class GenerativeMethod:
 
     def _model(self) -> GenerativeModel:
         inst = self._instance
+        if self.paged:  # its K/V are in our blocks: freeing and rollback are ours too
+            return GenerativeModel(step=getattr(inst, self.name), allocate_kv=inst.allocate_kv)
         return GenerativeModel(
             step=getattr(inst, self.name),
             free_sequences=getattr(inst, "free_sequences", None),
             rollback_step=getattr(inst, "rollback_step", None),
-            allocate_kv=inst.allocate_kv if self.paged else None,
         )
 
     def _checked(
