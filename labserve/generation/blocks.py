@@ -8,7 +8,9 @@ hold its positions, ``block_size`` each, in order.
 Made so that a block can later be shared (prefix caching, issue 33): each block has a
 reference count, and a block whose count drops to 0 joins the free queue at its end; new
 blocks are taken from its front (the least recently freed first), and a block can be taken
-back out of the middle in O(1) (an ``OrderedDict``).
+back out of the middle in O(1) (an ``OrderedDict``). A table that grows takes the block after
+its last one when that block is free, so that a sequence's positions often stay one run of
+slots, which a model can read as a view instead of gathering them (TinyLM does).
 
 A block freed while a step is in flight (:meth:`BlockPool.step_started`) is *parked*, not
 freed: that step's model call may still be writing into it (a sequence aborted, timed out
@@ -110,7 +112,11 @@ class BlockPool:
             raise RuntimeError(f"{n} KV blocks asked, {self.num_free} free: check can_allocate")
         free, refs = self._free, self._refs
         for _ in range(n):
-            if free:
+            after = table[-1] + 1 if table else -1
+            if after in free:  # the block after the table's last: a context stays one run
+                del free[after]
+                block = after
+            elif free:
                 block = free.popitem(last=False)[0]
             else:  # unlimited (or forced): a new id
                 block = self._minted

@@ -265,10 +265,10 @@ class TinyLM(Runnable):
             raise ValueError("this TinyLM stores K/V in labserve's blocks: a step needs tables")
         else:
             tables = self._own_tables(batch, counts)
-        ctx_slots, new_slots = _slots(tables, self._block_size, batch.starts, counts)
+        where = _Where(tables, self._block_size, positions, batch.starts, counts)
         x = self.embed[tokens] + self.positions[positions]
         for layer, (qkv, out, up, down) in enumerate(self.layers):
-            att = self._attend(layer, qkv(_rms_norm(x)), ctx_slots, new_slots, batch.starts, counts)
+            att = self._attend(layer, qkv(_rms_norm(x)), where, batch.starts, counts)
             x = x + out(att)
             x = x + down(np.maximum(up(_rms_norm(x)), 0.0))
         ends = np.cumsum(counts) - 1
@@ -279,43 +279,48 @@ class TinyLM(Runnable):
         self,
         layer: int,
         qkv: F64,
-        ctx_slots: npt.NDArray[np.int64],
-        new_slots: npt.NDArray[np.int64],
+        where: _Where,
         starts: Sequence[int],
         counts: list[int],
     ) -> F64:
         """Causal attention of each sequence's new tokens over its whole context, from the store.
 
-        The new keys and values are written at their slots first, then every sequence's
-        context is gathered in one ``np.take`` per array (one call for the step, not one
-        per sequence: per-sequence gathers cost 4x more, measured at 32 sequences).
+        The new keys and values are written at their slots first. A context that is one run
+        of slots is read as a view; the others are gathered in one ``np.take`` per array for
+        the whole step (per-sequence gathers cost 4x more, measured at 32 sequences).
         """
         h, hd = self.n_heads, self.head_dim
         q, k, v = (part.reshape(-1, h, hd).transpose(1, 0, 2) for part in np.split(qkv, 3, -1))
         keys, values = self._k[layer], self._v[layer]
-        keys[:, new_slots] = _on_grid(k)
-        values[:, new_slots] = _on_grid(v)
-        ctx_k = np.take(keys, ctx_slots, axis=1)  # (h, all contexts, hd)
-        ctx_v = np.take(values, ctx_slots, axis=1)
+        keys[:, where.new_slots] = _on_grid(k)
+        values[:, where.new_slots] = _on_grid(v)
+        keys_g, values_g = keys[:, :0], values[:, :0]
+        if where.gathered.size:
+            keys_g = np.take(keys, where.gathered, axis=1)  # (h, gathered contexts, hd)
+            values_g = np.take(values, where.gathered, axis=1)
         out = np.empty((qkv.shape[0], self.d_model))
         qq_all, qs_all = _quantise_rows(q)  # per (head, token) row: row-local
         qs_all *= _KV_SCALE / np.sqrt(hd)
         row = at = 0
-        for start, n in zip(starts, counts, strict=True):
+        for start, n, base in zip(starts, counts, where.runs, strict=True):
             ctx = start + n
+            if base >= 0:  # one run of slots: a view of the store
+                ck, cv = keys[:, base : base + ctx], values[:, base : base + ctx]
+            else:
+                ck, cv = keys_g[:, at : at + ctx], values_g[:, at : at + ctx]
+                at += ctx
             qq, qs = qq_all[:, row : row + n], qs_all[:, row : row + n]  # (h, n, hd), (h, n, 1)
-            exact = qq @ ctx_k[:, at : at + ctx].transpose(0, 2, 1)  # (h, n, ctx): exact
+            exact = qq @ ck.transpose(0, 2, 1)  # (h, n, ctx): exact
             scores = exact.astype(np.float64) * qs
             if n > 1:  # a token sees the positions up to its own
                 future = np.arange(ctx)[None, :] > np.arange(start, ctx)[:, None]
                 scores[:, future] = -np.inf
             weights = np.rint(np.exp(scores - scores.max(axis=-1, keepdims=True)) * _P_ONE)
-            mixed = weights @ ctx_v[:, at : at + ctx]  # exact integers
+            mixed = weights @ cv  # exact integers
             total = weights.sum(axis=-1, keepdims=True)  # exact integers
             att = mixed / total * _KV_SCALE  # (h, n, hd)
             out[row : row + n] = att.transpose(1, 0, 2).reshape(n, self.d_model)
             row += n
-            at += ctx
         return out
 
     # -- its own block tables (a step without labserve's) ---------------------------------------
@@ -377,20 +382,33 @@ class TinyLM(Runnable):
         return len(self._own.tables)
 
 
-def _slots(
-    tables: Sequence[Sequence[int]], block_size: int, starts: Sequence[int], counts: list[int]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Every sequence's context slots (positions 0 .. start + n - 1, packed) and its new ones."""
-    ctxs = np.asarray(starts, np.int64) + np.asarray(counts, np.int64)
-    lengths = np.fromiter(map(len, tables), np.int64, len(tables))
-    blocks = np.fromiter(itertools.chain.from_iterable(tables), np.int64, int(lengths.sum()))
-    every = (blocks[:, None] * block_size + np.arange(block_size)).ravel()  # whole blocks
-    first = np.cumsum(lengths * block_size) - lengths * block_size  # each table's first slot
-    ctx_at = np.cumsum(ctxs) - ctxs  # each context's offset, packed
-    ctx_slots = every[np.arange(int(ctxs.sum())) + np.repeat(first - ctx_at, ctxs)]
-    new_at = np.cumsum(counts) - counts
-    starts_ = np.asarray(starts, np.int64)
-    new_slots = ctx_slots[
-        np.arange(int(sum(counts))) + np.repeat(ctx_at + starts_ - new_at, counts)
-    ]
-    return ctx_slots, new_slots
+class _Where:
+    """Where a step's K/V are in the store: the new tokens' slots, and each context's.
+
+    ``runs[i]``: the first slot of sequence i's context when its table is consecutive
+    blocks (read as a view), else -1; ``gathered``: the slots of the other contexts, packed.
+    """
+
+    __slots__ = ("gathered", "new_slots", "runs")
+
+    def __init__(
+        self,
+        tables: Sequence[Sequence[int]],
+        block_size: int,
+        positions: npt.NDArray[np.int64],
+        starts: Sequence[int],
+        counts: list[int],
+    ) -> None:
+        lengths = np.fromiter(map(len, tables), np.int64, len(tables))
+        blocks = np.fromiter(itertools.chain.from_iterable(tables), np.int64, int(lengths.sum()))
+        every = (blocks[:, None] * block_size + np.arange(block_size)).ravel()  # whole blocks
+        first = np.cumsum(lengths) * block_size - lengths * block_size  # each table's start
+        self.new_slots = every[np.repeat(first, counts) + positions]
+        self.runs = [
+            t[0] * block_size if list(t) == list(range(t[0], t[0] + len(t))) else -1
+            for t in tables
+        ]
+        apart = [i for i, base in enumerate(self.runs) if base < 0]
+        ctxs = np.asarray([starts[i] + counts[i] for i in apart], np.int64)
+        at = np.cumsum(ctxs) - ctxs
+        self.gathered = every[np.arange(int(ctxs.sum())) + np.repeat(first[apart] - at, ctxs)]

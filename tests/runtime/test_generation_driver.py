@@ -556,7 +556,7 @@ class PagedGenerationMachine(GenerationMachine):
             return
         batch = self.sched.parked[0].args[0]
         scheduler = self.driver.scheduler
-        mine = {b: i for i, t in zip(batch.seq_ids, batch.block_tables) for b in t}
+        mine = {b: i for i, t in zip(batch.seq_ids, batch.block_tables, strict=True) for b in t}
         for block, seq_id in mine.items():
             assert not scheduler.pool.is_free(block), (
                 f"block {block} of sequence {seq_id}, whose step is in flight, is free"
