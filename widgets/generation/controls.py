@@ -2,7 +2,8 @@
 
 Strategy (continuous or static), scheduling policy, ``max_num_seqs``,
 ``max_num_batched_tokens``, chunked prefill, the TTFT and TPOT targets (goodput's), and the
-KV cache's size in blocks (``num_kv_blocks``: past it, sequences are preempted), on
+KV cache's size in blocks (``num_kv_blocks``: past it, sequences are preempted; refused live,
+with the reason beside it, for a model that stores K/V in labserve's blocks), on
 the chosen method's source (a runner in this process, a server by URL). A bad value is
 refused with its reason next to the control, and the control goes back to what holds; a
 change made elsewhere (a cell, ``PATCH /config``) shows in the controls.

@@ -232,9 +232,17 @@ def _numbers(snap: labserve.GenerationSnapshot, preempted: float) -> str:
         f" · ITL p50 <b>{_fmt(p['itl']['p50'], '.1f')}</b> / p99 "
         f"<b>{_fmt(p['itl']['p99'], '.1f')}</b> ms {window} · running "
         f"<b>{snap.num_running}</b>, waiting <b>{snap.num_waiting}</b>, KV blocks "
-        f"<b>{snap.kv_blocks_used}</b> <i>(now)</i> · preempted <b>{_fmt(preempted, '.0f')}</b>"
+        f"<b>{snap.kv_blocks_used}</b>{_kv_of(snap)} <i>(now)</i> · preempted "
+        f"<b>{_fmt(preempted, '.0f')}</b>"
         " <i>(last 1 s)</i>"
     )
+
+
+def _kv_of(snap: labserve.GenerationSnapshot) -> str:
+    """ " of N (the model's X MB)" for a pool the model holds, " of N" for a budget, or ""."""
+    if snap.kv_memory == "model":
+        return f" of {snap.kv_blocks_total} (the model's {snap.kv_bytes / 1e6:,.1f} MB)"
+    return f" of {snap.kv_blocks_total}" if snap.kv_blocks_total else ""
 
 
 def _settings(snap: labserve.GenerationSnapshot, asked: labserve.GenerationConfig | None) -> str:
