@@ -6,8 +6,10 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -184,3 +186,106 @@ def test_serve_prints_the_routes_it_serves_and_each_answers(target, runner, mode
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
+
+
+_BOTH = """import labserve
+from labserve.lab.demo import TinyLM
+
+class Both(TinyLM):
+    @labserve.method(batchable=True)
+    def score(self, x):
+        return x.sum(axis=1, keepdims=True)
+"""
+
+
+def _serve_lines(target: str, cwd) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start ``labserve serve target`` and read what it prints up to its ``also:`` line."""
+    command = shutil.which("labserve", path=os.path.dirname(sys.executable))
+    assert command is not None
+    proc = subprocess.Popen(
+        [command, "serve", target, "--port", "0", "--loop", "asyncio"],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    while not lines or not lines[-1].startswith("  also:"):
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            proc.kill()
+            raise AssertionError((lines, proc.communicate(timeout=20)[1]))
+        lines.append(line.rstrip("\n"))
+    return proc, lines
+
+
+@pytest.mark.parametrize(
+    ("target", "runner", "batchable"),
+    [("labserve.lab.demo:TinyLM", "tinylm", []), ("mymodel:Both", "both", ["score"])],
+    ids=["generative", "generative and batchable"],
+)
+def test_serve_says_how_to_call_a_generative_model_and_each_way_answers(
+    target, runner, batchable, tmp_path
+):
+    (tmp_path / "mymodel.py").write_text(_BOTH)
+    proc, lines = _serve_lines(target, tmp_path)
+    try:
+        first = re.match(rf"serving {runner} at (http://127\.0\.0\.1:\d+) ", lines[0])
+        assert first, lines
+        url = first[1]
+        posts = [line.split()[1] for line in lines if line.startswith("  POST ")]
+        routes = [f"{url}/runners/{runner}/{m}" for m in batchable]
+        assert posts == [*routes, f"{url}/v1/completions"]
+        for post in posts[:-1]:
+            assert _status(post, b"[[1, 2, 3]]") == (200, b"[[6]]")
+        # The curl as printed (its URL and body), and the openai client's base URL.
+        curl = shlex.split(next(line for line in lines if line.startswith("    curl ")))
+        status, body = _status(curl[1], curl[curl.index("-d") + 1].encode())
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 16
+        base = re.search(r'base_url="([^"]+)"', "\n".join(lines))
+        assert base, lines
+        status, body = _status(base[1] + "/models")
+        assert [m["id"] for m in json.loads(body)["data"]] == [runner]
+        # The Open Inference Protocol is named only where a batchable method serves it.
+        assert ("/v2/models/" in lines[-1]) is bool(batchable)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def test_the_runner_says_what_kind_each_method_is():
+    from labserve.lab.demo import TinyLM
+
+    class Both(TinyLM):
+        @labserve.method(batchable=True)
+        def score(self, x):
+            return x
+
+        @labserve.method()
+        def plain(self, x):
+            return x
+
+    runner = labserve.Runner(Both, name="both")
+    try:
+        kinds = {"score": "batchable", "plain": "plain", "generate": "generative"}
+        assert repr(runner) == f"<Runner 'both' methods={kinds} ready>"
+    finally:
+        runner.stop()
+
+
+def test_serve_on_a_busy_port_is_one_line_naming_the_port(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        command = [sys.executable, "-m", "labserve.cli", "serve", "labserve.lab.demo:TinyLM"]
+        done = subprocess.run(
+            [*command, "--port", str(port)], capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"labserve: error: cannot listen on 127.0.0.1:{port}: ")
+    assert len(done.stderr.splitlines()) == 1 and "--port 0" in done.stderr, done.stderr
