@@ -11,9 +11,11 @@ matching TinyLM's byte ids is built offline (byte_tokenizer.py). Per rate, each 
 in a process of its own: constant arrivals (guidellm 0.8.1's Poisson is broken, below),
 64-token prompts, 64 output tokens with ignore_eos (each client sends it), streamed. A
 thread polls /stats every --poll-s; the server's output tokens/s is its output_tokens counter
-over the span in which it had work (each end interpolated to half a poll), and its ITL, TTFT
-and TPOT p50 are those of its 10 s window read at the poll where that work ended (the
-previous run is kept out of it: each run starts a window after the last one ended).
+over the span in which it had work (each end interpolated to half a poll). Its percentiles
+cover a sliding 10 s window: read at polls a window apart, back from the one where the work
+ended, the windows tile the run, and each figure is the tiles' quantiles weighted by the
+sequences each served (an approximation of the run's quantile; the last window's alone is
+kept too). Each run starts a window after the last one ended, so none holds another's.
 
 What each client calls what: TPOT is vLLM's (e2e - TTFT) / (output tokens - 1) on the
 server, in `labserve load` and as aiperf's "inter_token_latency"; aiperf's gap between chunks
@@ -88,8 +90,8 @@ def _busy(polls: list[dict[str, Any]], i: int) -> bool:
     return bool(p["num_running"] or p["num_waiting"] or moved)
 
 
-def server_figures(polls: list[dict[str, Any]]) -> dict[str, float]:
-    """Output tokens/s over the span the server had work, and its window's p50s at its end."""
+def server_figures(polls: list[dict[str, Any]], window_s: float) -> dict[str, float]:
+    """Output tokens/s over the span the server had work; its percentiles over the run."""
     busy = [i for i in range(1, len(polls) - 1) if _busy(polls, i)]
     if not busy:
         return {"tokens_s": math.nan, "served": 0}
@@ -100,11 +102,36 @@ def server_figures(polls: list[dict[str, Any]]) -> dict[str, float]:
     tokens = end["output_tokens"] - polls[first - 1]["output_tokens"]
     out = {"tokens_s": tokens / span, "span_s": span, "output_tokens": tokens}
     out["served"] = end["outcomes"]["served"] - polls[first - 1]["outcomes"]["served"]
+    tiles = _tiles(polls, first - 1, last + 1, window_s)
     for metric in ("ttft", "itl", "tpot"):
         for q in ("p50", "p99"):
             value = end["percentiles_ms"][metric][q]
-            out[f"{metric}_{q}"] = math.nan if value is None else value
+            out[f"{metric}_{q}_last_window"] = math.nan if value is None else value
+            out[f"{metric}_{q}"] = _tiled(polls, tiles, metric, q)
     return out
+
+
+def _tiles(polls: list[dict[str, Any]], start: int, end: int, window_s: float) -> list[int]:
+    """Polls a window apart, back from ``end``: their windows tile the run, overlapping none."""
+    t = [p["time_s"] for p in polls]
+    tiles = [end]
+    while t[tiles[-1]] - window_s > t[start]:
+        due = t[tiles[-1]] - window_s
+        tiles.append(min(range(start, tiles[-1]), key=lambda i: abs(t[i] - due)))
+    return tiles
+
+
+def _tiled(polls: list[dict[str, Any]], tiles: list[int], metric: str, q: str) -> float:
+    """Each tile's quantile weighted by the sequences it served: the run's, approximately."""
+    served = [p["outcomes"]["served"] for p in polls]
+    pairs = []
+    for i, j in zip(tiles, [*tiles[1:], None], strict=True):
+        value = polls[i]["percentiles_ms"][metric][q]
+        weight = served[i] - (served[j] if j is not None else served[0])
+        if value is not None and weight > 0:
+            pairs.append((value, weight))
+    total = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / total if total else math.nan
 
 
 def run_labserve(base: str, rate: float, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -207,7 +234,7 @@ def one_run(
     load_before = _loadavg()
     with StatsPoller(base, args.poll_s) as poller:
         client = CLIENTS[name](base, rate, args, out)
-    server = server_figures(poller.polls)
+    server = server_figures(poller.polls, args.window_s)
     row = {"client": name, "rate": rate, "load_before": load_before, "load_after": _loadavg()}
     sys.stderr.write(f"{name} at {rate:g} req/s: {client} / server {server}\n")
     return {**row, "client_figures": client, "server_figures": server}
