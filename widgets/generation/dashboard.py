@@ -239,7 +239,7 @@ def _numbers(snap: labserve.GenerationSnapshot, preempted: float) -> str:
 
 
 def _kv_of(snap: labserve.GenerationSnapshot) -> str:
-    """ " of N (the model's X MB)" for a pool the model holds, " of N" for a budget, or ""."""
+    """What follows the blocks used: the pool's size, and the model's bytes when it holds them."""
     if snap.kv_memory == "model":
         return f" of {snap.kv_blocks_total} (the model's {snap.kv_bytes / 1e6:,.1f} MB)"
     return f" of {snap.kv_blocks_total}" if snap.kv_blocks_total else ""

@@ -56,7 +56,8 @@ GEN_COLUMNS: tuple[str, ...] = (
 ``steps``: how many (of those the snapshot still holds). ``preempted``: preemptions in the
 last second. ``*_slo_ms``, ``max_num_*``: the settings in force (NaN: no target);
 ``num_kv_blocks``: the KV pool's blocks (for a model that stores K/V in labserve's blocks,
-the blocks it holds, sized at start; else the setting; NaN: no limit). ``clock_s``: the wall-clock time of the row (Unix seconds), so that a
+the blocks it holds, sized at start; else the setting; NaN: no limit). ``clock_s``: the
+wall-clock time of the row (Unix seconds), so that a
 page can tell how old the newest row it drew is."""
 
 Rows = dict[str, list[float]]
