@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import numpy as np
 import pytest
 
 import labserve
@@ -197,3 +198,24 @@ def test_the_settings_both_kinds_share_reach_a_generative_method_from_the_runner
         )
     finally:
         runner.stop()
+
+
+class OwnCaches(labserve.Runnable):
+    """A generative model that keeps its own caches (no allocate_kv): its KV is an account."""
+
+    @labserve.method(generative=True)
+    def generate(self, batch):
+        return np.zeros((batch.num_sampling, 4))
+
+
+def test_a_byte_budget_sizes_a_paged_models_pool_and_is_refused_for_one_with_its_own():
+    lm = TinyLM(d_model=32, d_ff=64)
+    budget = 100 * 16 * lm.kv_bytes_per_token + 123  # 100 blocks of 16, and change
+    runner = labserve.Runner(lm, name="budget", kv_cache_bytes=budget)
+    try:
+        snap = runner.generate.stats()
+        assert snap.kv_blocks_total == 100 and snap.kv_bytes == 100 * 16 * lm.kv_bytes_per_token
+    finally:
+        runner.stop()
+    with pytest.raises(labserve.ConfigError, match="keeps its own caches"):
+        labserve.Runner(OwnCaches, name="own", kv_cache_bytes=1 << 20)
