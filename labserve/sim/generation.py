@@ -15,6 +15,7 @@ to their drawn length (``ignore_eos``, as a benchmark fixes them). Same seed, sa
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,11 +70,7 @@ class StepCost:
 
     def of(self, plan: StepPlan) -> float:
         """The time of a planned step, in seconds."""
-        context = 0
-        for e in plan.scheduled:
-            # Tokens at positions start .. start+count-1 each read position+1 tokens.
-            context += e.num_new_tokens * e.start + e.num_new_tokens * (e.num_new_tokens + 1) // 2
-        return self.seconds(len(plan.scheduled), plan.num_batched_tokens, context)
+        return self.seconds(len(plan.scheduled), plan.num_batched_tokens, plan.num_context_tokens)
 
 
 def simulate_generation(
@@ -186,8 +183,9 @@ def _run(
         finished += plan.finished
         if plan.empty:
             continue
-        now += cost.of(plan)
+        context = plan.num_context_tokens
+        now += cost.seconds(len(plan.scheduled), plan.num_batched_tokens, context)
         finished += sched.complete(plan, now)
         assert sched.last_step is not None
-        steps.append(sched.last_step)
+        steps.append(dataclasses.replace(sched.last_step, num_context_tokens=context))
     return GenerationResult.from_finished(finished, steps, refused)
