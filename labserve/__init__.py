@@ -59,6 +59,7 @@ from labserve.generation.batch import SeqBatch
 from labserve.generation.sampling import SamplingParams
 from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.export import export_config
+from labserve.lab.generation.calibrate import Calibration, calibrate
 from labserve.lab.generation.load import UntilStopped
 from labserve.lab.generation.sources import (
     GenerationSource,
@@ -131,6 +132,7 @@ __all__ = [
     "BatchSizeMismatchError",
     "BatchingConfig",
     "BurstArrivals",
+    "Calibration",
     "CancelledRequestError",
     "Clock",
     "Completion",
@@ -206,6 +208,7 @@ __all__ = [
     "__version__",
     "arrivals",
     "background_loop",
+    "calibrate",
     "export_config",
     "generation_snapshot_from_dict",
     "generation_sources",

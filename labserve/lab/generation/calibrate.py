@@ -1,0 +1,198 @@
+"""Calibrate the simulator from what ran: a live run's steps give the StepCost it had.
+
+A live step costs its run more than the model call: sampling, detokenising, the hand-off
+from the worker to the loop and back, and answering the callers all come before the next
+step can start. So each step is measured from its start to the next step's start (only
+where the next one followed at once: :attr:`~labserve.generation.results.StepSeries.chained`),
+and those spans are fitted, by what each step counts, to a
+:class:`~labserve.sim.generation.StepCost`::
+
+    span_ms = fixed_ms + per_seq_ms * sequences + per_batched_token_ms * new tokens
+              + per_context_token_ms * context tokens read by attention
+
+The fit is least squares with every term >= 0 (the one :mod:`labserve.lab.steps` uses), so
+the mean step time, and with it the load a run can carry, is kept; the residuals say how
+far single steps stray from it.
+
+>>> import labserve
+>>> from labserve.config.generation import GenerationConfig
+>>> true = labserve.StepCost(1.0, 0.05, 0.01, 1e-5)
+>>> ran = labserve.simulate_generation(GenerationConfig(), true, n_requests=200,
+...                                    input_len="uniform:8:64", output_len=32, rate=300)
+>>> cal = calibrate(ran.steps)
+>>> round(cal.cost.fixed_ms, 3), round(cal.cost.per_batched_token_ms, 4)
+(1.0, 0.01)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from labserve.generation.results import GenerationResult, StepSeries
+from labserve.generation.sequence import StepRecord
+from labserve.generation.stats import GenerationSnapshot
+from labserve.lab._fit import fit_nonnegative
+from labserve.sim.generation import StepCost
+
+__all__ = ["MIN_STEPS", "Calibration", "calibrate"]
+
+F64 = npt.NDArray[np.float64]
+
+MIN_STEPS = 8
+"""Fewest chained steps a calibration fits: fewer leave four terms barely determined."""
+
+_TERMS = ("fixed", "per sequence", "per new token", "per context token")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A StepCost fitted to a run's measured step spans, and how well it fits them.
+
+    ``cost`` is what :func:`~labserve.sim.generation.replay_generation` and
+    :func:`~labserve.sim.generation.simulate_generation` take. The arrays hold one entry
+    per fitted step (times in ms); ``skipped`` steps were not followed at once by another
+    (idle time came next), so they have no span to fit.
+    """
+
+    cost: StepCost
+    measured_ms: F64
+    """Each fitted step's start to the next step's start."""
+    predicted_ms: F64
+    """What ``cost`` gives each fitted step."""
+    num_seqs: npt.NDArray[np.int64]
+    num_prefill_tokens: npt.NDArray[np.int64]
+    skipped: int
+    rank: int
+    """How many of the four terms the steps could tell apart (4: all; a run whose steps all
+    decode one token each cannot separate per-sequence from per-token cost)."""
+
+    @property
+    def residuals_ms(self) -> F64:
+        """Measured minus predicted, per step (positive: the step took longer than the fit)."""
+        return np.asarray(self.measured_ms - self.predicted_ms)
+
+    @property
+    def rms_ms(self) -> float:
+        """Root mean square of the residuals."""
+        r = self.residuals_ms
+        return float(np.sqrt(np.mean(r * r))) if r.size else float("nan")
+
+    def relative_error(self, q: float = 50.0) -> float:
+        """The ``q``-th percentile of |residual| / measured, as a fraction."""
+        if not self.measured_ms.size:
+            return float("nan")
+        rel = np.abs(self.residuals_ms) / np.maximum(self.measured_ms, 1e-12)
+        return float(np.percentile(rel, q))
+
+    def table(self) -> str:
+        """Measured against fitted mean step time, by sequences in the step.
+
+        Steps that only decode apart from steps with a prefill (or a chunk of one) in them.
+        """
+        lines = [
+            f"{'steps':>14} {'count':>6} {'measured ms':>11} {'fit ms':>7} {'error':>7}"
+            f" {'rms ms':>7}"
+        ]
+        prefill = self.num_prefill_tokens > 0
+        for kind, mask in (("decode", ~prefill), ("prefill", prefill)):
+            for lo, hi in ((1, 1), (2, 8), (9, 32), (33, 1 << 30)):
+                sel = mask & (self.num_seqs >= lo) & (self.num_seqs <= hi)
+                if not sel.any():
+                    continue
+                m, p = self.measured_ms[sel], self.predicted_ms[sel]
+                seqs = f"{lo}" if lo == hi else (f"{lo}+" if hi > 1 << 20 else f"{lo}-{hi}")
+                err = 100.0 * (p.mean() / m.mean() - 1.0)
+                rms = float(np.sqrt(np.mean((m - p) ** 2)))
+                lines.append(
+                    f"{kind + ' ' + seqs:>14} {int(sel.sum()):>6} {m.mean():>11.3f}"
+                    f" {p.mean():>7.3f} {err:>+6.1f}% {rms:>7.3f}"
+                )
+        return "\n".join([*lines, _cost_line(self.cost)])
+
+    def __repr__(self) -> str:
+        n = len(self.measured_ms)
+        note = "" if self.rank == 4 else f"; only {self.rank} of 4 terms separable"
+        return (
+            f"Calibration({_cost_line(self.cost)}; from {n:,} steps ({self.skipped:,} skipped:"
+            f" idle after), mean {self.measured_ms.mean() if n else float('nan'):.3f} ms;"
+            f" residuals rms {self.rms_ms:.3f} ms, |error| median"
+            f" {100 * self.relative_error(50):.1f}%, p90 {100 * self.relative_error(90):.1f}%"
+            f"{note})"
+        )
+
+
+def _cost_line(c: StepCost) -> str:
+    return (
+        f"{c.fixed_ms:.3f} ms + {c.per_seq_ms:.4f} ms x seqs + {c.per_batched_token_ms:.5f} ms"
+        f" x new tokens + {c.per_context_token_ms:.7f} ms x context tokens"
+    )
+
+
+def calibrate(
+    steps: StepSeries | GenerationSnapshot | GenerationResult | Sequence[StepRecord],
+) -> Calibration:
+    """Fit a StepCost to a run's steps, each measured from its start to the next one's.
+
+    Args:
+        steps: a live run's steps: ``runner.generate.stats()`` (its last steps, up to the
+            recorder's 2,000), its ``.steps``, a :class:`GenerationResult`, or step records.
+
+    Raises:
+        ValueError: fewer than :data:`MIN_STEPS` steps were followed at once by another
+            (a run that idled between single steps has nothing to fit), or the steps
+            carry no token counts.
+
+    >>> import labserve
+    >>> from labserve.lab.demo import TinyLM
+    >>> runner = labserve.Runner(TinyLM)  # doctest: +SKIP
+    >>> ...  # ten seconds of traffic  # doctest: +SKIP
+    >>> cal = labserve.calibrate(runner.generate.stats())  # doctest: +SKIP
+    >>> labserve.simulate_generation(config, cal.cost, ...)  # doctest: +SKIP
+    """
+    series = _series(steps)
+    ok = series.chained
+    if int(ok.sum()) < MIN_STEPS:
+        raise ValueError(
+            f"calibrate needs at least {MIN_STEPS} steps each followed at once by another,"
+            f" got {int(ok.sum())} of {len(series)} steps: record a run busy enough that"
+            " sequences overlap"
+        )
+    measured = series.span_s[ok] * 1000.0
+    x = np.column_stack(
+        [
+            np.ones(int(ok.sum())),
+            series.num_seqs[ok],
+            series.num_batched_tokens[ok],
+            series.num_context_tokens[ok],
+        ]
+    ).astype(np.float64)
+    coef = fit_nonnegative(x, measured)
+    cost = StepCost(*(float(c) for c in coef))
+    return Calibration(
+        cost=cost,
+        measured_ms=np.asarray(measured, dtype=np.float64),
+        predicted_ms=np.asarray(x @ coef, dtype=np.float64),
+        num_seqs=series.num_seqs[ok],
+        num_prefill_tokens=series.num_prefill_tokens[ok],
+        skipped=len(series) - int(ok.sum()),
+        rank=int(np.linalg.matrix_rank(x)),
+    )
+
+
+def _series(
+    steps: StepSeries | GenerationSnapshot | GenerationResult | Sequence[StepRecord],
+) -> StepSeries:
+    if isinstance(steps, StepSeries):
+        return steps
+    if isinstance(steps, (GenerationSnapshot, GenerationResult)):
+        return steps.steps
+    if isinstance(steps, Sequence) and all(isinstance(r, StepRecord) for r in steps):
+        return StepSeries.from_records(steps)
+    raise TypeError(
+        "calibrate takes a StepSeries, a GenerationSnapshot (runner.generate.stats()), a"
+        f" GenerationResult or a sequence of StepRecord, got {type(steps).__name__}"
+    )
