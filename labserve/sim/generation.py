@@ -41,6 +41,13 @@ class StepCost:
     the dense layers), ``per_context_token_ms`` per context token read by attention (each
     new token reads every cached token up to its own position).
 
+    What a live run adds on a shared machine, measured by
+    :func:`~labserve.lab.generation.calibrate.calibrate`: ``stall_prob``, the share of steps
+    that stall (the thread lost its core to another process, a collection), each stall adding
+    an exponential time of mean ``stall_ms``; and ``wake_ms``, from an arrival at an idle
+    method to its first step's start (the hop onto the loop). The simulator draws the stalls
+    from its seed; :meth:`seconds` is the step without them.
+
     >>> StepCost(5.0, per_batched_token_ms=0.02).seconds(num_seqs=4, num_batched_tokens=100,
     ...                                                  num_context_tokens=0)
     0.007
@@ -50,13 +57,32 @@ class StepCost:
     per_seq_ms: float = 0.0
     per_batched_token_ms: float = 0.0
     per_context_token_ms: float = 0.0
+    stall_prob: float = 0.0
+    stall_ms: float = 0.0
+    wake_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("fixed_ms", "per_seq_ms", "per_batched_token_ms", "per_context_token_ms"):
+        for name in (
+            "fixed_ms",
+            "per_seq_ms",
+            "per_batched_token_ms",
+            "per_context_token_ms",
+            "stall_prob",
+            "stall_ms",
+            "wake_ms",
+        ):
             value = getattr(self, name)
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             if not ok or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.stall_prob > 1:
+            raise ValueError(f"stall_prob must be a share from 0 to 1, got {self.stall_prob!r}")
+
+    def stall_s(self, rng: np.random.Generator) -> float:
+        """One step's stall, drawn: 0 mostly, an exponential time with ``stall_prob``."""
+        if self.stall_prob <= 0 or self.stall_ms <= 0 or rng.random() >= self.stall_prob:
+            return 0.0
+        return float(rng.exponential(self.stall_ms)) / 1000.0
 
     def seconds(self, num_seqs: int, num_batched_tokens: int, num_context_tokens: int) -> float:
         """The step's time in seconds."""
@@ -110,7 +136,7 @@ def simulate_generation(
         arrivals = np.zeros(n_requests)
     else:
         arrivals = np.cumsum(rng.exponential(1.0 / rate, n_requests))
-    return _run(config, cost, arrivals, prompts, outputs, max_model_len)
+    return _run(config, cost, arrivals, prompts, outputs, max_model_len, seed)
 
 
 def replay_generation(
@@ -121,12 +147,14 @@ def replay_generation(
     prompt_lens: Sequence[int] | np.ndarray,
     output_lens: Sequence[int] | np.ndarray,
     max_model_len: int = 0,
+    seed: int = 0,
 ) -> GenerationResult:
     """Replay given requests through the scheduler on virtual time (a live run's, say).
 
     Request ``i`` arrives at ``arrival_s[i]`` (seconds, in order) with a prompt of
     ``prompt_lens[i]`` tokens and produces ``output_lens[i]`` tokens. What a fidelity check
-    hands in: a live run's arrival times and lengths, and the step cost profiled on its model.
+    hands in: a live run's arrival times and lengths, and the step cost calibrated on it.
+    ``seed`` fixes the cost's stalls (if it has any).
 
     Raises:
         ValueError: the three differ in length, the times are not finite and in order, or a
@@ -151,7 +179,7 @@ def replay_generation(
     for name, values in (("prompt_lens", prompts), ("output_lens", outputs)):
         if len(values) and (not np.issubdtype(values.dtype, np.integer) or values.min() < 1):
             raise ValueError(f"{name} must be integers >= 1, got {values.tolist()[:8]!r}")
-    return _run(config, cost, arrivals, prompts, outputs, max_model_len)
+    return _run(config, cost, arrivals, prompts, outputs, max_model_len, seed)
 
 
 def _run(
@@ -161,8 +189,11 @@ def _run(
     prompts: np.ndarray,
     outputs: np.ndarray,
     max_model_len: int,
+    seed: int,
 ) -> GenerationResult:
     sched = Scheduler(config, max_model_len=max_model_len)
+    stalls = np.random.default_rng([seed, 35])  # apart from the arrivals' stream
+    wake = cost.wake_ms / 1000.0
     finished: list[Finished] = []
     steps: list[StepRecord] = []
     arrival_list, prompt_list, output_list = arrivals.tolist(), prompts.tolist(), outputs.tolist()
@@ -177,7 +208,7 @@ def _run(
         if not sched.has_work:
             if i >= n:
                 break
-            now = arrival_list[i]
+            now = arrival_list[i] + wake  # an idle method wakes for it
             continue
         plan = sched.schedule(now)
         finished += plan.finished
@@ -185,6 +216,7 @@ def _run(
             continue
         context = plan.num_context_tokens
         now += cost.seconds(len(plan.scheduled), plan.num_batched_tokens, context)
+        now += cost.stall_s(stalls)
         finished += sched.complete(plan, now)
         assert sched.last_step is not None
         steps.append(dataclasses.replace(sched.last_step, num_context_tokens=context))

@@ -30,12 +30,12 @@ TRUE = StepCost(fixed_ms=0.8, per_seq_ms=0.06, per_batched_token_ms=0.02, per_co
 HOP_S = 0.0004  # the worker-to-loop hand-off a live step pays after the model returns
 
 
-def busy_run(cost: StepCost = TRUE, seed: int = 0) -> labserve.GenerationResult:
+def busy_run(cost: StepCost = TRUE, seed: int = 0, n: int = 300) -> labserve.GenerationResult:
     """A run with every kind of step: prefills, chunks, decodes, from 1 to 32 sequences."""
     return simulate_generation(
         GenerationConfig(max_num_batched_tokens=256),
         cost,
-        n_requests=300,
+        n_requests=n,
         input_len="uniform:4:300",
         output_len="uniform:2:64",
         rate=150.0,
@@ -209,3 +209,29 @@ def test_a_live_step_profile_includes_the_hand_back_not_only_the_model():
     # The model alone (profile_steps) misses the hand-back: what the simulator lacked.
     alone = profile_steps(CostedModel(host.clock), repeats=1, warmup=0, timer=host.now)
     assert alone.fit.fixed_ms == pytest.approx(TRUE.fixed_ms, rel=1e-6)
+
+
+def test_stalls_are_priced_apart_from_the_typical_step_and_keep_the_mean():
+    stalling = dataclasses.replace(TRUE, stall_prob=0.05, stall_ms=8.0)
+    run = busy_run(stalling, n=1500)
+    cal = calibrate(run)
+    assert len(cal.measured_ms) > 1500  # some 80 stalls: their mean within about 11%
+    # The typical step is fitted without the stalls; least squares over all would not be.
+    assert cal.cost.fixed_ms == pytest.approx(TRUE.fixed_ms, rel=0.02)
+    assert cal.cost.per_batched_token_ms == pytest.approx(TRUE.per_batched_token_ms, rel=0.02)
+    assert cal.cost.stall_prob == pytest.approx(0.05, abs=0.015)
+    assert cal.cost.stall_ms == pytest.approx(8.0, rel=0.25)
+    mean_model = cal.predicted_ms.mean() + cal.cost.stall_prob * cal.cost.stall_ms
+    assert mean_model == pytest.approx(cal.measured_ms.mean(), rel=0.02)
+    assert not cal.typical.all() and "stalls 5" in repr(cal)
+
+
+def test_the_wake_from_idle_is_measured_from_the_arrivals():
+    waking = dataclasses.replace(TRUE, wake_ms=0.7)
+    run = simulate_generation(
+        GenerationConfig(), waking, n_requests=60, input_len=16, output_len=8, rate=5.0, seed=3
+    )
+    # Each lone request's TTFT is the wake plus its prefill step.
+    assert np.min(run.ttft_s) * 1000.0 > 0.7
+    assert calibrate(run, arrival_s=run.arrival_s).cost.wake_ms == pytest.approx(0.7, rel=1e-6)
+    assert calibrate(run).cost.wake_ms == 0.0

@@ -10,9 +10,15 @@ and those spans are fitted, by what each step counts, to a
     span_ms = fixed_ms + per_seq_ms * sequences + per_batched_token_ms * new tokens
               + per_context_token_ms * context tokens read by attention
 
-The fit is least squares with every term >= 0 (the one :mod:`labserve.lab.steps` uses), so
-the mean step time, and with it the load a run can carry, is kept; the residuals say how
-far single steps stray from it.
+On a shared machine some steps stall (the thread lost its core to another process, a
+collection): a few spans many times the typical one. Least squares over them would spread
+the stalls over the terms (a per-sequence cost of a millisecond, measured at load 20), so the
+typical step is fitted robustly (least squares with every term >= 0, the one
+:mod:`labserve.lab.steps` uses, refitted without the spans more than ``cut`` robust standard
+deviations from it), and the spans above it become the cost's stalls: their share
+(``stall_prob``) and mean excess (``stall_ms``), so the mean step, and with it the load a run
+can carry, is kept. Given the run's arrival times, the delay from an arrival at an idle
+method to its step's start is measured too (``wake_ms``).
 
 >>> import labserve
 >>> from labserve.config.generation import GenerationConfig
@@ -65,6 +71,8 @@ class Calibration:
     """What ``cost`` gives each fitted step."""
     num_seqs: npt.NDArray[np.int64]
     num_prefill_tokens: npt.NDArray[np.int64]
+    typical: npt.NDArray[np.bool_]
+    """Which fitted steps the typical cost was fitted on (the rest: stalls and strays)."""
     skipped: int
     rank: int
     """How many of the four terms the steps could tell apart (4: all; a run whose steps all
@@ -82,10 +90,11 @@ class Calibration:
         return float(np.sqrt(np.mean(r * r))) if r.size else float("nan")
 
     def relative_error(self, q: float = 50.0) -> float:
-        """The ``q``-th percentile of |residual| / measured, as a fraction."""
-        if not self.measured_ms.size:
+        """The ``q``-th percentile of |residual| / measured over the typical steps, a fraction."""
+        ok = self.typical
+        if not ok.any():
             return float("nan")
-        rel = np.abs(self.residuals_ms) / np.maximum(self.measured_ms, 1e-12)
+        rel = np.abs(self.residuals_ms[ok]) / np.maximum(self.measured_ms[ok], 1e-12)
         return float(np.percentile(rel, q))
 
     def table(self) -> str:
@@ -116,10 +125,13 @@ class Calibration:
     def __repr__(self) -> str:
         n = len(self.measured_ms)
         note = "" if self.rank == 4 else f"; only {self.rank} of 4 terms separable"
+        c = self.cost
         return (
-            f"Calibration({_cost_line(self.cost)}; from {n:,} steps ({self.skipped:,} skipped:"
-            f" idle after), mean {self.measured_ms.mean() if n else float('nan'):.3f} ms;"
-            f" residuals rms {self.rms_ms:.3f} ms, |error| median"
+            f"Calibration({_cost_line(c)}; stalls {100 * c.stall_prob:.1f}% of steps,"
+            f" +{c.stall_ms:.2f} ms mean; wake {c.wake_ms:.3f} ms; from {n:,} steps"
+            f" ({self.skipped:,} skipped: idle after), mean"
+            f" {self.measured_ms.mean() if n else float('nan'):.3f} ms; residuals rms"
+            f" {self.rms_ms:.3f} ms; typical steps' |error| median"
             f" {100 * self.relative_error(50):.1f}%, p90 {100 * self.relative_error(90):.1f}%"
             f"{note})"
         )
@@ -134,17 +146,26 @@ def _cost_line(c: StepCost) -> str:
 
 def calibrate(
     steps: StepSeries | GenerationSnapshot | GenerationResult | Sequence[StepRecord],
+    *,
+    arrival_s: Sequence[float] | npt.NDArray[np.float64] | None = None,
+    cut: float = 3.0,
 ) -> Calibration:
     """Fit a StepCost to a run's steps, each measured from its start to the next one's.
 
     Args:
         steps: a live run's steps: ``runner.generate.stats()`` (its last steps, up to the
             recorder's 2,000), its ``.steps``, a :class:`GenerationResult`, or step records.
+        arrival_s: the run's arrival times on the steps' clock (the runner's), sorted; with
+            them the cost's ``wake_ms`` is measured (the median delay from an arrival at an
+            idle method to its step's start), without them it is 0.
+        cut: spans further than this many robust standard deviations (1.4826 x the median
+            absolute deviation) from the typical fit are left out of it; those above it are
+            the stalls.
 
     Raises:
         ValueError: fewer than :data:`MIN_STEPS` steps were followed at once by another
-            (a run that idled between single steps has nothing to fit), or the steps
-            carry no token counts.
+            (a run that idled between single steps has nothing to fit).
+        TypeError: ``steps`` is none of the above.
 
     >>> import labserve
     >>> from labserve.lab.demo import TinyLM
@@ -155,32 +176,75 @@ def calibrate(
     """
     series = _series(steps)
     ok = series.chained
-    if int(ok.sum()) < MIN_STEPS:
+    n = int(ok.sum())
+    if n < MIN_STEPS:
         raise ValueError(
             f"calibrate needs at least {MIN_STEPS} steps each followed at once by another,"
-            f" got {int(ok.sum())} of {len(series)} steps: record a run busy enough that"
-            " sequences overlap"
+            f" got {n} of {len(series)} steps: record a run busy enough that sequences overlap"
         )
-    measured = series.span_s[ok] * 1000.0
+    measured = np.asarray(series.span_s[ok] * 1000.0, dtype=np.float64)
     x = np.column_stack(
         [
-            np.ones(int(ok.sum())),
+            np.ones(n),
             series.num_seqs[ok],
             series.num_batched_tokens[ok],
             series.num_context_tokens[ok],
         ]
     ).astype(np.float64)
-    coef = fit_nonnegative(x, measured)
-    cost = StepCost(*(float(c) for c in coef))
+    coef, typical = _robust_fit(x, measured, cut)
+    predicted = np.asarray(x @ coef, dtype=np.float64)
+    excess = measured - predicted
+    stalled = ~typical & (excess > 0)
+    cost = StepCost(
+        fixed_ms=float(coef[0]),
+        per_seq_ms=float(coef[1]),
+        per_batched_token_ms=float(coef[2]),
+        per_context_token_ms=float(coef[3]),
+        stall_prob=float(stalled.mean()),
+        stall_ms=float(excess[stalled].mean()) if stalled.any() else 0.0,
+        wake_ms=_wake_ms(series, arrival_s) if arrival_s is not None else 0.0,
+    )
     return Calibration(
         cost=cost,
-        measured_ms=np.asarray(measured, dtype=np.float64),
-        predicted_ms=np.asarray(x @ coef, dtype=np.float64),
+        measured_ms=measured,
+        predicted_ms=predicted,
         num_seqs=series.num_seqs[ok],
         num_prefill_tokens=series.num_prefill_tokens[ok],
-        skipped=len(series) - int(ok.sum()),
+        typical=typical,
+        skipped=len(series) - n,
         rank=int(np.linalg.matrix_rank(x)),
     )
+
+
+def _robust_fit(
+    x: npt.NDArray[np.float64], y: npt.NDArray[np.float64], cut: float
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """Least squares (terms >= 0) refitted without the spans far from it, to a fixed point."""
+    keep = np.ones(len(y), np.bool_)
+    coef = fit_nonnegative(x, y)
+    floor = max(1e-6 * float(np.median(y)), 1e-9)  # exact data: no spread to scale by
+    for _ in range(10):  # converges in 2-4 rounds on live runs
+        r = y - x @ coef
+        mid = float(np.median(r[keep]))
+        scale = max(1.4826 * float(np.median(np.abs(r[keep] - mid))), floor)
+        new = np.abs(r - mid) <= cut * scale
+        if (new == keep).all() or int(new.sum()) < MIN_STEPS:
+            break
+        keep = new
+        coef = fit_nonnegative(x[keep], y[keep])
+    return coef, keep
+
+
+def _wake_ms(series: StepSeries, arrival_s: Sequence[float] | npt.NDArray[np.float64]) -> float:
+    """Median delay from the first arrival after an idle method's last step to the next start."""
+    arrivals = np.sort(np.asarray(arrival_s, dtype=np.float64))
+    restarts = np.flatnonzero(~series.chained[:-1]) + 1  # the step after idle time
+    wakes = []
+    for i in restarts:
+        k = int(np.searchsorted(arrivals, series.end_s[i - 1], side="right"))
+        if k < len(arrivals) and arrivals[k] <= series.start_s[i]:
+            wakes.append(series.start_s[i] - arrivals[k])
+    return float(np.median(wakes) * 1000.0) if wakes else 0.0
 
 
 def _series(
