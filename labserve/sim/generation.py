@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -42,11 +42,12 @@ class StepCost:
     new token reads every cached token up to its own position).
 
     What a live run adds on a shared machine, measured by
-    :func:`~labserve.lab.generation.calibrate.calibrate`: ``stall_prob``, the share of steps
-    that stall (the thread lost its core to another process, a collection), each stall adding
-    an exponential time of mean ``stall_ms``; and ``wake_ms``, from an arrival at an idle
-    method to its first step's start (the hop onto the loop). The simulator draws the stalls
-    from its seed; :meth:`seconds` is the step without them.
+    :func:`~labserve.lab.generation.calibrate.calibrate`: ``jitter_ms``, quantiles (at evenly
+    spaced probabilities from 0 to 1) of what a step took beyond its typical time (stalls:
+    the thread lost its core to another process, a collection; and the spread around the
+    typical step), one drawn per step from the simulator's seed; and ``wake_ms``, from an
+    arrival at an idle method to its first step's start (the hop onto the loop).
+    :meth:`seconds` is the typical step, without jitter.
 
     >>> StepCost(5.0, per_batched_token_ms=0.02).seconds(num_seqs=4, num_batched_tokens=100,
     ...                                                  num_context_tokens=0)
@@ -57,9 +58,8 @@ class StepCost:
     per_seq_ms: float = 0.0
     per_batched_token_ms: float = 0.0
     per_context_token_ms: float = 0.0
-    stall_prob: float = 0.0
-    stall_ms: float = 0.0
     wake_ms: float = 0.0
+    jitter_ms: tuple[float, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         for name in (
@@ -67,22 +67,26 @@ class StepCost:
             "per_seq_ms",
             "per_batched_token_ms",
             "per_context_token_ms",
-            "stall_prob",
-            "stall_ms",
             "wake_ms",
         ):
             value = getattr(self, name)
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             if not ok or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.stall_prob > 1:
-            raise ValueError(f"stall_prob must be a share from 0 to 1, got {self.stall_prob!r}")
+        jitter = self.jitter_ms
+        if not isinstance(jitter, tuple) or len(jitter) == 1:
+            raise ValueError(f"jitter_ms must be a tuple of 0 or 2+ quantiles, got {jitter!r}")
+        if jitter and (not all(math.isfinite(v) for v in jitter) or sorted(jitter) != list(jitter)):
+            raise ValueError(f"jitter_ms must be finite quantiles in order, got {jitter!r}")
 
-    def stall_s(self, rng: np.random.Generator) -> float:
-        """One step's stall, drawn: 0 mostly, an exponential time with ``stall_prob``."""
-        if self.stall_prob <= 0 or self.stall_ms <= 0 or rng.random() >= self.stall_prob:
+    def jitter_s(self, rng: np.random.Generator) -> float:
+        """One step's extra time (seconds, may be < 0), drawn from ``jitter_ms``; 0 without."""
+        q = self.jitter_ms
+        if not q:
             return 0.0
-        return float(rng.exponential(self.stall_ms)) / 1000.0
+        u = rng.random() * (len(q) - 1)
+        i = min(int(u), len(q) - 2)
+        return (q[i] + (q[i + 1] - q[i]) * (u - i)) / 1000.0
 
     def seconds(self, num_seqs: int, num_batched_tokens: int, num_context_tokens: int) -> float:
         """The step's time in seconds."""
@@ -154,7 +158,7 @@ def replay_generation(
     Request ``i`` arrives at ``arrival_s[i]`` (seconds, in order) with a prompt of
     ``prompt_lens[i]`` tokens and produces ``output_lens[i]`` tokens. What a fidelity check
     hands in: a live run's arrival times and lengths, and the step cost calibrated on it.
-    ``seed`` fixes the cost's stalls (if it has any).
+    ``seed`` fixes the cost's jitter draws (if it has any).
 
     Raises:
         ValueError: the three differ in length, the times are not finite and in order, or a
@@ -192,7 +196,7 @@ def _run(
     seed: int,
 ) -> GenerationResult:
     sched = Scheduler(config, max_model_len=max_model_len)
-    stalls = np.random.default_rng([seed, 35])  # apart from the arrivals' stream
+    jitter = np.random.default_rng([seed, 35])  # apart from the arrivals' stream
     wake = cost.wake_ms / 1000.0
     finished: list[Finished] = []
     steps: list[StepRecord] = []
@@ -215,8 +219,8 @@ def _run(
         if plan.empty:
             continue
         context = plan.num_context_tokens
-        now += cost.seconds(len(plan.scheduled), plan.num_batched_tokens, context)
-        now += cost.stall_s(stalls)
+        typical = cost.seconds(len(plan.scheduled), plan.num_batched_tokens, context)
+        now += max(typical + cost.jitter_s(jitter), 0.0)
         finished += sched.complete(plan, now)
         assert sched.last_step is not None
         steps.append(dataclasses.replace(sched.last_step, num_context_tokens=context))

@@ -15,10 +15,10 @@ collection): a few spans many times the typical one. Least squares over them wou
 the stalls over the terms (a per-sequence cost of a millisecond, measured at load 20), so the
 typical step is fitted robustly (least squares with every term >= 0, the one
 :mod:`labserve.lab.steps` uses, refitted without the spans more than ``cut`` robust standard
-deviations from it), and the spans above it become the cost's stalls: their share
-(``stall_prob``) and mean excess (``stall_ms``), so the mean step, and with it the load a run
-can carry, is kept. Given the run's arrival times, the delay from an arrival at an idle
-method to its step's start is measured too (``wake_ms``).
+deviations from it), and what every span took beyond it becomes the cost's ``jitter_ms``
+(:data:`JITTER_QUANTILES` quantiles, drawn once per simulated step), so the simulator's steps
+spread, stall and average as the run's did. Given the run's arrival times, the delay from an
+arrival at an idle method to its step's start is measured too (``wake_ms``).
 
 >>> import labserve
 >>> from labserve.config.generation import GenerationConfig
@@ -44,14 +44,16 @@ from labserve.generation.stats import GenerationSnapshot
 from labserve.lab._fit import fit_nonnegative
 from labserve.sim.generation import StepCost
 
-__all__ = ["MIN_STEPS", "Calibration", "calibrate"]
+__all__ = ["JITTER_QUANTILES", "MIN_STEPS", "Calibration", "calibrate"]
 
 F64 = npt.NDArray[np.float64]
 
 MIN_STEPS = 8
 """Fewest chained steps a calibration fits: fewer leave four terms barely determined."""
 
-_TERMS = ("fixed", "per sequence", "per new token", "per context token")
+JITTER_QUANTILES = 101
+"""Quantiles of the residual kept as the cost's jitter: every percentile, so that a p99
+drawn from it rests on the run's own tail."""
 
 
 @dataclass(frozen=True)
@@ -127,13 +129,23 @@ class Calibration:
         note = "" if self.rank == 4 else f"; only {self.rank} of 4 terms separable"
         c = self.cost
         return (
-            f"Calibration({_cost_line(c)}; stalls {100 * c.stall_prob:.1f}% of steps,"
-            f" +{c.stall_ms:.2f} ms mean; wake {c.wake_ms:.3f} ms; from {n:,} steps"
+            f"Calibration({_cost_line(c)}; beyond it (jitter) {self._jitter_line()};"
+            f" wake {c.wake_ms:.3f} ms; from {n:,} steps"
             f" ({self.skipped:,} skipped: idle after), mean"
             f" {self.measured_ms.mean() if n else float('nan'):.3f} ms; residuals rms"
             f" {self.rms_ms:.3f} ms; typical steps' |error| median"
             f" {100 * self.relative_error(50):.1f}%, p90 {100 * self.relative_error(90):.1f}%"
             f"{note})"
+        )
+
+    def _jitter_line(self) -> str:
+        q = self.cost.jitter_ms
+        if not q:
+            return "none"
+        p50, p90, p99 = (q[round(p / 100 * (len(q) - 1))] for p in (50, 90, 99))
+        return (
+            f"p50 {p50:+.3f} ms, p90 {p90:+.3f}, p99 {p99:+.3f},"
+            f" {100 * (1 - self.typical.mean()):.1f}% of steps off the typical fit"
         )
 
 
@@ -194,15 +206,15 @@ def calibrate(
     coef, typical = _robust_fit(x, measured, cut)
     predicted = np.asarray(x @ coef, dtype=np.float64)
     excess = measured - predicted
-    stalled = ~typical & (excess > 0)
     cost = StepCost(
         fixed_ms=float(coef[0]),
         per_seq_ms=float(coef[1]),
         per_batched_token_ms=float(coef[2]),
         per_context_token_ms=float(coef[3]),
-        stall_prob=float(stalled.mean()),
-        stall_ms=float(excess[stalled].mean()) if stalled.any() else 0.0,
         wake_ms=_wake_ms(series, arrival_s) if arrival_s is not None else 0.0,
+        jitter_ms=tuple(
+            float(v) for v in np.percentile(excess, np.linspace(0, 100, JITTER_QUANTILES))
+        ),
     )
     return Calibration(
         cost=cost,
