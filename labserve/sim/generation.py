@@ -42,12 +42,12 @@ class StepCost:
     new token reads every cached token up to its own position).
 
     What a live run adds on a shared machine, measured by
-    :func:`~labserve.lab.generation.calibrate.calibrate`: ``jitter_ms``, quantiles (at evenly
-    spaced probabilities from 0 to 1) of what a step took beyond its typical time (stalls:
-    the thread lost its core to another process, a collection; and the spread around the
-    typical step), one drawn per step from the simulator's seed; and ``wake_ms``, from an
-    arrival at an idle method to its first step's start (the hop onto the loop).
-    :meth:`seconds` is the typical step, without jitter.
+    :func:`~labserve.lab.generation.calibrate.calibrate`: ``spread``, quantiles (at evenly
+    spaced probabilities from 0 to 1) of a step's measured time over its typical time, one
+    factor drawn per step from the simulator's seed (a factor, not an added time: a step
+    that holds the core longer is the likelier to lose it to another process); and
+    ``wake_ms``, from an arrival at an idle method to its first step's start (the hop onto
+    the loop). :meth:`seconds` is the typical step, without the spread.
 
     >>> StepCost(5.0, per_batched_token_ms=0.02).seconds(num_seqs=4, num_batched_tokens=100,
     ...                                                  num_context_tokens=0)
@@ -59,7 +59,7 @@ class StepCost:
     per_batched_token_ms: float = 0.0
     per_context_token_ms: float = 0.0
     wake_ms: float = 0.0
-    jitter_ms: tuple[float, ...] = field(default=(), repr=False)
+    spread: tuple[float, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         for name in (
@@ -73,20 +73,20 @@ class StepCost:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             if not ok or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        jitter = self.jitter_ms
-        if not isinstance(jitter, tuple) or len(jitter) == 1:
-            raise ValueError(f"jitter_ms must be a tuple of 0 or 2+ quantiles, got {jitter!r}")
-        if jitter and (not all(math.isfinite(v) for v in jitter) or sorted(jitter) != list(jitter)):
-            raise ValueError(f"jitter_ms must be finite quantiles in order, got {jitter!r}")
+        q = self.spread
+        if not isinstance(q, tuple) or len(q) == 1:
+            raise ValueError(f"spread must be a tuple of 0 or 2+ quantiles, got {q!r}")
+        if q and (not all(math.isfinite(v) and v >= 0 for v in q) or sorted(q) != list(q)):
+            raise ValueError(f"spread must be finite factors >= 0 in order, got {q!r}")
 
-    def jitter_s(self, rng: np.random.Generator) -> float:
-        """One step's extra time (seconds, may be < 0), drawn from ``jitter_ms``; 0 without."""
-        q = self.jitter_ms
+    def factor(self, rng: np.random.Generator) -> float:
+        """One step's measured-over-typical factor, drawn from ``spread``; 1 without."""
+        q = self.spread
         if not q:
-            return 0.0
+            return 1.0
         u = rng.random() * (len(q) - 1)
         i = min(int(u), len(q) - 2)
-        return (q[i] + (q[i + 1] - q[i]) * (u - i)) / 1000.0
+        return q[i] + (q[i + 1] - q[i]) * (u - i)
 
     def seconds(self, num_seqs: int, num_batched_tokens: int, num_context_tokens: int) -> float:
         """The step's time in seconds."""
@@ -158,7 +158,7 @@ def replay_generation(
     Request ``i`` arrives at ``arrival_s[i]`` (seconds, in order) with a prompt of
     ``prompt_lens[i]`` tokens and produces ``output_lens[i]`` tokens. What a fidelity check
     hands in: a live run's arrival times and lengths, and the step cost calibrated on it.
-    ``seed`` fixes the cost's jitter draws (if it has any).
+    ``seed`` fixes the cost's spread draws (if it has any).
 
     Raises:
         ValueError: the three differ in length, the times are not finite and in order, or a
@@ -196,7 +196,7 @@ def _run(
     seed: int,
 ) -> GenerationResult:
     sched = Scheduler(config, max_model_len=max_model_len)
-    jitter = np.random.default_rng([seed, 35])  # apart from the arrivals' stream
+    spread = np.random.default_rng([seed, 35])  # apart from the arrivals' stream
     wake = cost.wake_ms / 1000.0
     finished: list[Finished] = []
     steps: list[StepRecord] = []
@@ -220,7 +220,7 @@ def _run(
             continue
         context = plan.num_context_tokens
         typical = cost.seconds(len(plan.scheduled), plan.num_batched_tokens, context)
-        now += max(typical + cost.jitter_s(jitter), 0.0)
+        now += typical * cost.factor(spread)
         finished += sched.complete(plan, now)
         assert sched.last_step is not None
         steps.append(dataclasses.replace(sched.last_step, num_context_tokens=context))

@@ -20,7 +20,7 @@ from labserve.config.generation import GenerationConfig
 from labserve.generation.batch import SeqBatch
 from labserve.generation.results import StepSeries
 from labserve.generation.sampling import SamplingParams, SequenceSampler, TextDecoder
-from labserve.lab.generation.calibrate import JITTER_QUANTILES, MIN_STEPS, calibrate
+from labserve.lab.generation.calibrate import MIN_STEPS, SPREAD_QUANTILES, calibrate
 from labserve.lab.steps import profile_steps
 from labserve.runtime.generation.driver import GenerationDriver, GenerativeModel, NewSequence
 from labserve.runtime.virtual import VirtualHost
@@ -51,7 +51,7 @@ def test_calibrate_recovers_the_cost_of_a_simulated_run():
         assert getattr(cal.cost, field) == pytest.approx(getattr(TRUE, field), rel=1e-6), field
     assert cal.rank == 4
     assert cal.rms_ms == pytest.approx(0.0, abs=1e-9)
-    assert np.abs(cal.cost.jitter_ms).max() < 1e-9  # nothing beyond the typical step
+    assert np.abs(np.asarray(cal.cost.spread) - 1.0).max() < 1e-9  # every step typical
     assert len(cal.measured_ms) + cal.skipped == len(run.steps)
 
 
@@ -211,24 +211,24 @@ def test_a_live_step_profile_includes_the_hand_back_not_only_the_model():
     assert alone.fit.fixed_ms == pytest.approx(TRUE.fixed_ms, rel=1e-6)
 
 
-def test_the_spread_beyond_the_typical_step_becomes_the_jitter_and_keeps_the_mean():
-    # Steps of a run: a typical cost and, for one step in twenty, a stall of 4-12 ms.
-    stalls = tuple(float(v) for v in np.r_[np.zeros(95), np.linspace(4.0, 12.0, 6)])
-    stalling = dataclasses.replace(TRUE, jitter_ms=stalls)
+def test_the_spread_over_the_typical_step_is_the_runs_own_and_keeps_the_mean():
+    # Steps of a run: their typical cost, and one step in twenty stalled 4-12x as long.
+    stalls = tuple(float(v) for v in np.r_[np.ones(95), np.linspace(4.0, 12.0, 6)])
+    stalling = dataclasses.replace(TRUE, spread=stalls)
     run = busy_run(stalling, n=1500)
     cal = calibrate(run)
     assert len(cal.measured_ms) > 1500  # some 80 stalls
     # The typical step is fitted without the stalls; least squares over all would not be.
     assert cal.cost.fixed_ms == pytest.approx(TRUE.fixed_ms, rel=0.02)
     assert cal.cost.per_batched_token_ms == pytest.approx(TRUE.per_batched_token_ms, rel=0.02)
-    q = np.asarray(cal.cost.jitter_ms)
-    assert len(q) == JITTER_QUANTILES and q[50] == pytest.approx(0.0, abs=1e-6)
+    q = np.asarray(cal.cost.spread)
+    assert len(q) == SPREAD_QUANTILES and q[50] == pytest.approx(1.0, abs=1e-6)
     assert 0.03 < (~cal.typical).mean() < 0.08
     assert q[-1] == pytest.approx(12.0, rel=0.1) and q[-3] > 3.0
-    # The model's mean step (typical + mean jitter) is the measured mean.
-    assert cal.predicted_ms.mean() + q.mean() == pytest.approx(cal.measured_ms.mean(), rel=0.03)
+    # The model's mean step (typical x mean factor) is about the measured mean.
+    assert cal.predicted_ms.mean() * q.mean() == pytest.approx(cal.measured_ms.mean(), rel=0.1)
     assert "off the typical fit" in repr(cal)
-    # Replayed with the jitter, the steps spread as measured: the same tail.
+    # Replayed with the spread, the steps spread as measured: the same tail.
     again = calibrate(busy_run(cal.cost, n=1500, seed=1))
     assert np.percentile(again.measured_ms, 99) == pytest.approx(
         np.percentile(cal.measured_ms, 99), rel=0.25

@@ -141,23 +141,23 @@ def test_step_cost_refuses_negative_terms():
         StepCost(5.0, per_seq_ms=-1)
     with pytest.raises(ValueError, match="fixed_ms"):
         StepCost(math.nan)
-    with pytest.raises(ValueError, match="jitter_ms must be finite quantiles in order"):
-        StepCost(5.0, jitter_ms=(2.0, 1.0))
+    with pytest.raises(ValueError, match="spread must be finite factors >= 0 in order"):
+        StepCost(5.0, spread=(2.0, 1.0))
     with pytest.raises(ValueError, match="wake_ms"):
         StepCost(5.0, wake_ms=-0.1)
 
 
-def test_jitter_is_drawn_from_the_seed_and_adds_its_mean_to_the_step():
+def test_the_spread_is_drawn_from_the_seed_and_scales_the_step():
     kw = dict(n_requests=400, input_len=8, output_len=32)
     plain = simulate_generation(CFG, StepCost(1.0), **kw)
-    jittery = StepCost(1.0, jitter_ms=(-0.5, 0.0, 0.0, 0.0, 4.5))  # mean +0.5 ms
-    a = simulate_generation(CFG, jittery, **kw)
-    b = simulate_generation(CFG, jittery, **kw)
-    c = simulate_generation(CFG, jittery, seed=1, **kw)
+    spread = StepCost(1.0, spread=(0.5, 1.0, 1.0, 1.0, 5.0))  # mean factor 1.5
+    a = simulate_generation(CFG, spread, **kw)
+    b = simulate_generation(CFG, spread, **kw)
+    c = simulate_generation(CFG, spread, seed=1, **kw)
     assert np.array_equal(a.end_s, b.end_s) and not np.array_equal(a.end_s, c.end_s)
     step = (a.steps.end_s - a.steps.start_s) * 1000.0
-    assert step.mean() == pytest.approx(1.0 + 0.5, rel=0.1)
-    assert step.min() >= 0.5 - 1e-9 and step.max() <= 5.5 + 1e-9
+    assert step.mean() == pytest.approx(1.5, rel=0.1)
+    assert step.min() >= 0.5 - 1e-9 and step.max() <= 5.0 + 1e-9
     assert (plain.steps.end_s - plain.steps.start_s).max() == pytest.approx(0.001)
 
 

@@ -15,10 +15,13 @@ collection): a few spans many times the typical one. Least squares over them wou
 the stalls over the terms (a per-sequence cost of a millisecond, measured at load 20), so the
 typical step is fitted robustly (least squares with every term >= 0, the one
 :mod:`labserve.lab.steps` uses, refitted without the spans more than ``cut`` robust standard
-deviations from it), and what every span took beyond it becomes the cost's ``jitter_ms``
-(:data:`JITTER_QUANTILES` quantiles, drawn once per simulated step), so the simulator's steps
-spread, stall and average as the run's did. Given the run's arrival times, the delay from an
-arrival at an idle method to its step's start is measured too (``wake_ms``).
+deviations from it), and each span over it becomes the cost's ``spread``
+(:data:`SPREAD_QUANTILES` quantiles of measured / typical, one drawn per simulated step), so
+the simulator's steps spread, stall and average as the run's did. A factor, not an added
+time: at load 10-12 on 2 cores, one-sequence decodes took 1.4x their typical time on average
+and 9-32-sequence ones 4.9x (the longer a step holds the core, the likelier it loses it).
+Given the run's arrival times, the delay from an arrival at an idle method to its step's
+start is measured too (``wake_ms``).
 
 >>> import labserve
 >>> from labserve.config.generation import GenerationConfig
@@ -44,16 +47,16 @@ from labserve.generation.stats import GenerationSnapshot
 from labserve.lab._fit import fit_nonnegative
 from labserve.sim.generation import StepCost
 
-__all__ = ["JITTER_QUANTILES", "MIN_STEPS", "Calibration", "calibrate"]
+__all__ = ["MIN_STEPS", "SPREAD_QUANTILES", "Calibration", "calibrate"]
 
 F64 = npt.NDArray[np.float64]
 
 MIN_STEPS = 8
 """Fewest chained steps a calibration fits: fewer leave four terms barely determined."""
 
-JITTER_QUANTILES = 101
-"""Quantiles of the residual kept as the cost's jitter: every percentile, so that a p99
-drawn from it rests on the run's own tail."""
+SPREAD_QUANTILES = 101
+"""Quantiles of measured / typical kept as the cost's spread: every percentile, so that a
+p99 drawn from it rests on the run's own tail."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,7 @@ class Calibration:
         note = "" if self.rank == 4 else f"; only {self.rank} of 4 terms separable"
         c = self.cost
         return (
-            f"Calibration({_cost_line(c)}; beyond it (jitter) {self._jitter_line()};"
+            f"Calibration({_cost_line(c)}; measured/typical {self._spread_line()};"
             f" wake {c.wake_ms:.3f} ms; from {n:,} steps"
             f" ({self.skipped:,} skipped: idle after), mean"
             f" {self.measured_ms.mean() if n else float('nan'):.3f} ms; residuals rms"
@@ -138,13 +141,13 @@ class Calibration:
             f"{note})"
         )
 
-    def _jitter_line(self) -> str:
-        q = self.cost.jitter_ms
+    def _spread_line(self) -> str:
+        q = self.cost.spread
         if not q:
             return "none"
         p50, p90, p99 = (q[round(p / 100 * (len(q) - 1))] for p in (50, 90, 99))
         return (
-            f"p50 {p50:+.3f} ms, p90 {p90:+.3f}, p99 {p99:+.3f},"
+            f"p50 {p50:.2f}x, p90 {p90:.2f}x, p99 {p99:.2f}x, mean {np.mean(q):.2f}x;"
             f" {100 * (1 - self.typical.mean()):.1f}% of steps off the typical fit"
         )
 
@@ -205,15 +208,17 @@ def calibrate(
     ).astype(np.float64)
     coef, typical = _robust_fit(x, measured, cut)
     predicted = np.asarray(x @ coef, dtype=np.float64)
-    excess = measured - predicted
     cost = StepCost(
         fixed_ms=float(coef[0]),
         per_seq_ms=float(coef[1]),
         per_batched_token_ms=float(coef[2]),
         per_context_token_ms=float(coef[3]),
         wake_ms=_wake_ms(series, arrival_s) if arrival_s is not None else 0.0,
-        jitter_ms=tuple(
-            float(v) for v in np.percentile(excess, np.linspace(0, 100, JITTER_QUANTILES))
+        spread=tuple(
+            float(v)
+            for v in np.percentile(
+                measured / np.maximum(predicted, 1e-9), np.linspace(0, 100, SPREAD_QUANTILES)
+            )
         ),
     )
     return Calibration(
