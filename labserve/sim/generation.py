@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -59,7 +59,7 @@ class StepCost:
     per_batched_token_ms: float = 0.0
     per_context_token_ms: float = 0.0
     wake_ms: float = 0.0
-    spread: tuple[float, ...] = field(default=(), repr=False)
+    spread: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -78,6 +78,22 @@ class StepCost:
             raise ValueError(f"spread must be a tuple of 0 or 2+ quantiles, got {q!r}")
         if q and (not all(math.isfinite(v) and v >= 0 for v in q) or sorted(q) != list(q)):
             raise ValueError(f"spread must be finite factors >= 0 in order, got {q!r}")
+
+    def __repr__(self) -> str:
+        """The terms; ``wake_ms`` and ``spread`` only when set (a profile's cost has neither)."""
+        parts = [
+            f"fixed_ms={self.fixed_ms!r}",
+            f"per_seq_ms={self.per_seq_ms!r}",
+            f"per_batched_token_ms={self.per_batched_token_ms!r}",
+            f"per_context_token_ms={self.per_context_token_ms!r}",
+        ]
+        if self.wake_ms:
+            parts.append(f"wake_ms={self.wake_ms!r}")
+        q = self.spread
+        if q:
+            p50, p99 = (q[round(p / 100 * (len(q) - 1))] for p in (50, 99))
+            parts.append(f"spread=<{len(q)} quantiles: p50 {p50:.2f}x, p99 {p99:.2f}x>")
+        return f"StepCost({', '.join(parts)})"
 
     def factor(self, rng: np.random.Generator) -> float:
         """One step's measured-over-typical factor, drawn from ``spread``; 1 without."""

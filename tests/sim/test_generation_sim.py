@@ -147,6 +147,17 @@ def test_step_cost_refuses_negative_terms():
         StepCost(5.0, wake_ms=-0.1)
 
 
+def test_a_cost_shows_its_wake_and_spread_only_when_it_has_them():
+    # Lesson 09 prints the shipped cost: a profile's cost reads as it did before issue 35.
+    plain = (
+        "StepCost(fixed_ms=1.0, per_seq_ms=0.0, per_batched_token_ms=0.0, per_context_token_ms=0.0)"
+    )
+    assert repr(StepCost(1.0)) == plain
+    spread = tuple(1.0 + i / 10 for i in range(101))
+    text = repr(StepCost(1.0, wake_ms=0.5, spread=spread))
+    assert text.endswith("wake_ms=0.5, spread=<101 quantiles: p50 6.00x, p99 10.90x>)")
+
+
 def test_the_spread_is_drawn_from_the_seed_and_scales_the_step():
     kw = dict(n_requests=400, input_len=8, output_len=32)
     plain = simulate_generation(CFG, StepCost(1.0), **kw)

@@ -105,11 +105,13 @@ class Calibration:
     def table(self) -> str:
         """Measured against fitted mean step time, by sequences in the step.
 
-        Steps that only decode apart from steps with a prefill (or a chunk of one) in them.
+        Steps that only decode apart from steps with a prefill (or a chunk of one) in them;
+        the typical fit, and it times the spread's mean (what the simulator's steps average).
         """
+        spread = float(np.mean(self.cost.spread)) if self.cost.spread else 1.0
         lines = [
-            f"{'steps':>14} {'count':>6} {'measured ms':>11} {'fit ms':>7} {'error':>7}"
-            f" {'rms ms':>7}"
+            f"{'steps':>14} {'count':>6} {'measured ms':>11} {'typical ms':>10} {'error':>7}"
+            f" {'rms ms':>7} {'x spread':>8}"
         ]
         prefill = self.num_prefill_tokens > 0
         for kind, mask in (("decode", ~prefill), ("prefill", prefill)):
@@ -123,7 +125,7 @@ class Calibration:
                 rms = float(np.sqrt(np.mean((m - p) ** 2)))
                 lines.append(
                     f"{kind + ' ' + seqs:>14} {int(sel.sum()):>6} {m.mean():>11.3f}"
-                    f" {p.mean():>7.3f} {err:>+6.1f}% {rms:>7.3f}"
+                    f" {p.mean():>10.3f} {err:>+6.1f}% {rms:>7.3f} {p.mean() * spread:>8.3f}"
                 )
         return "\n".join([*lines, _cost_line(self.cost)])
 
