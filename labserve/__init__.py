@@ -60,6 +60,7 @@ from labserve.generation.sampling import SamplingParams
 from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.export import export_config
 from labserve.lab.generation.calibrate import Calibration, calibrate
+from labserve.lab.generation.fidelity import GenerationFidelity, compare_generation
 from labserve.lab.generation.load import UntilStopped
 from labserve.lab.generation.sources import (
     GenerationSource,
@@ -144,6 +145,7 @@ __all__ = [
     "Finish",
     "GenerateRequest",
     "GenerationConfig",
+    "GenerationFidelity",
     "GenerationLoadResult",
     "GenerationLoadRun",
     "GenerationSnapshot",
@@ -209,6 +211,7 @@ __all__ = [
     "arrivals",
     "background_loop",
     "calibrate",
+    "compare_generation",
     "export_config",
     "generation_snapshot_from_dict",
     "generation_sources",
