@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from bokeh.models import BoxAnnotation, ColumnDataSource, FactorRange, HoverTool
-from bokeh.models.annotations import Legend, LegendItem  # mypy: not via bokeh.models
+from bokeh.models import ColumnDataSource, FactorRange, HoverTool
+from bokeh.models.annotations import BoxAnnotation, Legend, LegendItem  # mypy: not via bokeh.models
 from bokeh.models.renderers import GlyphRenderer
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
