@@ -166,8 +166,9 @@ def fidelity_figure(
     )
     tolerance = float(first.tolerance_pct)
     # The band a figure must fall in to count as a hit (issue 35: 10%).
-    fig.add_layout(BoxAnnotation(bottom=-tolerance, top=tolerance, fill_alpha=0.12,
-                                 fill_color="green"))  # fmt: skip
+    band = BoxAnnotation(bottom=-tolerance, top=tolerance, fill_alpha=0.12, fill_color="green")
+    band.level = "underlay"  # under the bars, not over them
+    fig.add_layout(band)
     n = len(reports)
     width_each = 0.8 / n
     for i, (name, report) in enumerate(reports.items()):
