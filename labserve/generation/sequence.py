@@ -215,6 +215,18 @@ class StepPlan:
         """Whether there is nothing to compute (nothing runs or waits)."""
         return not self.scheduled
 
+    @property
+    def num_context_tokens(self) -> int:
+        """Context tokens the step's attention reads (each new token reads all up to its own).
+
+        ``count`` new tokens from ``start`` read ``count * start`` cached tokens plus
+        ``count * (count + 1) / 2`` of their own.
+        """
+        return sum(
+            e.num_new_tokens * e.start + e.num_new_tokens * (e.num_new_tokens + 1) // 2
+            for e in self.scheduled
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
@@ -233,3 +245,7 @@ class StepRecord:
     kv_blocks_used: int
     num_preempted: int
     stop_reason: StopReason
+    num_context_tokens: int = 0
+    """Context tokens read by the step's attention (:attr:`StepPlan.num_context_tokens`),
+    filled in by the step's owner (the driver, the simulator) from its plan; 0 when the
+    owner did not count them. What a step's cost is fitted on beside the token counts."""

@@ -46,6 +46,7 @@ def steps(*rows: tuple[float, int, int]) -> StepSeries:
         num_waiting=zeros,
         kv_blocks_used=zeros,
         num_preempted=zeros,
+        num_context_tokens=zeros,
     )
 
 

@@ -232,6 +232,7 @@ def generation_snapshot_from_dict(data: Mapping[str, Any]) -> GenerationSnapshot
         num_waiting=zeros,
         kv_blocks_used=zeros,
         num_preempted=zeros,
+        num_context_tokens=zeros,
     )
     config = GenerationConfig(
         **{k: v for k, v in dict(data["config"]).items() if k in GENERATION_SETTINGS}

@@ -471,6 +471,8 @@ class GenerationDriver:
         )
         record = steps.last_step
         if record is not None:
+            # The attention's context read, for fitting a step's cost (the record lacks it).
+            record = dataclasses.replace(record, num_context_tokens=plan.num_context_tokens)
             with self._lock:
                 self._recorder.step(record)
         pieces = result.pieces
