@@ -61,8 +61,12 @@ class ChartsBase:
 
     ``follow_s``: the time charts show the last that many seconds, on axes the kernel moves
     in steps (see ``axes.py``); ``None`` shows everything (a finished run's charts keep
-    ``rollover`` rows then). ``hz``: rows a second, live.
+    ``rollover`` rows then). ``hz``: rows a second, live. A subclass makes its
+    :attr:`figures` and lays them out in :attr:`layout` with :meth:`_grid`.
     """
+
+    layout: LayoutDOM
+    """The charts, what a ChartWidget shows."""
 
     def __init__(
         self,

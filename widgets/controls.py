@@ -9,7 +9,6 @@ refused with its reason next to the control, and the control goes back to what h
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import ipywidgets as w
@@ -39,17 +38,10 @@ class BatchingControls(ControlsBase[labserve.MethodSource, labserve.BatchingConf
     widgets' own callbacks run on the kernel's thread. Showing a config never configures.
     """
 
+    _STYLE: ClassVar[dict[str, str]] = _STYLE
     _INTS: ClassVar[frozenset[str]] = frozenset({"max_batch_size"})
 
-    def __init__(
-        self,
-        methods: dict[str, labserve.MethodSource],
-        first: str,
-        *,
-        on_method: Callable[[], None] = lambda: None,
-        on_reset: Callable[[], None] = lambda: None,
-    ) -> None:
-        super().__init__(methods, first, style=_STYLE, on_method=on_method, on_reset=on_reset)
+    def _build(self) -> w.VBox:
         c = self.widgets
         c["strategy"] = w.Dropdown(options=list(labserve.STRATEGIES), description="strategy",
                                    layout=control_layout(), style=_STYLE)  # fmt: skip
@@ -85,7 +77,7 @@ class BatchingControls(ControlsBase[labserve.MethodSource, labserve.BatchingConf
             c[f"{key}_text"].observe(lambda ch, key=key: self._on_text(key, ch["new"]), "value")
         c["export_format"].observe(lambda _: self._show_export(), "value")
 
-        self.box = w.VBox([
+        box = w.VBox([
             c["method"],
             c["strategy"],
             w.HBox([c["max_batch_size"], c["max_batch_size_text"], self.errors["max_batch_size"]]),
@@ -96,7 +88,7 @@ class BatchingControls(ControlsBase[labserve.MethodSource, labserve.BatchingConf
         ])  # fmt: skip
         self.export = w.Accordion(children=[w.VBox([c["export_format"], c["export"]])])
         self.export.set_title(0, "export these settings: labserve/BentoML YAML, Ray Serve, Triton")
-        self._bind()
+        return box
 
     def _show(self, config: labserve.BatchingConfig) -> None:
         c = self.widgets

@@ -71,11 +71,13 @@ class ControlsBase(Generic[S, C]):
     any thread (the pump calls :meth:`follow`); the widgets' callbacks run on the kernel's
     thread. Showing a config never configures.
 
-    A subclass builds its knobs into :attr:`widgets` after this ``__init__`` (which makes
-    ``"method"``), adds a ``"reset"`` button, then calls :meth:`_bind`; it defines
-    :meth:`_show` and :meth:`_on_setting`, and says in :attr:`_INTS` which typed boxes
-    hold integers.
+    A subclass builds its knobs, a ``"reset"`` button, :attr:`errors` and :attr:`box` in
+    :meth:`_build` (after the ``"method"`` dropdown); it defines :meth:`_show` and
+    :meth:`_on_setting`, and says in :attr:`_INTS` which typed boxes hold integers.
     """
+
+    _STYLE: ClassVar[dict[str, str]]
+    """The labels' width: the longest setting's name whole."""
 
     _COUNTS: ClassVar[str] = "counts"
     """What the reset button's tooltip calls the figures a remote server keeps."""
@@ -89,7 +91,6 @@ class ControlsBase(Generic[S, C]):
         methods: dict[str, S],
         first: str,
         *,
-        style: dict[str, str],
         on_method: Callable[[], None] = lambda: None,
         on_reset: Callable[[], None] = lambda: None,
     ) -> None:
@@ -103,12 +104,10 @@ class ControlsBase(Generic[S, C]):
         self.widgets: dict[str, Any] = {}
         self.widgets["method"] = w.Dropdown(options=list(methods), value=first,
                                             description="method", layout=control_layout(),
-                                            style=style)  # fmt: skip
+                                            style=self._STYLE)  # fmt: skip
         self.errors: dict[str, w.HTML] = {}
         """Where each setting's refusal shows (``"config"``: the dropdowns' and reset's)."""
-
-    def _bind(self) -> None:
-        """Label the reset button, hear the method and reset, show the config in force."""
+        self.box = self._build()
         self._reset_label()
         self.widgets["method"].observe(lambda _: self._on_method(), names="value")
         self.widgets["reset"].on_click(lambda _: self._on_reset())
@@ -126,6 +125,10 @@ class ControlsBase(Generic[S, C]):
         else:  # a remote server's figures are its own: the charts start over
             button.description = "clear charts"
             button.tooltip = f"this server's {self._COUNTS} cannot be reset from here"
+
+    def _build(self) -> w.VBox:
+        """Make the knobs, the reset button and the error lines; the form's box."""
+        raise NotImplementedError
 
     def _show(self, config: C) -> None:
         """Set every knob to ``config`` (called with the echo turned off)."""

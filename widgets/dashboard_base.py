@@ -17,41 +17,30 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import ipywidgets as w
 from bokeh.document import Document
-from bokeh.models import LayoutDOM
 
 import labserve
 
 from .bokehjs import display_bokehjs
+from .charts_base import ChartsBase
 from .chartwidget import ChartWidget
+from .controls_base import ControlsBase, Tunable
 from .loadpanel_base import LoadPanelBase
 from .pump_base import PumpBase
 
 __all__ = ["DashboardBase"]
 
 
-class _Charts(Protocol):
-    layout: LayoutDOM
-
-    def clear(self) -> None: ...
-
-
-class _Source(Protocol):
-    name: str
+class _Source(Tunable[Any], Protocol):
+    """What a dashboard needs of a method's source, beyond what its form needs."""
 
     @property
-    def alive(self) -> bool: ...
+    def alive(self) -> bool:
+        """False once the method cannot answer any more."""
+        ...
 
 
 S = TypeVar("S", bound=_Source)
 """A method's source: ``labserve.MethodSource``, ``labserve.GenerationSource``."""
-S_co = TypeVar("S_co", bound=_Source, covariant=True)
-
-
-class _Form(Protocol[S_co]):
-    """The settings form (``BatchingControls``, ``GenerationControls``)."""
-
-    @property
-    def method(self) -> S_co: ...
 
 
 class DashboardBase(Generic[S]):
@@ -66,7 +55,7 @@ class DashboardBase(Generic[S]):
     _KIND: ClassVar[str] = "dashboard"
     """What :func:`labserve.track` and a closed view call it."""
 
-    def __init__(self, methods: dict[str, S], charts: _Charts) -> None:
+    def __init__(self, methods: dict[str, S], charts: ChartsBase) -> None:
         self.methods = methods
         self._views: list[ChartWidget] = []
         self._boxes: list[w.VBox] = []
@@ -84,7 +73,7 @@ class DashboardBase(Generic[S]):
         )
         self.panel: w.Box = w.VBox()
         """The settings and the load, above the status line."""
-        self._form: _Form[S]
+        self._form: ControlsBase[S, Any]
         self.load: LoadPanelBase[Any]
         self.pump: PumpBase[Any, Any]
 

@@ -50,23 +50,13 @@ class PumpBase(Ticker[V], Generic[V, K]):
     """One thread that pulls ``source()``'s view ``hz`` times a second into ``charts``.
 
     ``source()`` returns what to watch (another one, or :meth:`clear`, starts the charts
-    over). The rest is :class:`Ticker`'s: one writer per document, :attr:`lock` held while
-    writing, failed ticks counted, ``on_tick(view)`` a few times a second. Thread-safety:
-    :meth:`clear` and :meth:`stop` from any thread; the rest is read-only from outside.
+    over). The rest is :class:`Ticker`'s (``ticker``: its keyword arguments): one writer per
+    document, :attr:`lock` held while writing, failed ticks counted, ``on_tick(view)`` a few
+    times a second. Thread-safety: :meth:`clear` and :meth:`stop` from any thread; the rest
+    is read-only from outside.
     """
 
-    def __init__(
-        self,
-        charts: K,
-        doc: Document,
-        source: Callable[[], Any],
-        *,
-        hz: float = 5.0,
-        alive: Callable[[], bool] = lambda: True,
-        on_tick: Callable[[V | None], None] | None = None,
-        start: bool = True,
-        name: str = "labserve-dashboard",
-    ) -> None:
+    def __init__(self, charts: K, doc: Document, source: Callable[[], Any], **ticker: Any) -> None:
         self.charts = charts
         self._source = source
         self._followed: Any = None
@@ -74,7 +64,7 @@ class PumpBase(Ticker[V], Generic[V, K]):
         self._watched: Viewable[V] | None = None
         self._clear = False
         self._start_over()
-        super().__init__(doc, hz=hz, alive=alive, on_tick=on_tick, start=start, name=name)
+        super().__init__(doc, **ticker)
 
     def clear(self) -> None:
         """Empty the charts at the next tick (thread-safe)."""

@@ -11,7 +11,6 @@ change made elsewhere (a cell, ``PATCH /config``) shows in the controls.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import ipywidgets as w
@@ -48,19 +47,12 @@ class GenerationControls(ControlsBase[labserve.GenerationSource, labserve.Genera
     thread. Showing a config never configures.
     """
 
+    _STYLE: ClassVar[dict[str, str]] = _STYLE
     _COUNTS: ClassVar[str] = "figures"
     _INTS: ClassVar[frozenset[str]] = frozenset({*_SLIDERS, "num_kv_blocks"})
     _FLOAT_KIND: ClassVar[str] = "a number of milliseconds"
 
-    def __init__(
-        self,
-        methods: dict[str, labserve.GenerationSource],
-        first: str,
-        *,
-        on_method: Callable[[], None] = lambda: None,
-        on_reset: Callable[[], None] = lambda: None,
-    ) -> None:
-        super().__init__(methods, first, style=_STYLE, on_method=on_method, on_reset=on_reset)
+    def _build(self) -> w.VBox:
         c = self.widgets
         style, layout = _STYLE, control_layout
         c["strategy"] = w.Dropdown(options=list(labserve.GENERATION_STRATEGIES),
@@ -88,14 +80,13 @@ class GenerationControls(ControlsBase[labserve.GenerationSource, labserve.Genera
         for key in (*_SLIDERS, *_BOXES):
             c[f"{key}_text"].observe(lambda ch, key=key: self._on_text(key, ch["new"]), "value")
 
-        rows: list[Any] = [c["method"]] if len(methods) > 1 else []
+        rows: list[Any] = [c["method"]] if len(self.methods) > 1 else []
         rows += [c["strategy"], c["scheduling_policy"]]
         rows += [w.HBox([c[k], c[f"{k}_text"], self.errors[k]]) for k in _SLIDERS]
         rows += [c["enable_chunked_prefill"]]
         rows += [w.HBox([c[f"{k}_text"], self.errors[k]]) for k in _BOXES]
         rows += [w.HBox([c["reset"], self.errors["config"]])]
-        self.box = w.VBox(rows)
-        self._bind()
+        return w.VBox(rows)
 
     def _show(self, config: labserve.GenerationConfig) -> None:
         c = self.widgets

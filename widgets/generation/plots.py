@@ -23,7 +23,7 @@ from bokeh.models.renderers import GlyphRenderer
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
 
-from ..chartwidget import ChartWidget
+from ..chartwidget import in_a_widget
 
 __all__ = ["STEP_COLUMNS", "generation_steps_figure", "plot_generation_steps"]
 
@@ -112,23 +112,11 @@ def generation_steps_figure(
     return fig
 
 
-def plot_generation_steps(
-    results: Mapping[str, Any],
-    *,
-    y: str = "num_seqs",
-    title: str | None = None,
-    max_points: int = 2000,
-    width: int = 720,
-    height: int = 300,
-) -> ChartWidget:
+@in_a_widget(generation_steps_figure)
+def plot_generation_steps() -> None:
     """One per-step column of several generation runs against time, a line per run.
 
     ``results`` maps a name to a run (what ``simulate_generation`` returns); ``y`` is one
     of :data:`STEP_COLUMNS`. Long runs are thinned to ``max_points`` (means over
     consecutive steps). Click a legend entry to hide its line.
     """
-    return ChartWidget(
-        generation_steps_figure(
-            results, y=y, title=title, max_points=max_points, width=width, height=height
-        )
-    )
