@@ -198,7 +198,13 @@ def _body(own: str, schema: dict[str, Any]) -> dict[str, Any]:
         "stream_options": {
             "type": "object",
             "description": 'only with "stream": true',
-            "properties": {"include_usage": {"type": "boolean"}},
+            "properties": {
+                "include_usage": {"type": "boolean"},
+                "continuous_usage_stats": {
+                    "type": "boolean",
+                    "description": "accepted (vLLM's); usage still comes once, in the last chunk",
+                },
+            },
         },
     }
     body = {"type": "object", "required": ["model", own], "properties": properties}
