@@ -27,7 +27,7 @@ from bokeh.palettes import Category10
 from bokeh.plotting import figure
 from bokeh.transform import dodge
 
-from ..chartwidget import ChartWidget
+from ..chartwidget import in_a_widget
 
 __all__ = ["STEP_COLUMNS", "generation_steps_figure", "plot_generation_steps"]
 
@@ -116,26 +116,14 @@ def generation_steps_figure(
     return fig
 
 
-def plot_generation_steps(
-    results: Mapping[str, Any],
-    *,
-    y: str = "num_seqs",
-    title: str | None = None,
-    max_points: int = 2000,
-    width: int = 720,
-    height: int = 300,
-) -> ChartWidget:
+@in_a_widget(generation_steps_figure)
+def plot_generation_steps() -> None:
     """One per-step column of several generation runs against time, a line per run.
 
     ``results`` maps a name to a run (what ``simulate_generation`` returns); ``y`` is one
     of :data:`STEP_COLUMNS`. Long runs are thinned to ``max_points`` (means over
     consecutive steps). Click a legend entry to hide its line.
     """
-    return ChartWidget(
-        generation_steps_figure(
-            results, y=y, title=title, max_points=max_points, width=width, height=height
-        )
-    )
 
 
 def fidelity_figure(
@@ -199,16 +187,10 @@ def fidelity_figure(
     return fig
 
 
-def plot_fidelity(
-    reports: Mapping[str, Any],
-    *,
-    title: str = "Simulated against live: error per figure",
-    width: int = 720,
-    height: int = 320,
-) -> ChartWidget:
+@in_a_widget(fidelity_figure)
+def plot_fidelity() -> None:
     """Each comparison's error per figure (p50 and p99 of TTFT, ITL, TPOT, e2e) as bars.
 
     ``reports`` maps a name (a rate, a cost) to what ``labserve.compare_generation``
     returns; the band is the first report's tolerance.
     """
-    return ChartWidget(fidelity_figure(reports, title=title, width=width, height=height))
