@@ -59,6 +59,8 @@ from labserve.generation.batch import SeqBatch
 from labserve.generation.sampling import SamplingParams
 from labserve.generation.stats import GenerationSnapshot
 from labserve.lab.export import export_config
+from labserve.lab.generation.calibrate import Calibration, calibrate
+from labserve.lab.generation.fidelity import GenerationFidelity, compare_generation
 from labserve.lab.generation.load import UntilStopped
 from labserve.lab.generation.sources import (
     GenerationSource,
@@ -131,6 +133,7 @@ __all__ = [
     "BatchSizeMismatchError",
     "BatchingConfig",
     "BurstArrivals",
+    "Calibration",
     "CancelledRequestError",
     "Clock",
     "Completion",
@@ -142,6 +145,7 @@ __all__ = [
     "Finish",
     "GenerateRequest",
     "GenerationConfig",
+    "GenerationFidelity",
     "GenerationLoadResult",
     "GenerationLoadRun",
     "GenerationSnapshot",
@@ -206,6 +210,8 @@ __all__ = [
     "__version__",
     "arrivals",
     "background_loop",
+    "calibrate",
+    "compare_generation",
     "export_config",
     "generation_snapshot_from_dict",
     "generation_sources",

@@ -14,7 +14,12 @@ from .charts import Charts, plot
 from .chartwidget import ChartWidget
 from .dashboard import Dashboard
 from .generation.dashboard import GenerationDashboard
-from .generation.plots import generation_steps_figure, plot_generation_steps
+from .generation.plots import (
+    fidelity_figure,
+    generation_steps_figure,
+    plot_fidelity,
+    plot_generation_steps,
+)
 from .plots import (
     compare_figure,
     compare_series,
@@ -37,11 +42,13 @@ __all__ = [
     "compare_figure",
     "compare_series",
     "cost_curve_figure",
+    "fidelity_figure",
     "generation_steps_figure",
     "load_bokehjs",
     "plot",
     "plot_compare",
     "plot_cost_curve",
+    "plot_fidelity",
     "plot_generation_steps",
     "plot_sweep",
     "sweep_figure",

@@ -10,27 +10,23 @@ axes follow the data; the legends sit beside the plots, never over the lines.
 
 from __future__ import annotations
 
-import html
 import math
 from typing import Any, cast
 
 import numpy as np
-from bokeh.layouts import column as stack
-from bokeh.layouts import gridplot
 from bokeh.models import ColumnDataSource, DataRange1d, FixedTicker, HoverTool, LayoutDOM, Range1d
-from bokeh.models.annotations import Legend  # mypy: not via bokeh.models (the same class)
-from bokeh.models.widgets import Div
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
 
 import labserve
 
-from .axes import SteppedAxes, YAxis, tick_log_axis
-from .chartwidget import ACK_NAME, ChartWidget
+from .axes import YAxis
+from .charts_base import ChartsBase
+from .chartwidget import ChartWidget
 from .series import RATE_WINDOW_S, REASONS, TICK_COLUMNS, Rows, fit_cost, result_rows
 from .tokens import TOKEN_COLUMNS, token_figure
 
-__all__ = ["KEY_STYLE", "Charts", "charts_for_result", "legend_key", "plot"]
+__all__ = ["Charts", "charts_for_result", "plot"]
 
 _TICK_ROLLOVER = 1500
 """Ticks kept without a time window (a finished run's charts)."""
@@ -58,7 +54,7 @@ _TITLE_CHARS = 60
 Bokeh's 13 px bold title font; the old 75-character fit title was cut off."""
 
 
-class Charts:
+class Charts(ChartsBase):
     """Queue depth, batch sizes, latency percentiles, throughput, fire reasons, cost model.
 
     ``follow_s``: the time charts show the last that many seconds (live); ``None`` shows
@@ -77,19 +73,11 @@ class Charts:
         height: int = 220,
         tokens: bool = False,
     ):
-        self.columns = TICK_COLUMNS + (TOKEN_COLUMNS if tokens else ())
-        """The columns of each row streamed."""
-        self.ticks = ColumnDataSource({c: [] for c in self.columns})
+        super().__init__(TICK_COLUMNS + (TOKEN_COLUMNS if tokens else ()), follow_s=follow_s,
+                         hz=hz, width=width, height=height,
+                         rollover=_TICK_ROLLOVER)  # fmt: skip
         self.fit_points = ColumnDataSource({"items": [], "duration_ms": []})
         self.fit_line = ColumnDataSource({"items": [], "duration_ms": []})
-        # Live: the kernel moves the axes in steps (see axes.py), and the source keeps only
-        # the rows the window shows (each row kept is drawn on every frame).
-        self.axes = SteppedAxes(follow_s) if follow_s is not None else None
-        self._rollover = (
-            _TICK_ROLLOVER
-            if self.axes is None
-            else math.ceil((self.axes.follow_s + 2 * self.axes.step_s) * hz)
-        )
         x_range = self.axes.x if self.axes is not None else DataRange1d(range_padding=0.02)
         self._log_axes: list[YAxis] = []
         self.x_range = x_range
@@ -107,15 +95,7 @@ class Charts:
             # Counts and rates start at 0; a log axis (batch sizes, latencies) keeps a cap far
             # above the data readable without squashing the data.
             y_range, ticker = self._y_range(columns, log=log, stacked=stacked)
-            fig = figure(title=title, x_range=x_range, y_range=y_range,
-                         y_axis_type="log" if log else "linear",
-                         tools="pan,wheel_zoom,reset,save", **size)  # fmt: skip
-            if ticker is not None:
-                tick_log_axis(fig, ticker)
-            fig.xaxis.axis_label = "time (s)"
-            fig.yaxis.axis_label = y_label
-            fig.toolbar.logo = None
-            return fig
+            return self._figure(title, y_label, x_range, y_range, ticker)
 
         queue = timeline("Queue depth (now)", "waiting (requests, items)",
                          ["queue_requests", "queue_items"])  # fmt: skip
@@ -187,27 +167,12 @@ class Charts:
             "cost": cost,
             **({"tokens": token_figure(timeline, self.ticks, _COLORS)} if tokens else {}),
         }
-        # The keys are HTML under each plot, not Bokeh legends: a legend is redrawn (on a
-        # fresh canvas layer) with every frame, a key is drawn once. And they hide no data.
-        # Under, not above: above, a second-row key sat under the first row's axis and read
-        # as that chart's.
-        # Vertical grid lines would move with the window at every tick: none.
-        cells = {}
-        for name, fig in self.figures.items():
-            fig.xgrid.visible = False
-            cells[name] = stack(fig, Div(text=legend_key(fig), styles=KEY_STYLE), spacing=0)
-        self.layout: LayoutDOM = gridplot(
-            [
-                [cells["queue"], cells["batch_size"]],
-                [cells["latency"], cells["throughput"]],
-                [cells["reasons"], cells["cost"]],
-                *([[cells["tokens"], None]] if tokens else []),
-            ],
-            toolbar_location="right",
-            merge_tools=True,
-        )
-        # The model a ChartWidget's patches number themselves on (flow control); no view.
-        self.layout.tags = [ColumnDataSource(name=ACK_NAME)]
+        self.layout: LayoutDOM = self._grid([
+            ["queue", "batch_size"],
+            ["latency", "throughput"],
+            ["reasons", "cost"],
+            *([["tokens", None]] if tokens else []),
+        ])  # fmt: skip
 
     def _y_range(
         self, columns: list[str], *, log: bool, stacked: bool
@@ -222,15 +187,6 @@ class Charts:
             self._log_axes.append(YAxis.empty(columns, log=True, ticker=ticker))
             return self._log_axes[-1].range, ticker
         return DataRange1d(start=0), None
-
-    def stream(self, tick: Rows) -> None:
-        """Append rows, dropping the oldest past the rollover."""
-        if tick["t"]:
-            tick = {c: tick[c] for c in self.columns}
-            # Bokeh types a source's columns as any sequence or array; these are lists.
-            self.ticks.stream(cast("dict[str, Any]", tick), rollover=self._rollover)
-            if self.axes is not None:
-                self.axes.update(cast("Rows", self.ticks.data), len(tick["t"]))
 
     def fit_log_axes(self) -> None:
         """Without a time window (a finished run): fit the log axes to the rows, in decades."""
@@ -299,37 +255,10 @@ class Charts:
 
     def clear(self) -> None:
         """Empty every chart (another method was chosen, or the stats were reset)."""
-        self.ticks.data = {c: [] for c in self.columns}
-        if self.axes is not None:
-            self.axes.reset()
+        super().clear()
         for axis in self._log_axes:
             axis.reset()
         self.show_fit([], [], math.nan, math.nan, math.nan)
-
-
-KEY_STYLE: dict[str, str | None] = {
-    "font-size": "11px",
-    "padding-left": "50px",
-    "white-space": "nowrap",
-}
-
-
-def legend_key(fig: Any) -> str:
-    """The figure's legend as one line of HTML (a coloured mark and a label per item)."""
-    parts = []
-    for legend in list(fig.select(type=Legend)):
-        for item in legend.items:
-            glyph = item.renderers[0].glyph
-            color = getattr(glyph, "line_color", None) or getattr(glyph, "fill_color", "gray")
-            if "Area" in type(glyph).__name__ or "Bar" in type(glyph).__name__:
-                color = glyph.fill_color
-                mark = "&#9608;"  # a block: a filled band
-            else:
-                mark = "&#8943;&#8943;" if getattr(glyph, "line_dash", []) else "&#9473;&#9473;"
-            label = html.escape(str(item.label.value))
-            parts.append(f"<span style='color:{color}'>{mark}</span>&nbsp;{label}")
-        fig.center.remove(legend)
-    return " &nbsp; ".join(parts)
 
 
 def charts_for_result(result: labserve.RunResult, bin_s: float | None = None) -> Charts:

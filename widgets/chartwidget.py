@@ -12,12 +12,14 @@ hook, if an upgrade changes them.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 import math
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, ParamSpec
 
 import ipywidgets as w
 from bokeh.core.json_encoder import serialize_json
@@ -29,7 +31,9 @@ from jupyter_bokeh import BokehModel
 
 from .bokehjs import ACK_NAME, display_bokehjs
 
-__all__ = ["ACK_NAME", "HOOKS", "ChartWidget", "one_patch_per_widget"]
+__all__ = ["ACK_NAME", "HOOKS", "ChartWidget", "in_a_widget", "one_patch_per_widget"]
+
+P = ParamSpec("P")
 
 HOOKS: dict[str, tuple[str, ...]] = {
     "_document_patched": ("self", "event"),
@@ -307,3 +311,26 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
                 shown.close()
             self._shown.clear()
             super().close()
+
+
+def in_a_widget(
+    build: Callable[P, Any],
+) -> Callable[[Callable[[], None]], Callable[P, ChartWidget]]:
+    """Make the decorated stub ``ChartWidget(build(...))``, keeping its name and docstring.
+
+    The ``plot_*`` function takes ``build``'s parameters: they are declared once, on the
+    ``*_figure`` function (the static plots of both kinds, ``plots.py`` and
+    ``generation/plots.py``).
+    """
+
+    def wrap(stub: Callable[[], None]) -> Callable[P, ChartWidget]:
+        @functools.wraps(stub)
+        def plot(*args: P.args, **kwargs: P.kwargs) -> ChartWidget:
+            return ChartWidget(build(*args, **kwargs))
+
+        # help() and IDEs show build's parameters, and that it returns the ChartWidget.
+        signature = inspect.signature(build).replace(return_annotation=ChartWidget.__name__)
+        setattr(plot, "__signature__", signature)  # noqa: B010 (mypy: functions have no such field)
+        return plot
+
+    return wrap

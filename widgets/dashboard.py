@@ -6,7 +6,9 @@ replica's own numbers in a small table). It composes the parts:
 :class:`~labserve.widgets.controls.BatchingControls`,
 :class:`~labserve.widgets.loadpanel.LoadControls`, :class:`~labserve.widgets.charts.Charts`
 shown through :class:`~labserve.widgets.chartwidget.ChartWidget`, and one
-:class:`~labserve.widgets.pump.Pump`, the only writer of the charts.
+:class:`~labserve.widgets.pump.Pump`, the only writer of the charts, on
+:class:`~labserve.widgets.dashboard_base.DashboardBase` (what it shares with the generation
+dashboard).
 """
 
 from __future__ import annotations
@@ -18,14 +20,12 @@ from collections import deque
 from typing import Any
 
 import ipywidgets as w
-from bokeh.document import Document
 
 import labserve
 
-from .bokehjs import display_bokehjs
 from .charts import Charts
-from .chartwidget import ChartWidget
 from .controls import BatchingControls
+from .dashboard_base import DashboardBase
 from .loadpanel import LoadControls
 from .pump import Pump
 from .series import Recent
@@ -56,7 +56,7 @@ def _methods(target: Any, token: str | None) -> tuple[dict[str, labserve.MethodS
     return methods, first
 
 
-class Dashboard:
+class Dashboard(DashboardBase[labserve.MethodSource]):
     """Controls and live charts for batchable methods: in this process, by URL, or on Ray.
 
     ``target``: a Runner, a RunnerMethod, a list of Runners, a Server, the URL of a labserve
@@ -87,18 +87,13 @@ class Dashboard:
         token: str | None = None,
         tokens: bool | None = None,
     ) -> None:
-        self.methods, first = _methods(target, token)
+        methods, first = _methods(target, token)
         if tokens is None:
-            tokens = any(has_ragged_axis(m) for m in self.methods.values())
-        self._views: list[ChartWidget] = []
-        self._boxes: list[w.VBox] = []
-        self._carriers: list[Any] = []
+            tokens = any(has_ragged_axis(m) for m in methods.values())
+        super().__init__(methods, Charts(follow_s=follow_s, hz=hz, tokens=tokens))
+        self.charts: Charts
         self._flow_history: deque[tuple[float, int, int]] = deque()
-        self._status_at = -math.inf
-        self.charts = Charts(follow_s=follow_s, hz=hz, tokens=tokens)
-        self.doc = Document()
-        self.doc.add_root(self.charts.layout)
-        self.batching = BatchingControls(
+        self._form = self.batching = BatchingControls(
             self.methods, first, on_method=self._on_method, on_reset=self._on_reset
         )
         self.load = LoadControls(
@@ -121,72 +116,17 @@ class Dashboard:
             **token_errors,
         }
         """Where each group's refusals show."""
-        # The numbers a tuner compares, then the settings, the load and any warning. Room for
-        # three lines, so a message appearing does not move the charts; more when a narrow
-        # page wraps them (a fixed height hid the settings line there, cut off mid-line).
-        self.status = w.HTML(
-            value="<code>starting…</code>",
-            layout=w.Layout(min_height="6.4em", margin="4px 0"),
-        )
         self.replicas = w.HTML(value="", layout=w.Layout(display="none", margin="0 0 4px 0"))
         """Each replica's numbers (shown when the method runs on several)."""
         self.panel = w.VBox([w.HBox([w.VBox([self.batching.box, token_box]), self.load.box]),
                              self.batching.export])  # fmt: skip
-        self.pump = Pump(
-            self.charts,
-            self.doc,
-            lambda: self.method,
-            hz=hz,
-            alive=self._alive,
-            on_tick=self._on_tick,
-            start=False,  # _on_tick reads self.pump
-        )
-        self.pump.start()
-        # A re-run cell's dashboard on the same methods replaces this one; a new runner of
-        # the name it watches in this process ends it too. labserve.stop_all() closes it.
-        needs = [
-            ("runner", m.runner)
-            for m in self.methods.values()
-            if isinstance(m, labserve.RunnerSource)
-        ]
-        self._untrack = labserve.track(
-            self, "dashboard", ",".join(self.methods), self.close, needs=needs
-        )
+        pump = Pump(self.charts, self.doc, lambda: self.method, hz=hz, alive=self._alive,
+                    on_tick=self._on_tick, start=False)  # fmt: skip
+        self._start(pump, labserve.RunnerSource)
+        self.pump: Pump
 
-    @property
-    def method(self) -> labserve.MethodSource:
-        """The source of the method the controls and charts follow."""
-        return self.batching.method
-
-    def _alive(self) -> bool:
-        return self.method.alive
-
-    def _on_method(self) -> None:
-        self.load.stop()
-        self.pump.clear()
-
-    def _on_reset(self) -> None:
-        self.pump.clear()
-
-    def view(self) -> w.VBox:
-        """A new view: the controls and a chart widget rendered from the data as it is now."""
-        with self.pump.lock:
-            charts = ChartWidget(self.charts.layout, lock=self.pump.lock)
-        self._views.append(charts)
-        box = w.VBox([self.panel, self.status, self.replicas, charts])
-        self._boxes.append(box)
-        return box
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        # BokehJS first, in a widget of its own: a reloaded page gets it from the kernel.
-        self._carriers.append(display_bokehjs())
-        bundle = self.view()._repr_mimebundle_(**kwargs)
-        if isinstance(bundle, dict):  # the VBox's own text holds live numbers
-            # What a saved notebook shows where widgets do not draw: no state (a saved
-            # "(live)" said so before anything ran).
-            method = self.controls["method"].value
-            bundle["text/plain"] = f"<Dashboard {method}: live charts when its cell runs>"
-        return bundle
+    def _view_rows(self) -> list[w.Widget]:
+        return [self.panel, self.status, self.replicas]
 
     def save_html(self, path: str) -> None:
         """Write the charts as they are now to a standalone HTML file (BokehJS inline)."""
@@ -197,33 +137,6 @@ class Dashboard:
             page = file_html(self.charts.layout, INLINE, title=f"labserve · {self.method!r}")
         with open(path, "w", encoding="utf-8") as f:
             f.write(page)
-
-    def close(self) -> None:
-        """Stop the load and the pump; each view says it is closed. Idempotent.
-
-        A view left on the page reads as closed, with the charts' last frame gone and no
-        control that looks alive but does nothing.
-        """
-        self.load.stop()
-        self.pump.stop()
-        self._untrack()
-        note = w.HTML(
-            f"<code>dashboard on {html.escape(', '.join(self.methods))} closed: its controls"
-            " and charts stopped. Create a new Dashboard to watch again.</code>"
-        )
-        for box in self._boxes:
-            box.children = (note,)
-        self._boxes.clear()
-        for view in self._views:
-            view.close()
-        self._views.clear()
-        for carrier in self._carriers:  # BokehJS stays in the pages that ran it
-            carrier.close()
-        self._carriers.clear()
-
-    def __repr__(self) -> str:
-        state = "live" if self.pump.running else "stopped"
-        return f"<Dashboard {self.controls['method'].value} ({state})>"
 
     def _flow_note(self) -> str:
         """Says so when the page cannot draw every update (the views merge them)."""
@@ -254,24 +167,15 @@ class Dashboard:
         # The line is read, not watched: twice a second, once while the page is behind
         # (each update is one more message the page must handle).
         now = time.monotonic()
-        if now - self._status_at < (1.0 if behind else 0.5):
+        if not self._due(now, 1.0 if behind else 0.5):
             return
-        self._status_at = now
         numbers = "" if snap is None else _numbers(snap, self.pump.recent)
         parts = [] if snap is None else [_settings(snap)]
         if load:
             parts.append(html.escape(load))
         if behind:
             parts.append(f"<span style='color:#b60'>{behind}</span>")
-        error = self.pump.last_error
-        if error is not None:
-            ago = now - self.pump.last_error_at
-            parts.append(
-                f"<span style='color:#c00'>chart update failed {self.pump.errors:,} times "
-                f"(last {ago:.0f} s ago: {html.escape(type(error).__name__)}: "
-                f"{html.escape(str(error))})</span>"
-            )
-        self.status.value = f"<code>{numbers}<br>{' · '.join(parts)}</code>"
+        self._show_status(numbers, parts, now)
         table = "" if view is None else _replica_table(view)
         if table != self.replicas.value:
             self.replicas.value = table

@@ -17,11 +17,11 @@ import ipywidgets as w
 
 import labserve
 
-from .controls import control_layout, error_html
+from .controls_base import control_layout, error_html
+from .loadpanel_base import STYLE, LoadPanelBase, clock, number
 
 __all__ = ["CHUNK_S", "LoadControls", "example_from_spec"]
 
-_STYLE = {"description_width": "110px"}
 _CLOSED_LOOP = "closed loop"
 CHUNK_S = 30.0
 """A load that runs until stopped runs as chained runs of this long (one preset period)."""
@@ -32,7 +32,7 @@ def example_from_spec(method: labserve.RunnerMethod) -> Any:
     return labserve.RunnerSource(method).example()
 
 
-class LoadControls:
+class LoadControls(LoadPanelBase[labserve.LoadRun]):
     """A load generator on the method source ``target()`` returns, driven by widgets.
 
     It runs until stopped (chained runs of one preset period each, the elapsed time shown),
@@ -49,42 +49,32 @@ class LoadControls:
         example: Any = None,
         input_len: str | None = None,
     ) -> None:
+        super().__init__(labserve.LOAD_PRESETS, rate="500")
         self._target = target
         self._example = example
-        self.run: labserve.LoadRun | None = None
-        """The load running (None when stopped)."""
-        self._lock = threading.RLock()
         self._method: labserve.MethodSource | None = None
         self._kwargs: dict[str, Any] = {}
         self._until_stopped = True
         self._started = self._ends = 0.0
         self._sent_before = self._chunks = 0
         self._next: threading.Timer | None = None
-        self._syncing = False
-        c: dict[str, Any] = {}
-        c["pattern"] = w.Dropdown(options=list(labserve.LOAD_PRESETS), description="load",
-                                  layout=control_layout(), style=_STYLE)  # fmt: skip
-        c["rate"] = w.Text(value="500", description="rate (req/s)", layout=control_layout(),
-                           style=_STYLE, continuous_update=False)  # fmt: skip
+        c = self.widgets
         c["concurrency"] = w.Text(value="16", description="clients", layout=control_layout(),
-                                  style=_STYLE, continuous_update=False)  # fmt: skip
+                                  style=STYLE, continuous_update=False)  # fmt: skip
         c["duration"] = w.Text(value="", placeholder="until stopped",
                                description="duration (s)", layout=control_layout(),
-                               style=_STYLE, continuous_update=False)  # fmt: skip
+                               style=STYLE, continuous_update=False)  # fmt: skip
         if input_len is not None:  # each request resized to a length drawn from the mix
             c["input_len"] = w.Text(value=input_len, description="input lengths",
-                                    placeholder="e.g. lognormal:16:128", style=_STYLE,
+                                    placeholder="e.g. lognormal:16:128", style=STYLE,
                                     layout=control_layout(), continuous_update=False)  # fmt: skip
-        c["start"] = w.ToggleButton(description="start load", icon="play", value=False)
-        self.widgets = c
-        self.error = w.HTML(layout=w.Layout(min_width="10px"))
-        c["start"].observe(lambda ch: self._on_start(ch["new"]), "value")
+        start = self._add_start()
         c["pattern"].observe(lambda _: self._show_fields(), "value")
         self._show_fields()
         self.box = w.VBox([
             c["pattern"], c["rate"], c["concurrency"], c["duration"],
             *([c["input_len"]] if "input_len" in c else []),
-            w.HBox([c["start"], self.error]),
+            start,
         ])  # fmt: skip
 
     def _show_fields(self) -> None:
@@ -92,53 +82,41 @@ class LoadControls:
         self.widgets["rate"].layout.display = "none" if closed else None
         self.widgets["concurrency"].layout.display = None if closed else "none"
 
-    def _on_start(self, on: bool) -> None:
-        if self._syncing:
-            return
-        if not on:
-            self.stop()
-            return
+    def _start(self) -> None:
         c = self.widgets
         method = self._target()
         example = self._example if self._example is not None else method.example()
-        try:
-            if example is None:
-                raise ValueError(
-                    "no example request: pass Dashboard(..., example=x), or declare the "
-                    "method's input_spec"
-                )
-            text = c["duration"].value.strip()
-            duration = None if text == "" else _number("duration (s)", text)
-            if duration is not None and not (math.isfinite(duration) and duration > 0):
-                raise ValueError(f"duration (s) must be a number > 0 or empty, got {text!r}")
-            # Until stopped: one preset period at a time, each chained at the end of the last.
-            chunk = duration if duration is not None else CHUNK_S
-            kwargs: dict[str, Any] = {"example": example, "duration_s": chunk}
-            if "input_len" in c and c["input_len"].value.strip():
-                kwargs["input_len"] = c["input_len"].value.strip()
-            if c["pattern"].value == _CLOSED_LOOP:
-                clients = c["concurrency"].value
-                if not clients.strip().isdigit():
-                    raise ValueError(f"clients must be an integer >= 1, got {clients!r}")
-                kwargs["concurrency"] = int(clients)
-            else:
-                kwargs["arrivals"] = labserve.preset_arrivals(
-                    c["pattern"].value, _number("rate", c["rate"].value), period_s=chunk
-                )
-            with self._lock:
-                self._stop_locked()
-                self.run = method.start_load(**kwargs)
-                self._method, self._kwargs = method, kwargs
-                self._until_stopped = duration is None
-                self._started = time.monotonic()
-                self._ends = self._started + chunk
-                self._sent_before, self._chunks = 0, 1
-        except (ValueError, TypeError, labserve.LabServeError) as exc:
-            self.error.value = error_html(str(exc))
-            self._set_button(False)
-            return
-        self.error.value = ""
-        c["start"].description, c["start"].icon = "stop load", "stop"
+        if example is None:
+            raise ValueError(
+                "no example request: pass Dashboard(..., example=x), or declare the "
+                "method's input_spec"
+            )
+        text = c["duration"].value.strip()
+        duration = None if text == "" else number("duration (s)", text)
+        if duration is not None and not (math.isfinite(duration) and duration > 0):
+            raise ValueError(f"duration (s) must be a number > 0 or empty, got {text!r}")
+        # Until stopped: one preset period at a time, each chained at the end of the last.
+        chunk = duration if duration is not None else CHUNK_S
+        kwargs: dict[str, Any] = {"example": example, "duration_s": chunk}
+        if "input_len" in c and c["input_len"].value.strip():
+            kwargs["input_len"] = c["input_len"].value.strip()
+        if c["pattern"].value == _CLOSED_LOOP:
+            clients = c["concurrency"].value
+            if not clients.strip().isdigit():
+                raise ValueError(f"clients must be an integer >= 1, got {clients!r}")
+            kwargs["concurrency"] = int(clients)
+        else:
+            kwargs["arrivals"] = labserve.preset_arrivals(
+                c["pattern"].value, number("rate", c["rate"].value), period_s=chunk
+            )
+        with self._lock:
+            self._stop_locked()
+            self.run = method.start_load(**kwargs)
+            self._method, self._kwargs = method, kwargs
+            self._until_stopped = duration is None
+            self._started = time.monotonic()
+            self._ends = self._started + chunk
+            self._sent_before, self._chunks = 0, 1
 
     def _next_chunk(self) -> None:
         """On a timer thread, at the end of a chunk: the next one, if the load still runs."""
@@ -157,28 +135,11 @@ class LoadControls:
             self._chunks += 1
             self._ends = time.monotonic() + self._kwargs["duration_s"]
 
-    def stop(self) -> None:
-        """Stop the load, if one runs. Idempotent; thread-safe."""
-        with self._lock:
-            self._stop_locked()
-        self._set_button(False)
-
     def _stop_locked(self) -> None:
         if self._next is not None:
             self._next.cancel()
             self._next = None
-        run, self.run = self.run, None
-        if run is not None:
-            run.stop()
-
-    def _set_button(self, on: bool) -> None:
-        c = self.widgets["start"]
-        self._syncing = True
-        try:
-            c.value = on
-            c.description, c.icon = ("stop load", "stop") if on else ("start load", "play")
-        finally:
-            self._syncing = False
+        super()._stop_locked()
 
     def poll(self) -> str:
         """What the load is doing, for the status line ('' when none runs); notes its end.
@@ -198,22 +159,10 @@ class LoadControls:
                 self._next.start()
             if run.running or self._next is not None or left > -1.0:
                 sent = self._sent_before + run.sent
-                elapsed = _clock(now - self._started)
+                elapsed = clock(now - self._started)
                 if self._until_stopped:
                     return f"load {sent:,} sent · running {elapsed}, until stopped"
                 return f"load {sent:,} sent · {elapsed}, {max(left, 0.0):.0f} s left"
             self.run = None
         self._set_button(False)
         return ""
-
-
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}:{secs:02d}"
-
-
-def _number(name: str, text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{name} must be a number, got {text!r}") from None

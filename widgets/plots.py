@@ -13,11 +13,9 @@ per kernel (see :func:`labserve.widgets.load_bokehjs`): nothing is fetched from 
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ParamSpec
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from bokeh.layouts import gridplot
@@ -29,7 +27,7 @@ from bokeh.plotting import figure
 
 import labserve
 
-from .chartwidget import ChartWidget
+from .chartwidget import in_a_widget
 
 __all__ = [
     "compare_figure",
@@ -40,8 +38,6 @@ __all__ = [
     "plot_sweep",
     "sweep_figure",
 ]
-
-P = ParamSpec("P")
 
 _WIDTH = 720
 _HEIGHT = 300
@@ -64,28 +60,6 @@ _LABELS = {
     "max_latency_ms": "max_latency_ms",
     "rejected_pct": "rejected (%)",
 }
-
-
-def _in_a_widget(
-    build: Callable[P, Any],
-) -> Callable[[Callable[[], None]], Callable[P, ChartWidget]]:
-    """Make the decorated stub ``ChartWidget(build(...))``, keeping its name and docstring.
-
-    The ``plot_*`` function takes ``build``'s parameters: they are declared once, on the
-    ``*_figure`` function.
-    """
-
-    def wrap(stub: Callable[[], None]) -> Callable[P, ChartWidget]:
-        @functools.wraps(stub)
-        def plot(*args: P.args, **kwargs: P.kwargs) -> ChartWidget:
-            return ChartWidget(build(*args, **kwargs))
-
-        # help() and IDEs show build's parameters, and that it returns the ChartWidget.
-        signature = inspect.signature(build).replace(return_annotation=ChartWidget.__name__)
-        setattr(plot, "__signature__", signature)  # noqa: B010 (mypy: functions have no such field)
-        return plot
-
-    return wrap
 
 
 def _label(column: str) -> str:
@@ -193,7 +167,7 @@ def sweep_figure(
     return fig
 
 
-@_in_a_widget(sweep_figure)
+@in_a_widget(sweep_figure)
 def plot_sweep() -> None:
     """Trade-off curves from :func:`labserve.sweep` rows: ``y`` against ``x``, a line per group.
 
@@ -259,7 +233,7 @@ def cost_curve_figure(
     return gridplot([[cost, rate]], toolbar_location="right")
 
 
-@_in_a_widget(cost_curve_figure)
+@in_a_widget(cost_curve_figure)
 def plot_cost_curve() -> None:
     """A profiled model's cost per item and throughput against batch size, side by side.
 
@@ -354,31 +328,14 @@ def compare_figure(
     """The Bokeh layout behind :func:`plot_compare`: offered load, p99 latency, batch size."""
     series = compare_series(results, bin_s=bin_s)
     first = next(iter(series.values()))
-    load = figure(
-        width=width,
-        height=height,
-        title="offered load",
-        y_axis_label="requests/s",
-        tools="xpan,xwheel_zoom,reset,save",
-    )
+    common: dict[str, Any] = {"width": width, "height": height,
+                              "tools": "xpan,xwheel_zoom,reset,save"}  # fmt: skip
+    load = figure(title="offered load", y_axis_label="requests/s", **common)
     load.step("t", "offered_rps", source=ColumnDataSource(first, name="load"), mode="after")
-    p99 = figure(
-        width=width,
-        height=height,
-        title=f"p99 latency of the requests arriving in each {bin_s * 1000:g} ms",
-        y_axis_label="ms",
-        x_range=load.x_range,
-        tools="xpan,xwheel_zoom,reset,save",
-    )
-    batch = figure(
-        width=width,
-        height=height,
-        title="mean batch size",
-        y_axis_label="items",
-        x_axis_label="time (s)",
-        x_range=load.x_range,
-        tools="xpan,xwheel_zoom,reset,save",
-    )
+    title = f"p99 latency of the requests arriving in each {bin_s * 1000:g} ms"
+    p99 = figure(title=title, y_axis_label="ms", x_range=load.x_range, **common)
+    batch = figure(title="mean batch size", y_axis_label="items", x_axis_label="time (s)",
+                   x_range=load.x_range, **common)  # fmt: skip
     p99_items: list[tuple[str, list[GlyphRenderer[Any]]]] = []  # Any: as in sweep_figure
     batch_items: list[tuple[str, list[GlyphRenderer[Any]]]] = []
     for i, (name, data) in enumerate(series.items()):
@@ -397,7 +354,7 @@ def compare_figure(
     return gridplot([[load], [p99], [batch]], toolbar_location="right")
 
 
-@_in_a_widget(compare_figure)
+@in_a_widget(compare_figure)
 def plot_compare() -> None:
     """The same trace through several runs, side by side over time, one line per run.
 

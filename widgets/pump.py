@@ -16,15 +16,14 @@ from bokeh.document import Document
 import labserve
 
 from .charts import Charts
-from .chartwidget import one_patch_per_widget
-from .series import LiveSeries, Recent
-from .ticker import Ticker
+from .pump_base import PumpBase
+from .series import LiveSeries, Recent, Rows
 from .tokens import TokenSeries, TokensRecent
 
 __all__ = ["Pump"]
 
 
-class Pump(Ticker[labserve.SourceView]):
+class Pump(PumpBase[labserve.SourceView, Charts]):
     """One thread that pulls a view ``hz`` times a second and streams it into ``charts``.
 
     ``source()`` returns the method to watch: a ``labserve.MethodSource``, or a
@@ -54,14 +53,7 @@ class Pump(Ticker[labserve.SourceView]):
         on_tick: Callable[[labserve.SourceView | None], None] | None = None,
         start: bool = True,
     ) -> None:
-        self.charts = charts
-        self._source = source
-        self._series = LiveSeries()
-        self._tokens = TokenSeries()
-        self._method: Any = None
-        self._watched: labserve.MethodSource | None = None
-        self._clear = False
-        super().__init__(doc, hz=hz, alive=alive, on_tick=on_tick, start=start)
+        super().__init__(charts, doc, source, hz=hz, alive=alive, on_tick=on_tick, start=start)
 
     @property
     def recent(self) -> Recent | None:
@@ -79,43 +71,34 @@ class Pump(Ticker[labserve.SourceView]):
         view = self.view
         return None if view is None else view.snapshot
 
-    def clear(self) -> None:
-        """Empty the charts at the next tick (thread-safe)."""
-        self._clear = True
+    def _watch(self, followed: Any) -> labserve.MethodSource:
+        if isinstance(followed, labserve.RunnerMethod):
+            return labserve.RunnerSource(followed)
+        source: labserve.MethodSource = followed
+        return source
 
-    def _tick(self) -> None:
-        method = self._source()
-        watched = self._watched
-        if method is not self._method or self._clear or watched is None:
-            self._method = method
-            watched = self._watched = (
-                labserve.RunnerSource(method)
-                if isinstance(method, labserve.RunnerMethod)
-                else method
-            )
-            self._clear = False
-            self._series = LiveSeries()
-            self._tokens = TokenSeries()
-            self.view = None
-            with self.lock:
-                self.charts.clear()
-        view = self.view = watched.view()
+    def _start_over(self) -> None:
+        self._series = LiveSeries()
+        self._tokens = TokenSeries()
+
+    def _rows(self, view: labserve.SourceView) -> Rows:
+        tick = self._series.update(view.snapshot)
+        tick.update(self._tokens.update(view.snapshot))
+        return tick
+
+    def _write(self, view: labserve.SourceView, rows: Rows) -> None:
         snap = view.snapshot
-        tick = self._series.update(snap)
-        tick.update(self._tokens.update(snap))
+        self.charts.stream(rows)
+        self.charts.set_latency_window(snap.window_s)
         # The cost chart redraws whole: once a second is enough to watch the fit settle.
-        refit = self.ticks % max(round(self.hz), 1) == 0
-        recent = snap.recent_batches[-256:]
-        with self.lock, one_patch_per_widget():
-            self.charts.stream(tick)
-            self.charts.set_latency_window(snap.window_s)
-            if refit:
-                self.charts.show_fit(
-                    [float(b.items) for b in recent],
-                    [b.duration_s * 1000.0 for b in recent],
-                    snap.cost_fit.a_ms,
-                    snap.cost_fit.b_ms,
-                    float(snap.config.max_batch_size),
-                    snap.cost_fit.c_ms,
-                    snap.cost_fit.width,
-                )
+        if self.ticks % max(round(self.hz), 1) == 0:
+            recent = snap.recent_batches[-256:]
+            self.charts.show_fit(
+                [float(b.items) for b in recent],
+                [b.duration_s * 1000.0 for b in recent],
+                snap.cost_fit.a_ms,
+                snap.cost_fit.b_ms,
+                float(snap.config.max_batch_size),
+                snap.cost_fit.c_ms,
+                snap.cost_fit.width,
+            )

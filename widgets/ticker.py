@@ -2,7 +2,8 @@
 
 :class:`Ticker` owns the thread, its pace, the lock held while the document is written, the
 rule that a document has one writer, the count and record of failed ticks, and the stop at
-interpreter exit. A pump subclasses it with what a tick pulls and streams
+interpreter exit. :class:`~labserve.widgets.pump_base.PumpBase` subclasses it with the
+tick both dashboards' pumps share (view, rows, charts), and each pump with what differs
 (:class:`~labserve.widgets.pump.Pump` for batchable methods,
 :class:`~labserve.widgets.generation.pump.GenerationPump` for generative ones).
 """

@@ -15,7 +15,7 @@ import ipywidgets as w
 
 import labserve
 
-from .controls import control_layout, error_html
+from .controls_base import control_layout, error_html
 from .tokens import TokensRecent, token_numbers
 
 __all__ = ["TokenControls", "format_buckets", "parse_buckets"]

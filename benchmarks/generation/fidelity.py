@@ -1,15 +1,19 @@
-"""Issue 22's fidelity target: the simulator on TinyLM's profiled step cost against live TinyLM.
+"""Issue 35's fidelity target: the simulator, calibrated on one live run, against live TinyLM.
 
-At each Poisson rate, requests (prompts of 32 tokens, outputs of OUTPUT tokens, greedy, no
-end-of-sequence) are sent in process to ``Runner(TinyLM).generate`` at their intended times;
-the runner's own figures (``stats()``: TTFT and TPOT from admission) are the live side. The
-same arrival times and lengths are then replayed on virtual time (``replay_generation``) with
-the same GenerationConfig and a StepCost: the shipped ``TINYLM_STEP_COST`` (CPU time), and a
-profile taken in wall time just before the runs (what this loaded machine gives a step).
-Target: TTFT and TPOT p50 within 10%. The live steps' own times are set beside the cost's
-prediction for them, and the gap between steps (the driver's own work) is reported.
+1. Capacity, measured: output tokens/s of 64 concurrent closed-loop streams (prompts of 32
+   tokens, outputs of OUTPUT, greedy, no end-of-sequence), divided by OUTPUT: requests/s.
+2. Calibration: one live Poisson run (seed 0, 50% of capacity); ``labserve.calibrate`` fits a
+   StepCost to its steps' start-to-next-start spans (the whole step, not the model alone).
+3. Comparison: Poisson runs at 25%, 50% and 80% of capacity, seeds 1-3, each run live
+   ``--repeats`` times (the spread of live against itself), and replayed on virtual time
+   (``replay_generation``, same arrivals and lengths, same GenerationConfig) on the
+   calibrated cost and on the shipped ``TINYLM_STEP_COST``. Live figures are the runner's own
+   (``stats()``, from admission; each run fits in its 10 s window).
 
-    .venv/bin/python benchmarks/generation/fidelity.py [--rates 20,60] [--seconds 20]
+Target: TTFT, ITL and TPOT at p50 and p99 within 10% of live, or within the spread of the live
+repeats where that is larger; the median over seeds. e2e is reported beside them.
+
+    .venv/bin/python benchmarks/generation/fidelity.py [--seconds 8] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import asyncio
 import dataclasses
 import json
 import pathlib
+import statistics
 import subprocess
 import time
 from typing import Any
@@ -31,11 +36,14 @@ import numpy as np
 
 import labserve
 from labserve.lab.demo import TINYLM_STEP_COST, TinyLM
-from labserve.lab.steps import profile_steps
-from labserve.sim.generation import replay_generation
+from labserve.sim.generation import StepCost, replay_generation
 
 HERE = pathlib.Path(__file__).resolve().parent
 PROMPT_LEN = 32
+METRICS = ("ttft", "itl", "tpot", "e2e")
+TARGETED = ("ttft", "itl", "tpot")
+QUANTILES = ("p50", "p99")
+LOADS = (0.25, 0.50, 0.80)
 
 
 def _run_delay_s() -> float:
@@ -49,11 +57,40 @@ def _run_delay_s() -> float:
     return total / 1e9
 
 
-def live(runner: labserve.Runner, rate: float, seconds: float, output: int, seed: int) -> dict:
-    """Send a Poisson trace in process; the runner's own figures and the trace."""
+def _prompt(i: int) -> str:
+    return f"{i:08d}" * (PROMPT_LEN // 8)
+
+
+def capacity(runner: labserve.Runner, output: int, seconds: float) -> dict[str, float]:
+    """Output tokens/s of 64 closed-loop streams, and that over ``output``: requests/s."""
+
+    async def stream(k: int, until: float) -> int:
+        tokens, i = 0, 0
+        while time.monotonic() < until:
+            done = await runner.generate.async_run(
+                _prompt(k * 1000 + i), max_tokens=output, temperature=0, ignore_eos=True
+            )
+            tokens += len(done.token_ids)
+            i += 1
+        return tokens
+
+    async def main() -> tuple[int, float]:
+        t0 = time.monotonic()
+        counts = await asyncio.gather(*(stream(k, t0 + seconds) for k in range(64)))
+        return sum(counts), time.monotonic() - t0
+
+    tokens, wall = asyncio.run(main())
+    return {"tokens_per_s": tokens / wall, "requests_per_s": tokens / wall / output}
+
+
+def trace(rate: float, seconds: float, seed: int) -> np.ndarray:
+    """Poisson arrival offsets (s) for ``seconds`` at ``rate``."""
     rng = np.random.default_rng(seed)
-    offsets = np.cumsum(rng.exponential(1.0 / rate, max(1, round(rate * seconds))))
-    prompts = [f"{i:08d}" * (PROMPT_LEN // 8) for i in range(len(offsets))]
+    return np.cumsum(rng.exponential(1.0 / rate, max(1, round(rate * seconds))))
+
+
+def live(runner: labserve.Runner, offsets: np.ndarray, output: int) -> dict[str, Any]:
+    """Send the trace in process at its intended times; the runner's own figures after."""
     runner.generate.reset_stats()
 
     async def one(at: float, prompt: str) -> int:
@@ -63,120 +100,188 @@ def live(runner: labserve.Runner, rate: float, seconds: float, output: int, seed
         )
         return len(done.token_ids)
 
-    async def main() -> list[int]:
+    async def main() -> tuple[float, list[int]]:
         start = time.monotonic() + 0.05
-        return await asyncio.gather(
-            *(one(start + t, p) for t, p in zip(offsets.tolist(), prompts, strict=True))
+        counts = await asyncio.gather(
+            *(one(start + t, _prompt(i)) for i, t in enumerate(offsets.tolist()))
         )
+        return start, counts
 
+    load = os.getloadavg()[0]
     cpu0, wait0, wall0 = time.process_time(), _run_delay_s(), time.monotonic()
-    counts = asyncio.run(main())
+    start, counts = asyncio.run(main())
     wall = time.monotonic() - wall0
-    # CPU time used, and time spent runnable but waiting for a core (another process had
-    # it): a live run that waited long was starved by the machine, not mispredicted.
-    cpu_share = (time.process_time() - cpu0) / wall
-    waited_share = (_run_delay_s() - wait0) / wall
     snap = runner.generate.stats()
-    steps = snap.steps
-    durations = steps.end_s - steps.start_s
-    gaps = steps.start_s[1:] - steps.end_s[:-1]
+    if snap.outcomes.get("served", 0) != len(offsets) or min(counts) != output:
+        raise RuntimeError(f"a live run lost requests or tokens: {snap.outcomes}")
     return {
-        "offsets": offsets,
-        "tokens": counts,
-        "cpu_share": cpu_share,
-        "waited_share": waited_share,
-        "ttft_p50_ms": snap.percentiles_ms["ttft"]["p50"],
-        "tpot_p50_ms": snap.percentiles_ms["tpot"]["p50"],
-        "window_s": snap.window_s,
-        "steps": steps,
-        "step_ms_mean": float(durations.mean() * 1e3),
-        "gap_ms_median": float(np.median(gaps[gaps < 0.005]) * 1e3) if len(gaps) else 0.0,
-        "busy_gap_ms_mean": float(gaps[gaps < 0.005].mean() * 1e3) if len(gaps) else 0.0,
+        "snapshot": snap,
+        "start_s": start,
+        "figures": {m: {q: snap.percentiles_ms[m][q] for q in QUANTILES} for m in METRICS},
+        # CPU used, and time runnable but waiting for a core (another process had it).
+        "cpu_share": (time.process_time() - cpu0) / wall,
+        "waited_share": (_run_delay_s() - wait0) / wall,
+        "loadavg": load,
     }
+
+
+def step_figures(snap: labserve.GenerationSnapshot, offsets: np.ndarray, start: float) -> dict:
+    """The live steps: mean span of the chained ones, and each idle restart's wake delay."""
+    steps = snap.steps
+    spans = steps.span_s[steps.chained]
+    # A step after idle time starts when an arrival wakes the loop: how long after it.
+    arrivals = start + offsets
+    restarts = np.flatnonzero(~steps.chained[:-1]) + 1
+    wakes = []
+    for i in restarts:
+        k = np.searchsorted(arrivals, steps.end_s[i - 1])
+        if k < len(arrivals) and arrivals[k] <= steps.start_s[i]:
+            wakes.append(steps.start_s[i] - arrivals[k])
+    return {
+        "steps": len(steps),
+        "span_ms_mean": float(spans.mean() * 1e3) if spans.size else float("nan"),
+        "seqs_mean": float(steps.num_seqs.mean()) if len(steps) else float("nan"),
+        "wake_ms_median": float(np.median(wakes) * 1e3) if wakes else float("nan"),
+    }
+
+
+def simulated(config: Any, cost: StepCost, offsets: np.ndarray, output: int) -> dict:
+    """The same arrivals and lengths on virtual time: p50 and p99 of each metric, ms."""
+    n = len(offsets)
+    sim = replay_generation(
+        config,
+        cost,
+        arrival_s=offsets,
+        prompt_lens=[PROMPT_LEN] * n,
+        output_lens=[output] * n,
+        max_model_len=TinyLM().max_model_len,
+    )
+    return {m: {q: sim.percentiles_ms(m)[q] for q in QUANTILES} for m in METRICS}
+
+
+def judge(lives: list[dict], sims: dict[str, list[dict]]) -> dict[str, Any]:
+    """Per metric and quantile: live (median over seeds of the repeats' median), the repeats'
+    half-range (%), and each simulation's error against live (%), median over seeds."""
+    out: dict[str, Any] = {}
+    for m in METRICS:
+        for q in QUANTILES:
+            per_seed_live, spreads = [], []
+            for reps in lives:
+                vals = [r[m][q] for r in reps]
+                mid = statistics.median(vals)
+                per_seed_live.append(mid)
+                spreads.append(100.0 * (max(vals) - min(vals)) / 2.0 / mid)
+            cell: dict[str, Any] = {
+                "live_ms": statistics.median(per_seed_live),
+                "live_half_range_pct": statistics.median(spreads),
+            }
+            for name, runs in sims.items():
+                errs = [
+                    100.0 * (s[m][q] / lv - 1.0) for s, lv in zip(runs, per_seed_live, strict=True)
+                ]
+                err = statistics.median(errs)
+                cell[name] = {
+                    "sim_ms": statistics.median(s[m][q] for s in runs),
+                    "error_pct": err,
+                    "hit": abs(err) <= max(10.0, cell["live_half_range_pct"]),
+                }
+            out[f"{m}_{q}"] = cell
+    return out
+
+
+def print_table(load: float, rate: float, cells: dict[str, Any], names: list[str]) -> None:
+    """One load's table: live against each simulation."""
+    print(f"\n{load:.0%} of capacity ({rate:.1f} req/s):")
+    head = f"{'':>9} {'live ms':>8} {'± live':>7}"
+    for name in names:
+        head += f" {name + ' ms':>16} {'error':>7}"
+    print(head)
+    for key, c in cells.items():
+        row = f"{key:>9} {c['live_ms']:>8.2f} {c['live_half_range_pct']:>6.1f}%"
+        for name in names:
+            s = c[name]
+            mark = "" if key.split("_")[0] not in TARGETED else ("ok" if s["hit"] else "MISS")
+            row += f" {s['sim_ms']:>16.2f} {s['error_pct']:>+6.1f}% {mark}"
+        print(row)
+
+
+def compare(
+    runner: labserve.Runner, args: argparse.Namespace, costs: dict[str, StepCost], cap: float
+) -> dict[str, Any]:
+    """Every load x seed: live repeats and each simulation; the judged table per load."""
+    config = runner.generate.config
+    report: dict[str, Any] = {}
+    for load in LOADS:
+        rate = load * cap
+        lives, sims, steps = [], {name: [] for name in costs}, []
+        for seed in args.seeds:
+            offsets = trace(rate, args.seconds, seed)
+            reps = [live(runner, offsets, args.output) for _ in range(args.repeats)]
+            lives.append([r["figures"] for r in reps])
+            steps.append(
+                {
+                    **step_figures(reps[0]["snapshot"], offsets, reps[0]["start_s"]),
+                    "loadavg": [r["loadavg"] for r in reps],
+                    "waited_share": [round(r["waited_share"], 3) for r in reps],
+                }
+            )
+            for name, cost in costs.items():
+                sims[name].append(simulated(config, cost, offsets, args.output))
+            print(f"  {load:.0%} seed {seed}: {steps[-1]}", flush=True)
+        cells = judge(lives, sims)
+        print_table(load, rate, cells, list(costs))
+        report[f"{load:.2f}"] = {"rate": rate, "cells": cells, "steps": steps, "lives": lives}
+    return report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rates", default="20,60")
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=8.0, help="arrivals per live run")
+    parser.add_argument("--repeats", type=int, default=3, help="live runs of each trace")
+    parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--output", type=int, default=128, help="output tokens per request")
+    parser.add_argument("--capacity-seconds", type=float, default=8.0)
     parser.add_argument("--out", default=str(HERE / "fidelity.json"))
     args = parser.parse_args()
-    load_before = os.getloadavg()
-    wall = profile_steps(TinyLM(), repeats=9, warmup=2).fit
-    print(f"wall-time profile now: {wall}")
-    runner = labserve.Runner(TinyLM, name="tinylm")
-    runner.generate.run("warm up", max_tokens=4)
-    config = runner.generate.config
+    args.seeds = [int(s) for s in args.seeds.split(",")]
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
         ).stdout.strip(),
-        "loadavg_before": load_before,
-        "config": config.as_dict(),
-        "output": args.output,
-        "wall_profile": dataclasses.asdict(wall),
-        "cpu_profile": dataclasses.asdict(TINYLM_STEP_COST),
-        "rates": {},
+        "loadavg_before": os.getloadavg(),
+        "args": {k: v for k, v in vars(args).items() if k != "out"},
     }
+    runner = labserve.Runner(TinyLM, name="tinylm")
     try:
-        for rate in [float(r) for r in args.rates.split(",")]:
-            got = live(runner, rate, args.seconds, args.output, seed=int(rate))
-            n = len(got["offsets"])
-            row: dict[str, Any] = {
-                "requests": n,
-                "live": {k: got[k] for k in ("ttft_p50_ms", "tpot_p50_ms", "window_s")},
-                "live_steps": {
-                    "count": len(got["steps"]),
-                    "mean_ms": got["step_ms_mean"],
-                    "mean_seqs": float(got["steps"].num_seqs.mean()),
-                    "gap_ms_median": got["gap_ms_median"],
-                    "busy_gap_ms_mean": got["busy_gap_ms_mean"],
-                },
-                "cpu_share": got["cpu_share"],
-                "waited_share": got["waited_share"],
-            }
-            for name, cost in (("cpu profile", TINYLM_STEP_COST), ("wall profile", wall)):
-                sim = replay_generation(
-                    config,
-                    cost,
-                    arrival_s=got["offsets"],
-                    prompt_lens=[PROMPT_LEN] * n,
-                    output_lens=[args.output] * n,
-                    max_model_len=TinyLM().max_model_len,
-                )
-                ttft = sim.percentiles_ms("ttft")["p50"]
-                tpot = sim.percentiles_ms("tpot")["p50"]
-                row[name] = {
-                    "ttft_p50_ms": ttft,
-                    "tpot_p50_ms": tpot,
-                    "ttft_off_pct": 100.0 * (ttft / row["live"]["ttft_p50_ms"] - 1.0),
-                    "tpot_off_pct": 100.0 * (tpot / row["live"]["tpot_p50_ms"] - 1.0),
-                    "mean_step_ms": float((sim.steps.end_s - sim.steps.start_s).mean() * 1e3),
-                    "mean_seqs": float(sim.steps.num_seqs.mean()),
-                }
-            report["rates"][str(rate)] = row
-            lv = row["live"]
-            print(
-                f"{rate:g} req/s ({n} requests): live TTFT p50 {lv['ttft_p50_ms']:.2f} ms, TPOT"
-                f" p50 {lv['tpot_p50_ms']:.2f} ms; steps {row['live_steps']['mean_ms']:.2f} ms"
-                f" mean at {row['live_steps']['mean_seqs']:.1f} seqs, gap between busy steps"
-                f" {row['live_steps']['busy_gap_ms_mean']:.2f} ms; CPU/wall {got['cpu_share']:.2f},"
-                f" waited for a core {got['waited_share']:.2f} of the wall time"
-            )
-            for name in ("cpu profile", "wall profile"):
-                s = row[name]
-                print(
-                    f"   sim on {name}: TTFT p50 {s['ttft_p50_ms']:.2f} ms"
-                    f" ({s['ttft_off_pct']:+.0f}%), TPOT p50 {s['tpot_p50_ms']:.2f} ms"
-                    f" ({s['tpot_off_pct']:+.0f}%); steps {s['mean_step_ms']:.2f} ms mean at"
-                    f" {s['mean_seqs']:.1f} seqs"
-                )
+        runner.generate.run("warm up", max_tokens=4)
+        report["config"] = runner.generate.config.as_dict()
+        cap = capacity(runner, args.output, args.capacity_seconds)
+        print(f"capacity: {cap['tokens_per_s']:,.0f} tokens/s, {cap['requests_per_s']:.1f} req/s")
+        offsets = trace(0.5 * cap["requests_per_s"], args.seconds, 0)
+        got = live(runner, offsets, args.output)
+        cal = labserve.calibrate(got["snapshot"], arrival_s=got["start_s"] + offsets)
+        print(f"calibrated on seed 0 at 50%: {cal!r}\n{cal.table()}")
+        costs = {"calibrated": cal.cost, "shipped": TINYLM_STEP_COST}
+        report |= {
+            "capacity": cap,
+            "calibration": {
+                "cost": dataclasses.asdict(cal.cost),
+                "loadavg": got["loadavg"],
+                "steps": len(cal.measured_ms),
+                "skipped": cal.skipped,
+                "rms_ms": cal.rms_ms,
+                "median_error": cal.relative_error(50),
+                "p90_error": cal.relative_error(90),
+                "table": cal.table(),
+            },
+            "shipped": dataclasses.asdict(TINYLM_STEP_COST),
+            "loads": compare(runner, args, costs, cap["requests_per_s"]),
+        }
     finally:
         runner.stop()
     report["loadavg_after"] = os.getloadavg()
-    pathlib.Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    pathlib.Path(args.out).write_text(json.dumps(report, indent=1, default=float) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from labserve.base.errors import LabServeError
 from labserve.cli import demo, export, load, profile, sanitizer, serve, sweep
-from labserve.cli._common import UsageError
+from labserve.cli._common import FailedRun, UsageError
 
 __all__ = ["build_parser", "main"]
 
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit status (0, or 2 for a usage error)."""
+    """Run the command; returns the exit status (0; 1 for a failed load; 2 for a usage error)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -43,6 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.run(args)
     except (UsageError, LabServeError, ValueError, TypeError) as exc:
         parser.exit(2, f"labserve: error: {exc}\n")
+    except FailedRun as exc:
+        parser.exit(1, f"labserve: the run failed: {exc}\n")
     except KeyboardInterrupt:
         parser.exit(130, "labserve: interrupted\n")
     return 0

@@ -11,12 +11,23 @@ import contextlib
 import importlib
 import os
 import sys
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from labserve.runtime.loop import loop_kind
 
-__all__ = ["UsageError", "check_sections", "import_from_cwd", "loop_choice", "numbers"]
+__all__ = [
+    "FAILED_RUN",
+    "FailedRun",
+    "UsageError",
+    "check_run",
+    "check_sections",
+    "import_from_cwd",
+    "loop_choice",
+    "numbers",
+    "schedule_line",
+]
 
 if TYPE_CHECKING:  # generic in typeshed only
     # What build_parser hands each subcommand's add_command, to add its parser to.
@@ -25,6 +36,49 @@ if TYPE_CHECKING:  # generic in typeshed only
 
 class UsageError(Exception):
     """A bad argument, said in one line."""
+
+
+class FailedRun(Exception):
+    """A load run that failed, as :data:`FAILED_RUN` says: exit status 1, said in one line."""
+
+
+FAILED_RUN = (
+    "exit status: 0 when the run served requests and no reply was a 4xx; 1 when nothing was"
+    " served or any request got a 4xx (a wrong --model or path, a length over the model's"
+    " limits, a missing token: the load itself is wrong, so its figures mean nothing); 2 for"
+    " a bad argument. Overload (503s, timeouts) is a measurement: it is reported, with 0."
+)
+
+
+def check_run(outcome: Any, url: str) -> None:
+    """Raise FailedRun when a load's outcomes (codes into OUTCOMES) make it a failed run."""
+    from labserve.base.vocabulary import CLIENT_ERROR, CONNECT_ERROR, OUTCOMES, SERVED
+
+    codes = [int(c) for c in outcome]
+    if not codes:
+        raise FailedRun("no request was sent")
+    if set(codes) == {CONNECT_ERROR}:
+        parts = urllib.parse.urlsplit(url)
+        where = f"{parts.scheme}://{parts.netloc}"
+        raise FailedRun(f"the server is not reachable at {where}: no request could connect")
+    bad = codes.count(CLIENT_ERROR)
+    if bad:
+        raise FailedRun(
+            f"{bad:,} of {len(codes):,} requests got a 4xx reply (their errors are above):"
+            " the load asks for what the server does not serve"
+        )
+    if SERVED not in codes:
+        kinds = sorted({OUTCOMES[c] for c in codes})
+        raise FailedRun(f"none of {len(codes):,} requests was served ({', '.join(kinds)})")
+
+
+def schedule_line(lag_s: Any, rate_rps: float) -> str:
+    """Whether an open loop kept its rate, and by what that is judged (see schedule_kept)."""
+    from labserve.load.run import schedule_kept
+
+    kept, said = schedule_kept(lag_s, rate_rps)
+    rate = f"{rate_rps:,.0f}" if rate_rps >= 100 else f"{rate_rps:,.3g}"
+    return f"schedule: {'kept' if kept else 'could NOT keep'} {rate} req/s: {said}"
 
 
 def numbers(kind: Callable[[str], Any], what: str) -> Callable[[str], list[Any]]:

@@ -9,16 +9,24 @@ ITL, TPOT and goodput. The flags only a generation load reads are in their own g
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import json
 import sys
+import urllib.parse
 import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from labserve.cli import load_generation
-from labserve.cli._common import UsageError, loop_choice
+from labserve.cli._common import (
+    FAILED_RUN,
+    UsageError,
+    check_run,
+    loop_choice,
+    schedule_line,
+)
 from labserve.runtime.loop import LOOP_KINDS, BackgroundLoop
 
 if TYPE_CHECKING:
@@ -26,20 +34,33 @@ if TYPE_CHECKING:
 
 __all__ = ["add_command", "run"]
 
+_RATE = 100.0  # an open loop's req/s when neither --rate nor --concurrency is given
+
 
 def add_command(sub: Subcommands) -> None:
     """The ``load`` subcommand (open- or closed-loop load on an HTTP endpoint)."""
-    load = sub.add_parser("load", help="open- or closed-loop load on an HTTP endpoint")
+    load = sub.add_parser(
+        "load",
+        help="open- or closed-loop load on an HTTP endpoint",
+        description="Open- or closed-loop load on an HTTP endpoint, and what it saw.",
+        epilog=FAILED_RUN,
+    )
     load.add_argument(
         "url",
         help=".../runners/{name}/{method}, .../v2/models/{name}/infer, or .../v1/completions"
         " (or chat) of any OpenAI-compatible server",
     )
-    load.add_argument("--rate", type=float, default=100.0, help="open loop req/s (default 100)")
     load.add_argument(
-        "--arrivals", choices=("poisson", "constant"), default="poisson", help="open loop process"
+        "--rate", type=float, help=f"open loop req/s (default {_RATE:g}; not with --concurrency)"
     )
-    load.add_argument("--concurrency", type=int, help="closed loop with N clients instead")
+    load.add_argument(
+        "--arrivals",
+        choices=("poisson", "constant"),
+        help="open loop process (default poisson; not with --concurrency)",
+    )
+    load.add_argument(
+        "--concurrency", type=int, help="closed loop with N clients instead of --rate"
+    )
     load.add_argument("--duration", type=float, default=5.0, help="seconds (default 5)")
     load.add_argument(
         "--width", type=int, help="float32 values per row (default 4; v2: from the metadata)"
@@ -88,14 +109,50 @@ def run(args: argparse.Namespace) -> None:
             args.input_len = parse_length(args.input_len, name="--input-len")
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    _one_loop(args)
     if is_generation_url(args.url):  # streamed completions: TTFT, ITL, TPOT, goodput
         with loop_choice(args.loop):
             result = load_generation.run(args)
     else:
+        _not_a_generation_typo(args.url)
         result = _run_requests(args)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"summary": result.summary(), "server": result.server}, f, indent=1)
+    check_run(result.outcome, args.url)
+
+
+def _one_loop(args: argparse.Namespace) -> None:
+    """An open loop (--rate, --arrivals) or a closed one (--concurrency), not both."""
+    if args.concurrency is not None:
+        given = [f for f in ("rate", "arrivals") if getattr(args, f) is not None]
+        if given:
+            flags = " and ".join(f"--{f}" for f in given)
+            raise UsageError(
+                f"{flags} (an open loop: requests at a rate, whatever the replies) and "
+                "--concurrency (a closed loop: N clients, each sending when answered) ask for "
+                f"two different loads: give {flags} or --concurrency"
+            )
+    args.rate = _RATE if args.rate is None else args.rate
+    args.arrivals = args.arrivals or "poisson"
+
+
+def _not_a_generation_typo(url: str) -> None:
+    """A path under /v1/ that is not a generation path is a typo, not a request load."""
+    from labserve.load.generation.prompts import CHAT_PATH, COMPLETIONS_PATH
+
+    path = urllib.parse.urlsplit(url).path.rstrip("/")
+    known = (COMPLETIONS_PATH, CHAT_PATH)
+    tail = path[path.find("/v1") :] if "/v1" in path else path
+    near = difflib.get_close_matches(tail, known, n=1, cutoff=0.6)
+    if not near and "complet" not in path and "/chat" not in path:
+        return  # any other server's request path
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    raise UsageError(
+        f"{path!r} is not a generation path{hint}: a generation load goes to "
+        f"{' or '.join(known)}; a request load to .../runners/{{runner}}/{{method}} or "
+        ".../v2/models/{model}/infer"
+    )
 
 
 def _run_requests(args: argparse.Namespace) -> Any:
@@ -146,6 +203,11 @@ def _run_requests(args: argparse.Namespace) -> Any:
     return result
 
 
+def _is_schedule(caught: warnings.WarningMessage) -> bool:
+    """The warning that the schedule was not kept (said by the schedule line already)."""
+    return str(caught.message).startswith("the load generator could not keep")
+
+
 def _verdict(
     result: Any,
     caught: list[warnings.WarningMessage],
@@ -155,13 +217,9 @@ def _verdict(
     """One honest line: did the generator keep the schedule, and whose batching is shown."""
     s = result.summary()
     lines = []
-    if "send_lag_p99_ms" in s:
-        kept = "kept" if not caught else "could NOT keep"
-        lines.append(
-            f"schedule: {kept} {asked_rps or s['offered_rps']:,.0f} req/s (send lag p99 "
-            f"{s['send_lag_p99_ms']:.2f} ms, max {s['send_lag_max_ms']:.2f} ms)"
-        )
-        lines += [f"  {w.message}" for w in caught]
+    if result.send_lag_s is not None and len(result.send_lag_s):
+        lines.append(schedule_line(result.send_lag_s, asked_rps or s["offered_rps"]))
+        lines += [f"  {w.message}" for w in caught if not _is_schedule(w)]
         if result.sent_until_s > result.duration_s * 1.01:
             lines.append(
                 f"  the sends took {result.sent_until_s:.1f} s, not {result.duration_s:.1f} s: "

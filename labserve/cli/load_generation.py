@@ -12,7 +12,7 @@ import sys
 import warnings
 from typing import Any
 
-from labserve.cli._common import UsageError
+from labserve.cli._common import UsageError, schedule_line
 
 __all__ = ["add_arguments", "run"]
 
@@ -83,10 +83,10 @@ def run(args: argparse.Namespace) -> Any:
             print(f"interrupted: the load stopped after {exc.sent} requests")
             raise
     print(result.table())
-    if "send_lag_p99_ms" in result.summary():
-        kept = "could NOT keep" if caught else "kept"
-        print(f"schedule: {kept} it ({len(result)} requests in {args.duration:g} s)")
-        for w in caught:
+    if arrivals is not None and result.send_lag_s is not None and len(result.send_lag_s):
+        print(schedule_line(result.send_lag_s, arrivals.mean_rate(args.duration)))
+    for w in caught:
+        if not str(w.message).startswith("the load generator could not keep"):
             print(f"  {w.message}")
     print(f"generator: its own event loop ({'uvloop' if load_loop().uvloop else 'asyncio'})")
     return result

@@ -6,6 +6,7 @@ Ctrl-C (SIGINT) and SIGTERM drain it: the runner stops first, then the server.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import signal
 import sys
@@ -99,14 +100,18 @@ def _serve_here(cls: type[Any], args: argparse.Namespace) -> None:
         check_sections(args.config, [args.name or cls.__name__.lower()])
     with _StopSignals() as signals:
         runner = Runner(cls, name=args.name, config=args.config)
-        server = serve(
-            runner,
-            host=args.host,
-            port=args.port,
-            token=args.token,
-            allow_origin=args.allow_origin,
-            allow_hosts=args.allow_host,
-        )
+        try:
+            server = serve(
+                runner,
+                host=args.host,
+                port=args.port,
+                token=args.token,
+                allow_origin=args.allow_origin,
+                allow_hosts=args.allow_host,
+            )
+        except OSError as exc:  # the bind: a port in use, an address not this machine's
+            runner.stop()
+            raise UsageError(_cannot_listen(args.host, args.port, exc)) from None
         try:
             _say_routes(runner, server)
             signals.wait()
@@ -130,6 +135,14 @@ def _stop_serving(runner: Any, server: Any, drain_s: float) -> None:
         server.stop(drain_s=_REPLIES_END_S)
 
 
+def _cannot_listen(host: str, port: int, exc: OSError) -> str:
+    """One line for a failed bind, with what to do about the usual cause."""
+    said = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    if exc.errno == errno.EADDRINUSE:
+        return f"{said} (another server has it: give another --port, or --port 0 for a free one)"
+    return said
+
+
 def _seconds(text: str) -> float:
     """An argparse type: a finite number of seconds >= 0."""
     try:
@@ -142,18 +155,31 @@ def _seconds(text: str) -> float:
 
 
 def _say_routes(runner: Any, server: Any) -> None:
+    """What is served, each kind as its clients call it: the lines a newcomer copies."""
+    from labserve.server.describe import completion_curl, openai_client
+    from labserve.server.exchange import generator_names
+    from labserve.server.v2 import models
+
     loop = "uvloop" if server.bg.uvloop else "asyncio"
-    print(
-        f"serving {runner.name} at {server.url}  (token {server.token}, {loop} loop); Ctrl-C stops",
-        flush=True,
+    lines = [
+        f"serving {runner.name} at {server.url}  (token {server.token}, {loop} loop); Ctrl-C stops"
+    ]
+    lines += [f"  POST {server.url}/runners/{runner.name}/{m}" for m in runner.methods]
+    token = server.token_everywhere
+    for model in generator_names({runner.name: runner}):
+        lines += [
+            f"  POST {server.url}/v1/completions (and /v1/chat/completions), model {model!r}:"
+            " generation, continuous batching",
+            f"    {completion_curl(server.url, model, token=token)}",
+            f"    {openai_client(server.url, token=token)}",
+        ]
+    v2 = sorted(models({runner.name: runner}))
+    also = f"/v2/models/{v2[0]}/infer (Open Inference Protocol), " if v2 else ""
+    lines.append(
+        f"  also: {also}/stats, /metrics, /config, /healthz; GET {server.url}/ describes them all,"
+        " /openapi.json for tools"
     )
-    for method in runner.methods.values():
-        print(f"  POST {server.url}/runners/{runner.name}/{method.name}", flush=True)
-    print(
-        f"  also: /v2/models/{runner.name}/infer (Open Inference Protocol), /stats, /metrics,"
-        f" /config, /healthz; GET {server.url}/ describes them all, /openapi.json for tools",
-        flush=True,
-    )
+    print("\n".join(lines), flush=True)
 
 
 class _StopSignals:

@@ -31,6 +31,7 @@ __all__ = [
     "ARRIVAL_SETTINGS",
     "GENERATION_SETTINGS",
     "GENERATION_STRATEGIES",
+    "PAGED_START_SETTINGS",
     "SCHEDULING_POLICIES",
     "START_SETTINGS",
     "STEP_SETTINGS",
@@ -79,9 +80,16 @@ class GenerationConfig(Settings):
     block_size: int = setting(16, integer_at_least(1))
     """Tokens per KV-cache block: a sequence holding t tokens holds ceil(t / block_size)."""
     num_kv_blocks: int = setting(0, integer_at_least(0))
-    """KV-cache blocks in all (vLLM's ``num_gpu_blocks_override``); 0: no limit. When a
+    """KV-cache blocks in all (vLLM's ``num_gpu_blocks_override``); 0: no limit (for a model
+    that stores K/V in labserve's blocks: sized from ``kv_cache_bytes`` or a default). When a
     running sequence needs a block and none is free, the newest running sequence is
-    preempted: its blocks are freed and it is recomputed when it runs again."""
+    preempted: its blocks are freed and it is recomputed when it runs again. A start-time
+    setting for a model that stores K/V in labserve's blocks (it sizes that memory)."""
+    kv_cache_bytes: int = setting(0, integer_at_least(0))
+    """The KV memory budget in bytes of a model that stores K/V in labserve's blocks (as
+    vLLM's ``gpu_memory_utilization`` sizes its cache): the pool is this divided by the
+    model's ``kv_bytes_per_token`` x ``block_size`` blocks. 0: ``num_kv_blocks`` if set, else
+    room for ``max_num_seqs`` sequences of the model's ``max_model_len``. A start-time setting."""
     max_queue_size: int = setting(10_000, integer_at_least(1))
     """Most sequences waiting; the next one is refused at admission (QueueFullError)."""
     request_timeout_ms: float = setting(60_000.0, _MILLISECONDS)
@@ -121,9 +129,13 @@ ARRIVAL_SETTINGS: tuple[str, ...] = (
 )
 """Settings that act on arrivals: a live change acts at once, on every sequence admitted
 after it (the goodput targets: on the next snapshot)."""
-START_SETTINGS: tuple[str, ...] = ("block_size",)
+START_SETTINGS: tuple[str, ...] = ("block_size", "kv_cache_bytes")
 """Settings that size memory or fix a contract at start: refused live (``ConfigError``, a
 422 over HTTP); set them in the decorator, ``Runner(...)`` or the config file."""
+PAGED_START_SETTINGS: tuple[str, ...] = (*START_SETTINGS, "num_kv_blocks")
+"""The start-time settings of a model that stores K/V in labserve's blocks: the pool's size
+is its memory, allocated once (``num_kv_blocks`` stays live for a model with its own caches,
+where it is an account)."""
 STEP_SETTINGS: tuple[str, ...] = tuple(
     name for name in GENERATION_SETTINGS if name not in ARRIVAL_SETTINGS + START_SETTINGS
 )

@@ -48,7 +48,11 @@ def check_lengths(prompt_len: int, max_tokens: int, max_model_len: int = 0) -> N
 
 
 def check_admission(
-    prompt_len: int, max_tokens: int, config: GenerationConfig, max_model_len: int = 0
+    prompt_len: int,
+    max_tokens: int,
+    config: GenerationConfig,
+    max_model_len: int = 0,
+    kv_blocks: int | None = None,
 ) -> None:
     """Raise a typed error if a sequence of these lengths can never run under ``config``.
 
@@ -56,7 +60,8 @@ def check_admission(
         InputError: ``max_tokens`` below 1, or an empty prompt.
         LengthLimitError: the prompt plus ``max_tokens`` exceeds ``max_model_len`` (when
             > 0); the prompt exceeds ``max_num_batched_tokens`` with chunked prefill off;
-            the sequence at its longest needs more KV blocks than ``num_kv_blocks``.
+            the sequence at its longest needs more KV blocks than ``num_kv_blocks`` (or
+            ``kv_blocks``, the pool of a model that stores K/V in labserve's blocks).
     """
     check_lengths(prompt_len, max_tokens, max_model_len)
     total = prompt_len + max_tokens
@@ -69,12 +74,13 @@ def check_admission(
         )
     # The last output is never fed back: P + M - 1 tokens are cached at most.
     blocks = config.blocks_for(total - 1)
-    if config.kv_limited and blocks > config.num_kv_blocks:
+    limit = config.num_kv_blocks if kv_blocks is None else kv_blocks
+    if limit and blocks > limit:
         raise LengthLimitError(
             f"the KV blocks of {total - 1} tokens (block_size {config.block_size})",
             blocks,
-            "num_kv_blocks",
-            config.num_kv_blocks,
+            "num_kv_blocks" if kv_blocks is None else "the model's KV pool in blocks",
+            limit,
         )
 
 

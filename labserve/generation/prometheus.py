@@ -4,7 +4,9 @@ Named as vLLM names what means the same, under labserve's prefix, so a dashboard
 vLLM reads them with the prefix changed: ``labserve_time_to_first_token_seconds``,
 ``labserve_inter_token_latency_seconds``, ``labserve_e2e_request_latency_seconds`` and
 ``labserve_iteration_tokens`` (histograms), ``labserve_num_requests_running``,
-``labserve_num_requests_waiting``, ``labserve_kv_cache_usage_perc`` (gauges),
+``labserve_num_requests_waiting``, ``labserve_kv_cache_usage_perc`` (gauges), and labserve's
+own ``labserve_kv_blocks_used``, ``labserve_kv_blocks_total`` and ``labserve_kv_cache_bytes``
+(the bytes a model that stores K/V in labserve's blocks allocated; absent otherwise),
 ``labserve_num_preemptions``, ``labserve_prompt_tokens``, ``labserve_generation_tokens``
 and ``labserve_sequences`` by outcome (counters, ``_total`` added by the exposition).
 """
@@ -40,7 +42,21 @@ class GenerationCollector(Collector):
         waiting = gauge("labserve_num_requests_waiting", "Sequences waiting.", labels=_LABELS)
         kv = gauge(
             "labserve_kv_cache_usage_perc",
-            "KV blocks used / num_kv_blocks (0 to 1); absent without a KV limit.",
+            "KV blocks used / the pool's blocks (0 to 1); absent without a KV limit.",
+            labels=_LABELS,
+        )
+        blocks = gauge(
+            "labserve_kv_blocks_used", "KV blocks held by running sequences.", labels=_LABELS
+        )
+        blocks_total = gauge(
+            "labserve_kv_blocks_total",
+            "KV blocks in the pool; absent without a limit.",
+            labels=_LABELS,
+        )
+        kv_bytes = gauge(
+            "labserve_kv_cache_bytes",
+            "Bytes of the K/V arrays the model allocated in labserve's blocks; absent for a "
+            "model that keeps its own caches (its KV figures are labserve's account).",
             labels=_LABELS,
         )
         preempt = counter("labserve_num_preemptions", "Preemptions.", labels=_LABELS)
@@ -69,8 +85,12 @@ class GenerationCollector(Collector):
             labels = [s.runner, s.method]
             running.add_metric(labels, s.num_running)
             waiting.add_metric(labels, s.num_waiting)
-            if s.config.kv_limited:
+            blocks.add_metric(labels, s.kv_blocks_used)
+            if s.kv_blocks_total or s.config.kv_limited:
                 kv.add_metric(labels, s.kv_cache_usage)
+                blocks_total.add_metric(labels, s.kv_blocks_total or s.config.num_kv_blocks)
+            if s.kv_memory == "model":
+                kv_bytes.add_metric(labels, s.kv_bytes)
             preempt.add_metric(labels, s.num_preemptions)
             prompt.add_metric(labels, s.prompt_tokens)
             generated.add_metric(labels, s.output_tokens)
@@ -78,7 +98,8 @@ class GenerationCollector(Collector):
                 outcomes.add_metric([*labels, outcome], count)
             for name, family in hists.items():
                 family.add_metric(labels, *_buckets(s.histograms[name]))
-        yield from (running, waiting, kv, preempt, prompt, generated, outcomes)
+        yield from (running, waiting, kv, blocks, blocks_total, kv_bytes)
+        yield from (preempt, prompt, generated, outcomes)
         yield from hists.values()
 
 

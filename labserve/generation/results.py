@@ -27,7 +27,12 @@ _PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 
 @dataclass(frozen=True)
 class StepSeries:
-    """Per-step records as columns (times in seconds): what a lesson plots step by step."""
+    """Per-step records as columns (times in seconds): what a lesson plots step by step.
+
+    A step is *chained* when the next one started as soon as it ended (sequences were still
+    running or waiting after it); the start of a chained step to the next one's start is its
+    whole cost to the run: the model, sampling, detokenising and the driver's hand-offs.
+    """
 
     start_s: F64
     end_s: F64
@@ -38,6 +43,8 @@ class StepSeries:
     num_waiting: I64
     kv_blocks_used: I64
     num_preempted: I64
+    num_context_tokens: I64
+    """Context tokens read by each step's attention (0 where the recorder was not told)."""
 
     @classmethod
     def from_records(cls, records: Sequence[StepRecord]) -> StepSeries:
@@ -59,10 +66,36 @@ class StepSeries:
             num_waiting=i64("num_waiting"),
             kv_blocks_used=i64("kv_blocks_used"),
             num_preempted=i64("num_preempted"),
+            num_context_tokens=i64("num_context_tokens"),
         )
 
     def __len__(self) -> int:
         return len(self.start_s)
+
+    @property
+    def num_batched_tokens(self) -> I64:
+        """New tokens computed by each step (prefill and decode)."""
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def chained(self) -> npt.NDArray[np.bool_]:
+        """Which steps the next step followed at once (work was left; the last step: no).
+
+        A step after which nothing ran or waited was followed by idle time until the next
+        arrival, so its start-to-next-start span is not its cost.
+        """
+        out = np.zeros(len(self), np.bool_)
+        if len(self) > 1:
+            out[:-1] = (self.num_running[:-1] + self.num_waiting[:-1]) > 0
+        return out
+
+    @property
+    def span_s(self) -> F64:
+        """Each step's start to the next one's start, seconds; NaN where not :attr:`chained`."""
+        out = np.full(len(self), np.nan)
+        ok = self.chained
+        out[ok] = self.start_s[1:][ok[:-1]] - self.start_s[:-1][ok[:-1]]
+        return out
 
 
 @dataclass(frozen=True)

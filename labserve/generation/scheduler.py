@@ -35,6 +35,13 @@ live sequence one the config can never run ends it then (``stranded``, with the 
 admission would have given it). Ends are immediate: :meth:`Scheduler.abort` and
 :meth:`Scheduler.expire` end a sequence at once, even while its step is in flight (the
 step's token for it is then dropped); the owner frees its model state before the next step.
+
+KV blocks are a :class:`~labserve.generation.blocks.BlockPool`'s ids, a block table per
+sequence (``SeqState.block_table``): a step's sequences get the blocks their new tokens
+need when it is planned; an end or a preemption gives them back. Blocks given back while
+a step is in flight stay parked until :meth:`Scheduler.complete` (the model may still
+write into them). For a model that stores K/V in labserve's blocks the pool is its memory
+(``kv_pool_blocks``, fixed at start); otherwise it is an account sized by ``num_kv_blocks``.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from typing import Any
 from labserve.base.errors import LabServeError, QueueFullError
 from labserve.config.generation import GenerationConfig
 from labserve.generation.admission import check_admission
+from labserve.generation.blocks import BlockPool
 from labserve.generation.sequence import (
     Finished,
     FinishReason,
@@ -83,6 +91,9 @@ class Scheduler:
         config: the knobs in force; :meth:`configure` replaces them.
         max_model_len: the model's context in tokens (prompt plus outputs); 0: no limit.
         name: the method's name, for errors.
+        kv_pool_blocks: the blocks of a model that stores K/V in labserve's blocks (its
+            memory: fixed, whatever ``num_kv_blocks`` says); 0: the pool is an account
+            of ``num_kv_blocks`` blocks (0: no limit) that follows the config.
 
     >>> s = Scheduler(GenerationConfig(max_num_seqs=2))
     >>> _ = s.add(1, prompt_len=3, max_tokens=2, now=0.0)
@@ -96,7 +107,12 @@ class Scheduler:
     """
 
     def __init__(
-        self, config: GenerationConfig, *, max_model_len: int = 0, name: str = "generate"
+        self,
+        config: GenerationConfig,
+        *,
+        max_model_len: int = 0,
+        name: str = "generate",
+        kv_pool_blocks: int = 0,
     ) -> None:
         self._config = config
         self._pending_config: GenerationConfig | None = None
@@ -108,7 +124,8 @@ class Scheduler:
         self._deadlines: list[tuple[float, int, SeqState]] = []
         self._order = 0
         self._steps = 0
-        self._kv_used = 0
+        self._fixed_pool = kv_pool_blocks > 0
+        self._pool = BlockPool(kv_pool_blocks or config.num_kv_blocks)
         self._inflight: StepPlan | None = None
         self.num_preemptions = 0
         """Preemptions since the scheduler was made."""
@@ -143,7 +160,17 @@ class Scheduler:
     @property
     def kv_blocks_used(self) -> int:
         """KV blocks held by running sequences."""
-        return self._kv_used
+        return self._pool.num_used
+
+    @property
+    def kv_blocks_total(self) -> int:
+        """The KV pool's blocks (0: no limit)."""
+        return self._pool.capacity
+
+    @property
+    def pool(self) -> BlockPool:
+        """The KV block pool (read it from the owner's thread only)."""
+        return self._pool
 
     @property
     def has_work(self) -> bool:
@@ -208,7 +235,7 @@ class Scheduler:
             ValueError: ``seq_id`` is live already.
         """
         config = self.latest_config
-        check_admission(prompt_len, max_tokens, config, self.max_model_len)
+        check_admission(prompt_len, max_tokens, config, self.max_model_len, self._kv_limit())
         if seq_id in self._seqs:
             raise ValueError(f"sequence id {seq_id!r} is live already")
         if len(self._waiting) >= config.max_queue_size:
@@ -298,6 +325,7 @@ class Scheduler:
         if entries:
             self._steps += 1
             self._inflight = plan
+            self._pool.step_started()  # from here, a freed block may still be written to
         return plan
 
     def complete(
@@ -321,6 +349,7 @@ class Scheduler:
         if plan is not self._inflight:
             raise RuntimeError("complete() got a plan that is not the step in flight")
         self._inflight = None
+        self._pool.step_ended()
         finished: list[Finished] = []
         seqs = self._seqs
         for entry in plan.scheduled:
@@ -351,7 +380,7 @@ class Scheduler:
             num_decode_tokens=plan.num_batched_tokens - plan.num_prefill_tokens,
             num_running=len(self._running),
             num_waiting=len(self._waiting),
-            kv_blocks_used=self._kv_used,
+            kv_blocks_used=self._pool.num_used,
             num_preempted=len(plan.preempted),
             stop_reason=plan.stop_reason,
         )
@@ -369,7 +398,7 @@ class Scheduler:
         """
         config = self.config
         threshold = config.long_prefill_token_threshold
-        limit = config.num_kv_blocks
+        pool = self._pool
         block_size = config.block_size
         running = self._running
         i = 0
@@ -380,18 +409,17 @@ class Scheduler:
             if 0 < threshold < want:
                 want = threshold
             count = want if want < budget else budget
-            need = -(-(computed + count) // block_size)
-            if need > seq.blocks:
-                if limit and self._kv_used + need - seq.blocks > limit:
+            more = -(-(computed + count) // block_size) - len(seq.block_table)
+            if more > 0:
+                if pool.can_allocate(more):
+                    pool.allocate(seq.block_table, more)
+                else:
                     before = len(preempted)
                     fits = self._make_room(seq, computed + count, preempted)
                     budget += self._unschedule(scheduled, preempted[before:])
                     if not fits:
                         break  # it was the newest: it preempted itself
                     i = running.index(seq)  # victims planned already may sit before it
-                else:
-                    self._kv_used += need - seq.blocks
-                    seq.blocks = need
             scheduled[seq.id] = self._entry(seq, count)
             budget -= count
             i += 1
@@ -445,17 +473,18 @@ class Scheduler:
 
     # -- KV blocks ------------------------------------------------------------------------
 
+    def _kv_limit(self) -> int | None:
+        """The model's pool in blocks, or None: ``config.num_kv_blocks`` is the limit."""
+        return self._pool.capacity if self._fixed_pool else None
+
     def _fits(self, seq: SeqState, tokens: int) -> bool:
-        if not self.config.kv_limited:
-            return True
-        more = self.config.blocks_for(tokens) - seq.blocks
-        return self._kv_used + more <= self.config.num_kv_blocks
+        more = self.config.blocks_for(tokens) - len(seq.block_table)
+        return more <= 0 or self._pool.can_allocate(more)
 
     def _grow(self, seq: SeqState, tokens: int) -> None:
-        blocks = self.config.blocks_for(tokens)
-        if blocks > seq.blocks:
-            self._kv_used += blocks - seq.blocks
-            seq.blocks = blocks
+        more = self.config.blocks_for(tokens) - len(seq.block_table)
+        if more > 0:
+            self._pool.allocate(seq.block_table, more)
 
     def _make_room(self, seq: SeqState, tokens: int, preempted: list[int]) -> bool:
         """Preempt until ``seq`` can hold ``tokens``; False if ``seq`` itself was preempted."""
@@ -476,8 +505,8 @@ class Scheduler:
 
     def _preempt(self, seq: SeqState) -> None:
         self._running.remove(seq)
-        self._kv_used -= seq.blocks
-        seq.blocks = 0
+        self._pool.free(seq.block_table)
+        seq.block_table = []
         seq.num_computed = 0
         seq.status = "preempted"
         seq.num_preemptions += 1
@@ -514,9 +543,9 @@ class Scheduler:
         seq.status = "finished"
         seq.finish_reason = reason
         del self._seqs[seq.id]
-        if seq.blocks:
-            self._kv_used -= seq.blocks
-            seq.blocks = 0
+        if seq.block_table:
+            self._pool.free(seq.block_table)
+            seq.block_table = []
         return Finished(
             seq_id=seq.id,
             outcome=_OUTCOME[reason],
@@ -534,11 +563,8 @@ class Scheduler:
         """Put ``config`` in force; end the live sequences it can never run (``stranded``)."""
         self._pending_config = None
         old, self._config = self._config, config
-        if config.block_size != old.block_size:
-            self._kv_used = 0
-            for seq in self._running:
-                seq.blocks = config.blocks_for(seq.num_computed)
-                self._kv_used += seq.blocks
+        if not self._fixed_pool:
+            self._resize_account(old, config)
         self._waiting.reorder(config.scheduling_policy)
         # A sequence that has run (running, or preempted to be recomputed) computes what
         # is left of its prefill in chunks whatever the chunking setting (rules 1 and 2),
@@ -548,7 +574,28 @@ class Scheduler:
         for seq in list(self._seqs.values()):
             try:
                 rules = config if seq.status == "waiting" else chunked
-                check_admission(seq.prompt_len, seq.max_tokens, rules, self.max_model_len)
+                check_admission(
+                    seq.prompt_len, seq.max_tokens, rules, self.max_model_len, self._kv_limit()
+                )
             except LabServeError as error:
                 stranded.append(self._finish(seq, "stranded", now, error))
         return stranded
+
+    def _resize_account(self, old: GenerationConfig, config: GenerationConfig) -> None:
+        """Follow a live ``num_kv_blocks`` or ``block_size`` change (an account, not memory).
+
+        Between steps, so nothing is parked. A new block size re-counts each running
+        sequence's computed tokens; a pool shrunk below what is held stays over until the
+        newest running sequences are preempted for room (rule 1).
+        """
+        if config.block_size != old.block_size:
+            for seq in self._running:
+                self._pool.free(seq.block_table)
+                seq.block_table = []
+        if config.num_kv_blocks != old.num_kv_blocks or config.block_size != old.block_size:
+            self._pool.resize(config.num_kv_blocks)
+        if config.block_size != old.block_size:
+            for seq in self._running:
+                self._pool.allocate(
+                    seq.block_table, config.blocks_for(seq.num_computed), force=True
+                )

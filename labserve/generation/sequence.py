@@ -71,7 +71,7 @@ class SeqState:
 
     __slots__ = (
         "arrival_s",
-        "blocks",
+        "block_table",
         "deadline_s",
         "finish_reason",
         "first_scheduled_s",
@@ -118,10 +118,15 @@ class SeqState:
         self.num_tokens = prompt_len  # known: prompt + outputs so far
         self.num_computed = 0  # in the KV cache
         self.num_output = 0
-        self.blocks = 0  # KV blocks held
+        self.block_table: list[int] = []  # the pool blocks holding its positions, in order
         self.num_preemptions = 0
         self.first_scheduled_s: float | None = None
         self.token_times_s: list[float] = []  # when each output token was produced
+
+    @property
+    def blocks(self) -> int:
+        """KV blocks held."""
+        return len(self.block_table)
 
     @property
     def finished(self) -> bool:
@@ -210,6 +215,18 @@ class StepPlan:
         """Whether there is nothing to compute (nothing runs or waits)."""
         return not self.scheduled
 
+    @property
+    def num_context_tokens(self) -> int:
+        """Context tokens the step's attention reads (each new token reads all up to its own).
+
+        ``count`` new tokens from ``start`` read ``count * start`` cached tokens plus
+        ``count * (count + 1) / 2`` of their own.
+        """
+        return sum(
+            e.num_new_tokens * e.start + e.num_new_tokens * (e.num_new_tokens + 1) // 2
+            for e in self.scheduled
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
@@ -228,3 +245,7 @@ class StepRecord:
     kv_blocks_used: int
     num_preempted: int
     stop_reason: StopReason
+    num_context_tokens: int = 0
+    """Context tokens read by the step's attention (:attr:`StepPlan.num_context_tokens`),
+    filled in by the step's owner (the driver, the simulator) from its plan; 0 when the
+    owner did not count them. What a step's cost is fitted on beside the token counts."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -24,7 +24,16 @@ from labserve.generation.sequence import SEQ_OUTCOMES, Finished, SeqOutcome, Ste
 from labserve.metrics.histogram import LogHistogram
 from labserve.metrics.recorder import LATENCY_BOUNDS_S
 
-__all__ = ["ITERATION_TOKEN_BOUNDS", "GenerationRecorder", "GenerationSnapshot", "Histogram"]
+__all__ = [
+    "ITERATION_TOKEN_BOUNDS",
+    "GenerationRecorder",
+    "GenerationSnapshot",
+    "Histogram",
+    "KvMemory",
+]
+
+KvMemory = Literal["model", "accounting"]
+"""Whose KV figures a snapshot gives: the model's memory, or labserve's account of it."""
 
 _METRICS = ("ttft", "itl", "tpot", "e2e")
 _TIMED = ("ttft", "itl", "e2e")  # the latencies kept as histograms since the last reset
@@ -75,11 +84,21 @@ class GenerationSnapshot:
     histograms: dict[str, Histogram]
     """Since the last reset, in seconds: ``ttft``, ``itl``, ``e2e`` of served sequences, and
     ``iteration_tokens`` (tokens computed per step), for ``/metrics``."""
+    kv_blocks_total: int = 0
+    """The KV pool's blocks (0: no limit). For a model that stores K/V in labserve's blocks,
+    the blocks it allocated at start, whatever ``config.num_kv_blocks`` says."""
+    kv_bytes: int = 0
+    """Bytes of the K/V arrays the model allocated (``allocate_kv``); 0 when ``kv_memory``
+    is ``accounting``."""
+    kv_memory: KvMemory = "accounting"
+    """``model``: the KV figures are the memory the model holds (it stores K/V in labserve's
+    blocks); ``accounting``: the model keeps its own caches, and the blocks are labserve's
+    count of what its sequences would need, not the model's memory."""
 
     @property
     def kv_cache_usage(self) -> float:
-        """KV blocks used over the budget (0 to 1); NaN when the KV cache has no limit."""
-        total = self.config.num_kv_blocks
+        """KV blocks used over the pool (0 to 1); NaN when the KV cache has no limit."""
+        total = self.kv_blocks_total or self.config.num_kv_blocks
         return self.kv_blocks_used / total if total else math.nan
 
     def as_dict(self) -> dict[str, Any]:
@@ -102,7 +121,10 @@ class GenerationSnapshot:
             "num_running": self.num_running,
             "num_waiting": self.num_waiting,
             "kv_blocks_used": self.kv_blocks_used,
+            "kv_blocks_total": self.kv_blocks_total,
             "kv_cache_usage": clean(self.kv_cache_usage),
+            "kv_bytes": self.kv_bytes,
+            "kv_memory": self.kv_memory,
             "outcomes": dict(self.outcomes),
             "num_preemptions": self.num_preemptions,
             "prompt_tokens": self.prompt_tokens,
@@ -209,6 +231,9 @@ class GenerationRecorder:
         running: int,
         waiting: int,
         kv_blocks_used: int,
+        kv_blocks_total: int = 0,
+        kv_bytes: int = 0,
+        kv_memory: KvMemory = "accounting",
     ) -> GenerationSnapshot:
         """The figures at ``now``: percentiles and rates over the last ``window_s``."""
         start = max(now - self.window_s, self._since_s)
@@ -238,6 +263,9 @@ class GenerationRecorder:
             goodput=meets / span,
             steps=StepSeries.from_records(list(self._steps)),
             histograms=self._histograms(),
+            kv_blocks_total=kv_blocks_total,
+            kv_bytes=kv_bytes,
+            kv_memory=kv_memory,
         )
 
     def _histograms(self) -> dict[str, Histogram]:

@@ -1,12 +1,13 @@
 """A Hugging Face causal language model served by continuous batching: the page of code.
 
-labserve owns the schedule, the KV budget's accounting, sampling, stop rules and each
-sequence's life; this class owns the tensors: one ``past_key_values`` per sequence. A step
-runs each of its sequences' new tokens (a prefill chunk, or the last token) through the
-model with that sequence's cache, one sequence after another. That keeps the page short and
-exact; fusing a step's rows into one call needs a paged-attention kernel (what vLLM adds),
-and is where a GPU's batching gains come from. Needs torch and transformers (the ``text``
-extra); imported only when a model is wrapped.
+labserve owns the schedule, the KV blocks (which block is whose), sampling, stop rules and
+each sequence's life; this class owns the tensors. A step is one forward over all of its
+sequences, decodes and prefill chunks together, with the K/V kept in labserve's blocks: a
+:class:`~labserve.lab.generation.paged_kv.PagedKVCache` (a transformers ``Cache``) writes
+each new token's K/V at its slot and reads a sequence's context through its block table,
+with per-token ``position_ids`` and a prepared 4-D mask. Needs torch and transformers (the
+``text`` extra, transformers pinned to the version this was tested with); imported only
+when a model is wrapped.
 
 >>> from transformers import AutoModelForCausalLM, AutoTokenizer   # doctest: +SKIP
 >>> lm = labserve.Runner(HFDecoder(AutoModelForCausalLM.from_pretrained(path),
@@ -16,30 +17,40 @@ extra); imported only when a model is wrapped.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from labserve.generation.batch import SeqBatch
+from labserve.lab.generation.own_blocks import OwnBlocks
 from labserve.runtime.runnable import Runnable, method
 
 __all__ = ["HFDecoder"]
 
+OWN_BLOCK_SIZE = 16
+"""Positions a block holds when the decoder keeps its own block tables (see the class)."""
+
 
 class HFDecoder(Runnable):
     """Serve ``model`` (a transformers causal LM) with ``tokenizer`` (None: token-id prompts).
+
+    K/V live in labserve's blocks: the runtime calls :meth:`allocate_kv` once, then hands
+    every step each sequence's block table. A runtime (or :func:`~labserve.lab.steps.
+    profile_steps`) that hands none gets the same batched step on tables the decoder keeps
+    itself, in a pool that grows as needed; ``free_sequences`` and ``rollback_step`` act on
+    those alone.
+
+    Batched models: every layer full attention whose K/V go through ``Cache.update`` (GPT-2,
+    Llama and its kin, grouped-query attention included). Sliding-window, chunked or linear
+    attention layers and encoder-decoders cannot take the one 4-D mask a step gives: such a
+    model is refused with a ``TypeError`` naming why.
 
     ``threads`` sets torch's intra-op thread count (process-wide: torch has one), 1 by
     default: the model shares the machine with labserve's event loop and the callers, and
     with torch's default (one thread per core) a step's threads wait on a busy core — steps
     of 0.7-2.3 s where 8 ms is typical were measured on 2 cores (issue 32). None leaves
     torch's setting as it is.
-
-    ``rollback_step`` cuts each cache back by transformers' ``crop``, which some caches
-    cannot do (a sliding window past its size, a recurrent state whose past is not
-    recorded): such a sequence's cache is dropped, and its next step raises for it alone.
     """
 
     def __init__(
@@ -56,19 +67,25 @@ class HFDecoder(Runnable):
             if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
                 raise ValueError(f"threads must be an integer >= 1 or None, got {threads!r}")
             torch.set_num_threads(threads)
+        config = model.config
+        _check_batchable(config)
+        if config._attn_implementation not in ("sdpa", "eager"):  # both take a 4-D mask
+            model.set_attn_implementation("sdpa")
         self._torch = torch
         self.model = model.eval()
         self.tokenizer = tokenizer
-        config = model.config
         self.vocab_size = int(config.vocab_size)
         eos = tokenizer.eos_token_id if tokenizer is not None else config.eos_token_id
         self.eos_token_id = eos if isinstance(eos, int) else None
         self.max_model_len = max_model_len or int(getattr(config, "max_position_embeddings", 0))
-        self._past: dict[int, Any] = {}  # each sequence's cache (a transformers Cache)
-        self._lost: dict[int, str] = {}  # sequences whose cache a rollback could not cut: why
-        # transformers 5 names the cache argument ``cache``; earlier ones ``past_key_values``.
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        heads = int(config.num_attention_heads)
+        self._hidden = int(config.hidden_size)
+        self._layers = int(config.num_hidden_layers)
+        self._kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        self._head_dim = int(getattr(config, "head_dim", None) or self._hidden // heads)
+        self._dtype = model.dtype
+        self._cache: Any = None  # the PagedKVCache, from allocate_kv
+        self._own: OwnBlocks | None = None  # tables the decoder keeps when none are handed
 
     # -- text: what labserve asks of the model when prompts are strings ------------------------
 
@@ -82,79 +99,127 @@ class HFDecoder(Runnable):
         """The text of ``ids``, or none without a tokenizer (labserve shows what each adds)."""
         return str(self.tokenizer.decode(list(ids))) if self.tokenizer is not None else ""
 
+    # -- the paged-KV declaration ---------------------------------------------------------------
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token's K and V take over all layers (sizes the pool from a budget)."""
+        itemsize = self._torch.empty((), dtype=self._dtype).element_size()
+        return 2 * self._layers * self._kv_heads * self._head_dim * itemsize
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> list[Any]:
+        """Allocate the K/V pool; return its tensors (their ``nbytes`` are the KV memory).
+
+        Per layer a K and a V of ``[num_blocks * block_size, kv_heads, head_dim]`` in the
+        model's dtype; a token's K/V are a row of each.
+
+        Raises:
+            ValueError: ``num_blocks`` or ``block_size`` below 1.
+        """
+        from labserve.lab.generation.paged_kv import PagedKVCache
+
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self._cache = PagedKVCache(
+            self._layers, num_blocks * block_size, self._kv_heads, self._head_dim, self._dtype
+        )
+        self._own = None
+        return list(self._cache.tensors)
+
     # -- the step --------------------------------------------------------------------------------
 
     @method(generative=True, max_num_seqs=16, max_num_batched_tokens=512)
     def generate(self, batch: SeqBatch) -> np.ndarray:
-        """Each sequence's new tokens through the model; the next-token logits of each sampler."""
-        torch = self._torch
-        for seq_id, _, start, _ in batch:  # before any runs: a step that raises runs none
-            self._check_cache(seq_id, start)
-        rows = []
-        with torch.inference_mode():
-            for seq_id, tokens, start, samples in batch:
-                past = self._past.get(seq_id) if start else None
-                ids = torch.as_tensor(tokens, dtype=torch.long)[None]
-                out = self.model(input_ids=ids, use_cache=True, **{self._cache_arg: past})
-                self._past[seq_id] = out[self._cache_arg]
-                if samples:
-                    rows.append(out.logits[0, -1].float().numpy())
-        return np.stack(rows) if rows else np.zeros((0, self.vocab_size))
+        """One forward over the step's sequences; the next-token logits of each sampler."""
+        if not len(batch):
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        tables, block_size = batch.block_tables, batch.block_size
+        if not tables:
+            tables, block_size = self._own_tables(batch)
+        from labserve.lab.generation.paged_kv import plan_step
 
-    # -- the hooks labserve calls ------------------------------------------------------------------
+        plan = plan_step(
+            batch.tokens,
+            batch.starts,
+            batch.samples,
+            tables,
+            block_size,
+            hidden_size=self._hidden,
+            dtype=self._dtype,
+        )
+        logits = self._forward(plan)
+        if self._own is not None and not batch.block_tables:
+            self._own.ran(batch)
+        return logits
+
+    def _forward(self, plan: Any) -> np.ndarray:
+        """Run the model on ``plan``; the sampled rows' logits as float32."""
+        torch, cache = self._torch, self._cache
+        cache.bind(plan)
+        try:
+            with torch.inference_mode():
+                out = self.model(
+                    input_ids=plan.input_ids,
+                    position_ids=plan.position_ids,
+                    attention_mask=plan.mask,
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=plan.keep,
+                )
+            cache.check_all_layers_ran()
+        finally:
+            cache.bind(None)
+        rows = out.logits.reshape(-1, out.logits.shape[-1])
+        picked: np.ndarray = rows.index_select(0, plan.pick).float().numpy()
+        return picked
+
+    def _own_tables(self, batch: SeqBatch) -> tuple[tuple[tuple[int, ...], ...], int]:
+        """Block tables for a step that came without: the decoder's own, grown to fit."""
+        if self._own is None:
+            if self._cache is not None:
+                raise RuntimeError(
+                    "this step has no block tables, but the runtime allocated the K/V pool"
+                    " (allocate_kv): it must hand every step its tables"
+                )
+            self.allocate_kv(64, OWN_BLOCK_SIZE)
+            self._own = OwnBlocks(64, OWN_BLOCK_SIZE)
+        need = self._own.blocks_needed(batch)  # raises before anything runs
+        if need > self._own.num_free:
+            grow = max(need - self._own.num_free, self._own.num_blocks)  # at least double
+            self._cache.grow(grow * OWN_BLOCK_SIZE)
+            self._own.add_blocks(grow)
+        return self._own.extend(batch), OWN_BLOCK_SIZE
+
+    # -- the hooks labserve calls when it hands no block tables ---------------------------------
 
     def free_sequences(self, seq_ids: Sequence[int]) -> None:
-        """Drop the caches of sequences that ended or were preempted."""
-        for seq_id in seq_ids:
-            self._past.pop(seq_id, None)
-            self._lost.pop(seq_id, None)
+        """Return the blocks of sequences that ended or were preempted (own tables only)."""
+        if self._own is not None:
+            self._own.release(seq_ids)
 
     def rollback_step(self, batch: SeqBatch) -> None:
-        """Undo a step that raised: each sequence's cache cut back to its ``start`` tokens.
+        """Undo a step that raised: each sequence's own table cut back to ``start`` tokens.
 
-        A sequence at start 0 loses its cache. Each layer is cut on its own, as a step can
-        raise inside the model after some of a sequence's layers took its new tokens.
+        A sequence at start 0 loses its table. With the runtime's tables nothing needs
+        undoing: a retried step rewrites the same slots.
         """
-        for seq_id, _, start, _ in batch:
-            past = self._past.get(seq_id)
-            if past is None:
-                continue
-            if start == 0:
-                del self._past[seq_id]
-                continue
-            try:
-                _crop(past, start)
-            # transformers' refusals: a cache that cannot go back (see the class docstring).
-            except (RuntimeError, ValueError) as exc:
-                del self._past[seq_id]
-                self._lost[seq_id] = f"a rollback could not cut it back to {start} tokens: {exc}"
-
-    def _check_cache(self, seq_id: int, start: int) -> None:
-        """Raise unless the sequence's cache holds exactly the ``start`` tokens before it."""
-        if start == 0:
-            self._lost.pop(seq_id, None)
-            return
-        past = self._past.get(seq_id)
-        if past is None:
-            why = self._lost.get(seq_id, "none was kept")
-            raise RuntimeError(f"sequence {seq_id} has no cache for its {start} tokens ({why})")
-        held = int(past.get_seq_length())
-        if held != start:
-            raise RuntimeError(
-                f"sequence {seq_id}'s cache holds {held} tokens; its step starts at {start}"
-            )
+        if self._own is not None and not batch.block_tables:
+            self._own.cut(batch)
 
 
-def _crop(past: Any, start: int) -> None:
-    """Cut each layer of ``past`` (a transformers 5 Cache) back to ``start`` tokens.
-
-    transformers 5 refuses ``crop(n)`` with n > 0 (the old "keep n tokens"); it takes the
-    number of tokens to remove, negated.
-    """
-    for layer in past.layers:
-        length = getattr(layer, "get_seq_length", None)  # a DummyLayer holds none
-        if length is None:
-            continue
-        extra = int(length()) - start
-        if extra > 0:
-            layer.crop(-extra)
+def _check_batchable(config: Any) -> None:
+    """Raise TypeError unless every layer is full attention that one 4-D mask can steer."""
+    if getattr(config, "is_encoder_decoder", False):
+        raise TypeError("HFDecoder batches decoder-only models; this one is an encoder-decoder")
+    kinds = set(getattr(config, "layer_types", None) or ())
+    if kinds - {"full_attention"}:
+        raise TypeError(
+            f"HFDecoder batches full-attention layers only; this model has {sorted(kinds)}"
+            " (a sliding, chunked or linear layer needs a mask or state of its own)"
+        )
+    if not kinds and getattr(config, "sliding_window", None):
+        raise TypeError(
+            f"HFDecoder batches full-attention layers only; this model attends over a sliding"
+            f" window of {config.sliding_window} tokens"
+        )

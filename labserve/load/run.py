@@ -25,7 +25,7 @@ from labserve.load.records import Control, RunRecord, Sender, clock_s
 from labserve.metrics.results import RunResult
 from labserve.runtime.loop import BackgroundLoop
 
-__all__ = ["LoadRun", "closed_loop", "open_loop", "start_run"]
+__all__ = ["LoadRun", "closed_loop", "open_loop", "schedule_kept", "start_run"]
 
 RecordT = TypeVar("RecordT", bound=RunRecord)
 if TYPE_CHECKING:  # a bare ``LoadRun`` is a request run (TypeVar defaults: typing has them in 3.13)
@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # a bare ``LoadRun`` is a request run (TypeVar defaults: typi
 else:
     ResultT = TypeVar("ResultT")
 
-# Behind schedule by more than this (p99), the run says it could not keep the rate.
+# A send later than this (or a tenth of the gap between sends) is late: see schedule_kept.
 _LAG_LIMIT_S = 0.005
 # How often a blocking wait wakes to let Ctrl-C in (a lock wait is not interruptible).
 _WAKE_S = 0.05
@@ -151,14 +151,35 @@ def _wait_future(future: concurrent.futures.Future[Any], timeout: float | None) 
                 raise
 
 
+def schedule_kept(lag_s: np.ndarray, rate_rps: float) -> tuple[bool, str]:
+    """Whether an open loop kept its schedule, and by what that is judged, in words.
+
+    A send is late when it went out more than a tenth of the mean gap between sends after
+    its time (at least 5 ms): late by less, the next send's time is not reached. The
+    schedule is kept unless more than one send, and more than 1% of them, were late: a
+    generator that cannot keep a rate falls further behind with every send, while one
+    pause (a collection, the machine's other work) delays one or two. A lone 94 ms pause
+    at 4 req/s (9 sends) is kept; 2% of sends 20 ms late at 100 req/s is not.
+    """
+    limit_s = max(_LAG_LIMIT_S, 0.1 / rate_rps) if rate_rps > 0 else _LAG_LIMIT_S
+    late = int(np.count_nonzero(lag_s > limit_s))
+    kept = late <= max(1, 0.01 * len(lag_s))
+    p50, p99 = np.percentile(lag_s, [50, 99]) * 1000.0 if len(lag_s) else (0.0, 0.0)
+    said = (
+        f"{late:,} of {len(lag_s):,} sends more than {limit_s * 1000:.3g} ms late "
+        f"(send lag p50 {p50:.2f} ms, p99 {p99:.2f} ms, max "
+        f"{float(lag_s.max(initial=0.0)) * 1000:.2f} ms)"
+    )
+    return kept, said
+
+
 def _warn_if_behind(lag_s: np.ndarray, rate_rps: float, stacklevel: int = 1, why: str = "") -> None:
-    p99 = float(np.percentile(lag_s, 99))
-    if p99 > _LAG_LIMIT_S:
+    kept, said = schedule_kept(lag_s, rate_rps)
+    if not kept:
         rate = f"{rate_rps:,.0f}" if rate_rps >= 100 else f"{rate_rps:,.2f}"
         warnings.warn(
             LoadWarning(
-                f"the load generator could not keep {rate} req/s: sends fell behind "
-                f"schedule by up to {lag_s.max() * 1000:.1f} ms (p99 {p99 * 1000:.1f} ms); "
+                f"the load generator could not keep {rate} req/s: {said}; "
                 f"latencies are measured from the intended send times{why}"
             ),
             stacklevel=stacklevel + 1,

@@ -556,4 +556,6 @@ class Runner:
 
     def __repr__(self) -> str:
         state = "stopped" if self._stopped else "ready"
-        return f"<Runner {self.name!r} methods={list(self.methods)} {state}>"
+        kinds = {n: "batchable" if m.batchable else "plain" for n, m in self.methods.items()}
+        kinds |= {n: "generative" for n in self.generators}
+        return f"<Runner {self.name!r} methods={kinds} {state}>"

@@ -12,14 +12,15 @@ from typing import Any
 
 from labserve._version import __version__
 from labserve.runtime.runner import RunnerMethod
-from labserve.server.exchange import Exchange, Reply, json_reply
+from labserve.server.exchange import Exchange, Reply, generator_names, json_reply
+from labserve.server.openai import CHAT_PATH, COMPLETIONS_PATH
 from labserve.server.routing import Route, Verb
 from labserve.server.state import ServerState
 from labserve.server.v2 import models
 from labserve.wire.codec import JSON, NPY
 from labserve.wire.inference import BINARY
 
-__all__ = ["index", "openapi"]
+__all__ = ["completion_curl", "document", "index", "openai_client", "openapi"]
 
 _ERROR = {
     "type": "object",
@@ -77,12 +78,46 @@ def _curl(base: str, method: RunnerMethod, state: ServerState) -> str:
     )
 
 
+def completion_curl(base: str, model: str, *, token: bool = False) -> str:
+    """A ``curl`` that asks ``model`` for a completion at ``base`` (``http://host:port``).
+
+    ``token``: every route needs the token (a non-loopback bind): the curl sends ``$TOKEN``.
+    """
+    auth = ' -H "Authorization: Bearer $TOKEN"' if token else ""
+    body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 16})
+    return f"curl {base}{COMPLETIONS_PATH}{auth} -H 'Content-Type: application/json' -d '{body}'"
+
+
+def openai_client(base: str, *, token: bool = False) -> str:
+    """The line that points the ``openai`` client at ``base``: its base URL and key.
+
+    ``token``: every route needs the token, which goes as the key.
+    """
+    if token:
+        key, why = '"<token>"', "the server's token"
+    else:
+        key, why = '"unused"', "any key: this server asks for none"
+    return f'openai.OpenAI(base_url="{base}/v1", api_key={key})  # {why}'
+
+
+def _generative(base: str, model: str, state: ServerState) -> dict[str, Any]:
+    return {
+        "generative": True,
+        "model": model,
+        "routes": [COMPLETIONS_PATH, CHAT_PATH],
+        "openai_base_url": f"{base}/v1",
+        "example": completion_curl(base, model, token=state.token_everywhere),
+    }
+
+
 def _methods(ex: Exchange, base: str) -> dict[str, Any]:
     v2_names: dict[RunnerMethod, list[str]] = {}
     for name, m in models(ex.state.runners).items():
         v2_names.setdefault(m, []).append(name)
-    return {
-        runner_name: {
+    model_of = {id(g): name for name, g in generator_names(ex.state.runners).items()}
+    described: dict[str, Any] = {}
+    for runner_name, runner in ex.state.runners.items():
+        entry = described[runner_name] = {
             m.name: {
                 "batchable": m.batchable,
                 "route": f"/runners/{runner_name}/{m.name}",
@@ -92,8 +127,9 @@ def _methods(ex: Exchange, base: str) -> dict[str, Any]:
             }
             for m in runner.methods.values()
         }
-        for runner_name, runner in ex.state.runners.items()
-    }
+        for name, gen in runner.generators.items():
+            entry[name] = _generative(base, model_of[id(gen)], ex.state)
+    return described
 
 
 def _routes(table: Sequence[Route]) -> list[dict[str, Any]]:
@@ -116,6 +152,11 @@ def index(table: Sequence[Route]) -> Verb:
                 "runners": _methods(ex, base),
                 "routes": _routes(table),
                 "openai_models": sorted(ex.backend.generators()),
+                "openai_client": (
+                    openai_client(base, token=ex.state.token_everywhere)
+                    if ex.backend.generators()
+                    else None
+                ),
                 "openapi": "/openapi.json",
                 "token": (
                     "every route needs it"

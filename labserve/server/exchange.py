@@ -38,7 +38,7 @@ from labserve.base.errors import (
     UnsupportedMediaTypeError,
 )
 from labserve.generation.api import Generator
-from labserve.runtime.runner import RunnerMethod
+from labserve.runtime.runner import Runner, RunnerMethod
 from labserve.runtime.served import ServedMethod
 from labserve.server.state import ServerState
 from labserve.wire.codec import JSON
@@ -59,6 +59,7 @@ __all__ = [
     "allowed",
     "error_reply",
     "error_style",
+    "generator_names",
     "json_reply",
     "log",
     "typed_call",
@@ -174,6 +175,19 @@ def error_style(path: str) -> ErrorStyle:
     return "labserve"
 
 
+def generator_names(runners: Mapping[str, Runner]) -> dict[str, Generator]:
+    """The OpenAI model name of each runner's generative method, by name.
+
+    The runner's name when it has one generative method, ``runner.method`` when several.
+    """
+    served: dict[str, Generator] = {}
+    for name, runner in runners.items():
+        gens = runner.generators
+        for method, gen in gens.items():
+            served[name if len(gens) == 1 else f"{name}.{method}"] = gen
+    return served
+
+
 class Backend:
     """What differs between servers: where ``/stats``, ``/metrics`` and live config go.
 
@@ -194,12 +208,7 @@ class Backend:
         A runner's generative method is the model named after the runner (``runner.method``
         when the runner has several), beside those given explicitly.
         """
-        served: dict[str, Generator] = dict(self._generators)
-        for name, runner in self.state.runners.items():
-            gens = runner.generators
-            for method, gen in gens.items():
-                served[name if len(gens) == 1 else f"{name}.{method}"] = gen
-        return served
+        return {**self._generators, **generator_names(self.state.runners)}
 
     async def stats(self) -> dict[str, Any]:
         """``/stats``: every method's snapshot as a dict, by runner and method."""

@@ -33,6 +33,8 @@ from labserve.server.openai_request import (
 from labserve.wire.codec import JSON, load_json
 
 __all__ = [
+    "CHAT_PATH",
+    "COMPLETIONS_PATH",
     "IGNORED",
     "NEUTRAL",
     "ROLES",
@@ -198,7 +200,13 @@ def _body(own: str, schema: dict[str, Any]) -> dict[str, Any]:
         "stream_options": {
             "type": "object",
             "description": 'only with "stream": true',
-            "properties": {"include_usage": {"type": "boolean"}},
+            "properties": {
+                "include_usage": {"type": "boolean"},
+                "continuous_usage_stats": {
+                    "type": "boolean",
+                    "description": "accepted (vLLM's); usage still comes once, in the last chunk",
+                },
+            },
         },
     }
     body = {"type": "object", "required": ["model", own], "properties": properties}
@@ -218,10 +226,13 @@ _MESSAGES = {
     },
 }
 
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
+
 ROUTES = (
     Route("/v1/models", {"GET": Verb(_models, "The served generative models (OpenAI's shape)")}),
     Route(
-        "/v1/completions",
+        COMPLETIONS_PATH,
         {
             "POST": Verb(
                 _completions,
@@ -232,7 +243,7 @@ ROUTES = (
         },
     ),
     Route(
-        "/v1/chat/completions",
+        CHAT_PATH,
         {
             "POST": Verb(
                 _chat,

@@ -43,7 +43,12 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 """The chat roles OpenAI's API accepts (``function`` is its deprecated form of ``tool``)."""
 SEED_RANGE = (-(2**63), 2**64 - 1)
 """The seeds the routes take: any int64 (vLLM's range) or uint64 (what a hash gives)."""
-_STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation"})  # the second: ignored
+# include_obfuscation (OpenAI's padding against length side channels) changes nothing on the
+# wire labserve needs: ignored. continuous_usage_stats is vLLM's "usage on every chunk":
+# guidellm 0.8.1 sends it on every streamed request (a 400 failed all of them) and aiperf with
+# --per-chunk-usage; labserve answers it with usage in the last chunk only, as include_usage
+# does (a stream learns its token count when it ends), and both clients read the last usage.
+_STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation", "continuous_usage_stats"})
 
 
 def _int(body: Mapping[str, Any], key: str, low: int) -> int | None:

@@ -189,15 +189,15 @@ def config_changes(
     if "method" in body and not isinstance(body["method"], dict):
         return [_flat_change(state, dict(body))]
     if not body:
-        raise InputError(
-            'body names no method: send GET /config\'s shape, {"runner": {"method": {...}}}'
-        )
+        raise InputError(f"body names no method: {_what_to_send(state, {})}")
     changes = []
     for runner_name, methods in body.items():
         if not isinstance(methods, dict):
+            # Most often a setting sent alone ({"max_num_seqs": 8}): say both shapes.
             raise InputError(
                 f"body[{runner_name!r}] must be an object of methods' settings, as "
-                f"GET /config returns, got {type(methods).__name__}"
+                f"GET /config returns, got {type(methods).__name__}; "
+                f"{_what_to_send(state, body)}"
             )
         for method_name, settings in methods.items():
             if not isinstance(settings, dict):
@@ -207,6 +207,23 @@ def config_changes(
                 )
             changes.append((_configurable(state, runner_name, method_name), dict(settings)))
     return changes
+
+
+def _what_to_send(state: ServerState, body: dict[str, Any]) -> str:
+    """The two shapes PATCH /config takes, written for a method served here and ``body``."""
+    served = [(n, m) for n, r in state.runners.items() for m in r.configurable()]
+    if not served:
+        return "this server has no method whose settings change live"
+    runner_name, method_name = served[0]
+    settings = {k: v for k, v in body.items() if not isinstance(v, dict)} or {"...": "..."}
+    flat = {"method": method_name, **settings}
+    if len(state.runners) > 1:
+        flat = {"runner": runner_name, **flat}
+    nested = {runner_name: {method_name: settings}}
+    return (
+        f"send one method's settings flat, {json.dumps(flat)}, or GET /config's shape, "
+        f"{json.dumps(nested)}"
+    )
 
 
 def _flat_change(state: ServerState, body: dict[str, Any]) -> tuple[ServedMethod, dict[str, Any]]:

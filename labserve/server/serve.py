@@ -157,6 +157,11 @@ class Server:
         return f"http://{host}:{self.port}"
 
     @property
+    def token_everywhere(self) -> bool:
+        """True when every route needs the token (a non-loopback bind), not only PATCH /config."""
+        return self._state.token_everywhere
+
+    @property
     def runners(self) -> dict[str, Runner]:
         """The served runners by name (a copy)."""
         return dict(self._state.runners)

@@ -15,6 +15,7 @@ to their drawn length (``ignore_eos``, as a benchmark fixes them). Same seed, sa
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +41,14 @@ class StepCost:
     the dense layers), ``per_context_token_ms`` per context token read by attention (each
     new token reads every cached token up to its own position).
 
+    What a live run adds on a shared machine, measured by
+    :func:`~labserve.lab.generation.calibrate.calibrate`: ``spread``, quantiles (at evenly
+    spaced probabilities from 0 to 1) of a step's measured time over its typical time, one
+    factor drawn per step from the simulator's seed (a factor, not an added time: a step
+    that holds the core longer is the likelier to lose it to another process); and
+    ``wake_ms``, from an arrival at an idle method to its first step's start (the hop onto
+    the loop). :meth:`seconds` is the typical step, without the spread.
+
     >>> StepCost(5.0, per_batched_token_ms=0.02).seconds(num_seqs=4, num_batched_tokens=100,
     ...                                                  num_context_tokens=0)
     0.007
@@ -49,13 +58,51 @@ class StepCost:
     per_seq_ms: float = 0.0
     per_batched_token_ms: float = 0.0
     per_context_token_ms: float = 0.0
+    wake_ms: float = 0.0
+    spread: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("fixed_ms", "per_seq_ms", "per_batched_token_ms", "per_context_token_ms"):
+        for name in (
+            "fixed_ms",
+            "per_seq_ms",
+            "per_batched_token_ms",
+            "per_context_token_ms",
+            "wake_ms",
+        ):
             value = getattr(self, name)
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             if not ok or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        q = self.spread
+        if not isinstance(q, tuple) or len(q) == 1:
+            raise ValueError(f"spread must be a tuple of 0 or 2+ quantiles, got {q!r}")
+        if q and (not all(math.isfinite(v) and v >= 0 for v in q) or sorted(q) != list(q)):
+            raise ValueError(f"spread must be finite factors >= 0 in order, got {q!r}")
+
+    def __repr__(self) -> str:
+        """The terms; ``wake_ms`` and ``spread`` only when set (a profile's cost has neither)."""
+        parts = [
+            f"fixed_ms={self.fixed_ms!r}",
+            f"per_seq_ms={self.per_seq_ms!r}",
+            f"per_batched_token_ms={self.per_batched_token_ms!r}",
+            f"per_context_token_ms={self.per_context_token_ms!r}",
+        ]
+        if self.wake_ms:
+            parts.append(f"wake_ms={self.wake_ms!r}")
+        q = self.spread
+        if q:
+            p50, p99 = (q[round(p / 100 * (len(q) - 1))] for p in (50, 99))
+            parts.append(f"spread=<{len(q)} quantiles: p50 {p50:.2f}x, p99 {p99:.2f}x>")
+        return f"StepCost({', '.join(parts)})"
+
+    def factor(self, rng: np.random.Generator) -> float:
+        """One step's measured-over-typical factor, drawn from ``spread``; 1 without."""
+        q = self.spread
+        if not q:
+            return 1.0
+        u = rng.random() * (len(q) - 1)
+        i = min(int(u), len(q) - 2)
+        return q[i] + (q[i + 1] - q[i]) * (u - i)
 
     def seconds(self, num_seqs: int, num_batched_tokens: int, num_context_tokens: int) -> float:
         """The step's time in seconds."""
@@ -69,11 +116,7 @@ class StepCost:
 
     def of(self, plan: StepPlan) -> float:
         """The time of a planned step, in seconds."""
-        context = 0
-        for e in plan.scheduled:
-            # Tokens at positions start .. start+count-1 each read position+1 tokens.
-            context += e.num_new_tokens * e.start + e.num_new_tokens * (e.num_new_tokens + 1) // 2
-        return self.seconds(len(plan.scheduled), plan.num_batched_tokens, context)
+        return self.seconds(len(plan.scheduled), plan.num_batched_tokens, plan.num_context_tokens)
 
 
 def simulate_generation(
@@ -113,7 +156,7 @@ def simulate_generation(
         arrivals = np.zeros(n_requests)
     else:
         arrivals = np.cumsum(rng.exponential(1.0 / rate, n_requests))
-    return _run(config, cost, arrivals, prompts, outputs, max_model_len)
+    return _run(config, cost, arrivals, prompts, outputs, max_model_len, seed)
 
 
 def replay_generation(
@@ -124,12 +167,14 @@ def replay_generation(
     prompt_lens: Sequence[int] | np.ndarray,
     output_lens: Sequence[int] | np.ndarray,
     max_model_len: int = 0,
+    seed: int = 0,
 ) -> GenerationResult:
     """Replay given requests through the scheduler on virtual time (a live run's, say).
 
     Request ``i`` arrives at ``arrival_s[i]`` (seconds, in order) with a prompt of
     ``prompt_lens[i]`` tokens and produces ``output_lens[i]`` tokens. What a fidelity check
-    hands in: a live run's arrival times and lengths, and the step cost profiled on its model.
+    hands in: a live run's arrival times and lengths, and the step cost calibrated on it.
+    ``seed`` fixes the cost's spread draws (if it has any).
 
     Raises:
         ValueError: the three differ in length, the times are not finite and in order, or a
@@ -154,7 +199,7 @@ def replay_generation(
     for name, values in (("prompt_lens", prompts), ("output_lens", outputs)):
         if len(values) and (not np.issubdtype(values.dtype, np.integer) or values.min() < 1):
             raise ValueError(f"{name} must be integers >= 1, got {values.tolist()[:8]!r}")
-    return _run(config, cost, arrivals, prompts, outputs, max_model_len)
+    return _run(config, cost, arrivals, prompts, outputs, max_model_len, seed)
 
 
 def _run(
@@ -164,8 +209,11 @@ def _run(
     prompts: np.ndarray,
     outputs: np.ndarray,
     max_model_len: int,
+    seed: int,
 ) -> GenerationResult:
     sched = Scheduler(config, max_model_len=max_model_len)
+    spread = np.random.default_rng([seed, 35])  # apart from the arrivals' stream
+    wake = cost.wake_ms / 1000.0
     finished: list[Finished] = []
     steps: list[StepRecord] = []
     arrival_list, prompt_list, output_list = arrivals.tolist(), prompts.tolist(), outputs.tolist()
@@ -180,14 +228,16 @@ def _run(
         if not sched.has_work:
             if i >= n:
                 break
-            now = arrival_list[i]
+            now = arrival_list[i] + wake  # an idle method wakes for it
             continue
         plan = sched.schedule(now)
         finished += plan.finished
         if plan.empty:
             continue
-        now += cost.of(plan)
+        context = plan.num_context_tokens
+        typical = cost.seconds(len(plan.scheduled), plan.num_batched_tokens, context)
+        now += typical * cost.factor(spread)
         finished += sched.complete(plan, now)
         assert sched.last_step is not None
-        steps.append(sched.last_step)
+        steps.append(dataclasses.replace(sched.last_step, num_context_tokens=context))
     return GenerationResult.from_finished(finished, steps, refused)

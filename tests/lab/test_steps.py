@@ -125,5 +125,5 @@ def test_the_shipped_tinylm_step_cost_is_the_recorded_profiles_fit():
 
     recorded = pathlib.Path(__file__).parents[2] / "benchmarks/generation/tinylm_step_cost.json"
     fit = json.loads(recorded.read_text())["fit"]
-    shipped = dataclasses.asdict(TINYLM_STEP_COST)
+    shipped = {k: v for k, v in dataclasses.asdict(TINYLM_STEP_COST).items() if k in fit}
     assert shipped == pytest.approx(fit, rel=1e-3)

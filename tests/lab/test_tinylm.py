@@ -135,3 +135,64 @@ def test_logits_are_bit_identical_alone_and_batched_not_just_their_argmax(lm):
     lm.free_sequences(ids)
     for i, row in zip(ids, batched, strict=True):
         assert np.array_equal(row, alone[i]), f"prompt {i}: logits differ"
+
+
+def paged_greedy(prompts, *, chunk, seed, num_blocks=256, block_size=4):
+    """greedy() on a TinyLM that stores K/V in a pool whose blocks this test hands out (a
+    shuffled free list, so that tables are scattered), with a preemption midway: the
+    sequence that started last drops its blocks and is recomputed from its first token."""
+    lm = TinyLM()
+    lm.allocate_kv(num_blocks, block_size)
+    rng = np.random.default_rng(seed)
+    free = rng.permutation(num_blocks).tolist()
+    tables = [[] for _ in prompts]
+    known = [list(map(int, p)) for p in prompts]
+    computed = [0] * len(prompts)
+    out = [[] for _ in prompts]
+    step = 0
+    while any(len(o) < TOKENS for o in out):
+        if step == 6:  # preempt the last one: its blocks go back, it starts over
+            free += tables[-1]
+            tables[-1], computed[-1] = [], 0
+        rows = [i for i in range(len(prompts)) if len(out[i]) < TOKENS]
+        rng.shuffle(rows)
+        toks, starts, samples, blocks = [], [], [], []
+        for i in rows:
+            n = min(len(known[i]) - computed[i], chunk)
+            while len(tables[i]) * block_size < computed[i] + n:
+                tables[i].append(free.pop())
+            toks.append(np.asarray(known[i][computed[i] : computed[i] + n], np.int64))
+            starts.append(computed[i])
+            samples.append(computed[i] + n == len(known[i]))
+            blocks.append(tuple(tables[i]))
+        batch = SeqBatch(
+            tuple(rows), tuple(toks), tuple(starts), tuple(samples), tuple(blocks), block_size
+        )
+        it = iter(np.argmax(lm.generate(batch), axis=1))
+        for i, t, s in zip(rows, toks, samples, strict=True):
+            computed[i] += len(t)
+            if s and computed[i] == len(known[i]) and len(out[i]) < TOKENS:
+                tok = int(next(it))
+                if len(known[i]) - len(prompts[i]) == len(out[i]):
+                    out[i].append(tok)
+                    known[i].append(tok)
+        step += 1
+    return out
+
+
+def test_paged_tokens_equal_solo_runs_under_any_table_chunking_or_preemption(lm):
+    prompts = _prompts(10, seed=21, low=3, high=50)
+    alone = [greedy(lm, [p])[0] for p in prompts]
+    for seed, chunk in ((1, 10_000), (2, 5), (3, 1)):
+        assert paged_greedy(prompts, chunk=chunk, seed=seed) == alone
+    assert lm.num_cached_sequences == 0
+
+
+def test_a_paged_tinylm_refuses_a_step_without_tables_or_of_another_block_size():
+    paged = TinyLM(d_model=32, d_ff=64)
+    arrays = paged.allocate_kv(8, 4)
+    assert sum(a.nbytes for a in arrays) == 8 * 4 * paged.kv_bytes_per_token
+    with pytest.raises(ValueError, match="needs tables"):
+        paged.generate(SeqBatch((1,), (np.array([1, 2]),), (0,), (True,)))
+    with pytest.raises(ValueError, match="blocks of 8 positions"):
+        paged.generate(SeqBatch((1,), (np.array([1, 2]),), (0,), (True,), ((0,),), 8))

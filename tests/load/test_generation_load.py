@@ -692,7 +692,8 @@ def test_nothing_listening_is_a_clear_error(capsys):
     with pytest.raises(SystemExit) as info:
         main(["load", "http://127.0.0.1:9/v1/completions", "--duration", "0.1"])
     assert info.value.code == 2
-    assert "cannot list the served models" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the server is not reachable at http://127.0.0.1:9 (cannot connect" in err, err
 
 
 def test_a_run_without_requests_has_no_latencies():

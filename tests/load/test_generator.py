@@ -10,7 +10,7 @@ from labserve.base.vocabulary import OUTCOMES
 from labserve.lab.demo import SleepModel
 from labserve.load.arrivals import ConstantArrivals
 from labserve.load.generator import load_test
-from labserve.load.run import _warn_if_behind
+from labserve.load.run import _warn_if_behind, schedule_kept
 
 
 @pytest.fixture
@@ -92,6 +92,19 @@ def test_falling_behind_schedule_is_said_not_hidden():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _warn_if_behind(np.array([0.0, 0.001, 0.002]), 100)
+
+
+def test_one_pause_at_a_low_rate_keeps_the_schedule_a_growing_lag_does_not():
+    # At 4 req/s (250 ms apart) one send 94 ms late delays nothing after it.
+    kept, said = schedule_kept(np.array([0.001] * 8 + [0.094]), 4)
+    assert kept and said.startswith("1 of 9 sends more than 25 ms late"), said
+    # Three of nine late is the generator, not a pause.
+    assert not schedule_kept(np.array([0.001] * 6 + [0.094] * 3), 4)[0]
+    # A generator that cannot keep 1,000 req/s falls 1 ms further behind each send.
+    assert not schedule_kept(np.arange(200) * 0.001, 1000)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_if_behind(np.array([0.001] * 8 + [0.094]), 4)
 
 
 def test_start_load_returns_at_once_and_stop_ends_the_sending_early(runner):

@@ -428,6 +428,208 @@ BUG_HUNT = settings(  # deterministic, so that scripts/bug_hunt.py says the same
 )
 
 
+# -- the same machine on a model that stores K/V in labserve's blocks --------------------------
+
+
+class PagedStepModel(StepModel):
+    """StepModel storing, in labserve's blocks, who wrote each slot: (sequence, position).
+
+    Each step first checks that every earlier position of each sequence, read through its
+    block table, still holds what that sequence wrote: a block handed to someone else
+    while its owner still needed it shows here as the other sequence's writes.
+    """
+
+    def __init__(self, sched: VirtualHost | None = None, poison: int | None = None):
+        super().__init__(sched, poison)
+        self.store = np.zeros((0, 2), np.int64)
+        self.block_size = 0
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> list[np.ndarray]:
+        assert self.store.size == 0, "allocate_kv is called once"
+        self.store = np.full((num_blocks * block_size, 2), -1, np.int64)
+        self.block_size = block_size
+        return [self.store]
+
+    def step(self, batch: SeqBatch) -> np.ndarray:
+        self.calls.append(batch)
+        size = batch.block_size
+        assert size == self.block_size and len(batch.block_tables) == len(batch)
+        for row, (seq_id, tokens, start, _) in enumerate(batch):
+            table = np.asarray(batch.block_tables[row], np.int64)
+            assert len(table) == -(-(start + len(tokens)) // size), "a table covers the step"
+            past = np.arange(start)
+            held = self.store[table[past // size] * size + past % size]
+            assert (held[:, 0] == seq_id).all() and (held[:, 1] == past).all(), (
+                f"sequence {seq_id}'s K/V were overwritten by another sequence"
+            )
+            new = start + np.arange(len(tokens))
+            self.store[batch.slots(row)] = np.stack([np.full(len(tokens), seq_id), new], 1)
+        if self.poison is not None and self.poison in batch.seq_ids:
+            raise ValueError(f"poisoned by {self.poison}")
+        if self.sched is not None:
+            released = self.sched.park(batch)
+            if released is not None:
+                return released
+        return np.array(
+            [(s + len(t)) % 256 for _, t, s, samples in batch if samples], dtype=np.int64
+        )
+
+
+POOL_BLOCKS = 12
+
+
+def make_paged(
+    config: GenerationConfig, model: PagedStepModel, sched: VirtualHost
+) -> GenerationDriver:
+    return GenerationDriver(
+        GenerativeModel(model.step, allocate_kv=model.allocate_kv),
+        config,
+        host=sched,
+        runner="r",
+        method="gen",
+        kv_pool_blocks=POOL_BLOCKS,
+    )
+
+
+class PagedGenerationMachine(GenerationMachine):
+    """The machine above on a paged model: the block pool's promises, checked at each step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = PagedStepModel(self.sched)
+        self.driver = make_paged(
+            GenerationConfig(
+                max_num_seqs=3, max_num_batched_tokens=8, block_size=4, request_timeout_ms=40.0
+            ),
+            self.model,
+            self.sched,
+        )
+        self.seen: dict[int, Any] = {}  # every sequence record met, to check the ended ones
+
+    @rule(
+        max_num_seqs=st.integers(1, 4),
+        budget=st.integers(4, 16),
+        chunked=st.booleans(),
+        timeout_ms=st.sampled_from([20.0, 40.0, 100.0]),
+    )
+    def configure(self, max_num_seqs, budget, chunked, timeout_ms):  # type: ignore[override]
+        # num_kv_blocks is a start-time setting here: the pool is the model's memory.
+        self.driver.configure(
+            self.driver.config.replace(
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=budget,
+                enable_chunked_prefill=chunked,
+                request_timeout_ms=timeout_ms,
+            )
+        )
+        self.sched.settle()
+
+    @invariant()
+    def every_block_is_free_parked_or_held_by_one_live_sequence(self):
+        scheduler = self.driver.scheduler
+        pool = scheduler.pool
+        live = scheduler.live()
+        self.seen.update((s.id, s) for s in live)
+        owner: dict[int, int] = {}
+        for seq in live:
+            for block in seq.block_table:
+                assert block not in owner, (
+                    f"block {block} is in {owner.get(block)}'s and {seq.id}'s"
+                )
+                owner[block] = seq.id
+                assert not pool.is_free(block), f"block {block} of {seq.id} is on the free queue"
+        assert pool.num_used == len(owner) == sum(s.blocks for s in live)
+        free = sum(pool.is_free(b) for b in range(POOL_BLOCKS))
+        assert free + pool.num_parked + len(owner) == POOL_BLOCKS, "a block is lost"
+        assert all(pool.refcount(b) == (b in owner) for b in range(POOL_BLOCKS))
+        assert scheduler.kv_blocks_used == pool.num_used
+
+    @invariant()
+    def an_ended_sequence_holds_no_block(self):
+        for seq in self.seen.values():
+            if seq.finished:
+                assert seq.block_table == [], f"ended sequence {seq.id} holds blocks"
+
+    @invariant()
+    def no_block_of_the_step_in_flight_is_given_to_another_sequence(self):
+        if not self.sched.parked:
+            return
+        batch = self.sched.parked[0].args[0]
+        scheduler = self.driver.scheduler
+        mine = {b: i for i, t in zip(batch.seq_ids, batch.block_tables, strict=True) for b in t}
+        for block, seq_id in mine.items():
+            assert not scheduler.pool.is_free(block), (
+                f"block {block} of sequence {seq_id}, whose step is in flight, is free"
+            )
+        for seq in scheduler.live():
+            for block in seq.block_table:
+                if block in mine:
+                    assert mine[block] == seq.id, (
+                        f"block {block} of {mine[block]}'s step in flight was given to {seq.id}"
+                    )
+
+    def teardown(self):
+        super().teardown()
+        pool = self.driver.scheduler.pool
+        assert pool.num_used == 0 and pool.num_parked == 0, "blocks outlived their sequences"
+        assert pool.num_free == POOL_BLOCKS
+
+
+TestPagedGenerationMachine = PagedGenerationMachine.TestCase
+TestPagedGenerationMachine.settings = settings(
+    max_examples=80,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def test_the_paged_machine_finds_blocks_freed_under_a_step_in_flight(monkeypatch):
+    # The bug it must find: a sequence that ends while its step runs gives its blocks
+    # straight back to the free queue, where the next sequence may get them while the
+    # model still writes into them.
+    from labserve.generation.blocks import BlockPool
+
+    monkeypatch.setattr(BlockPool, "step_started", lambda self: None)
+    with pytest.raises(AssertionError, match="whose step is in flight, is free"):
+        run_state_machine_as_test(PagedGenerationMachine, settings=BUG_HUNT)
+
+
+def test_the_model_gets_its_blocks_and_kv_bytes_are_the_arrays_it_allocated():
+    sched = VirtualHost()
+    model = PagedStepModel()
+    driver = make_paged(GenerationConfig(block_size=4), model, sched)
+    snap = driver.snapshot()
+    assert snap.kv_memory == "model" and snap.kv_blocks_total == POOL_BLOCKS
+    assert snap.kv_bytes == model.store.nbytes == POOL_BLOCKS * 4 * 2 * 8
+    streams = [admit(driver, sched, prompt_len=5, max_tokens=4) for _ in range(2)]
+    sched.settle()
+    assert all(s.ends[0].finish.reason == "length" for s in streams)
+    first = model.calls[0]
+    assert first.block_size == 4 and [len(t) for t in first.block_tables] == [2, 2]
+    assert set(first.block_tables[0]).isdisjoint(first.block_tables[1])
+    assert driver.snapshot().kv_blocks_used == 0  # all given back
+
+
+def test_a_paged_model_is_bisected_without_a_rollback_hook():
+    sched = VirtualHost()
+    model = PagedStepModel(poison=2)
+    driver = make_paged(GenerationConfig(block_size=4, isolate_errors=True), model, sched)
+    streams = [admit(driver, sched) for _ in range(4)]
+    sched.settle()
+    failed = [isinstance(s.ends[0].error, labserve.ModelError) for s in streams]
+    assert failed == [False, True, False, False]  # retried halves rewrote their slots
+    assert driver.scheduler.pool.num_used == 0
+
+
+def test_a_model_with_its_own_caches_is_told_its_kv_figures_are_an_account():
+    sched = VirtualHost()
+    driver = make(GenerationConfig(num_kv_blocks=7), StepModel(), sched)
+    snap = driver.snapshot()
+    assert snap.kv_memory == "accounting" and snap.kv_bytes == 0
+    assert snap.kv_blocks_total == 7 and snap.as_dict()["kv_memory"] == "accounting"
+
+
 def test_the_machine_finds_a_hung_step_whose_callers_wait_past_their_timeout(monkeypatch):
     # The bug it must find: only the scheduler's own expiry (at the next step) answers a
     # timeout, so a caller whose step hangs waits for the model.

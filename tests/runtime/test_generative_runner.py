@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import numpy as np
 import pytest
 
 import labserve
@@ -90,7 +91,7 @@ def test_closing_a_stream_early_frees_its_sequence_and_counts_it_cancelled(lm, p
     stream.close()
     poll_until(lambda: lm.generate.stats().outcomes["cancelled"] == before + 1)
     poll_until(lambda: lm.generate.stats().num_running == 0)
-    assert lm.instance.num_cached_sequences == 0
+    assert lm.generate.stats().kv_blocks_used == 0  # its blocks went back to the pool
 
 
 @pytest.mark.parametrize(
@@ -108,12 +109,6 @@ def test_closing_a_stream_early_frees_its_sequence_and_counts_it_cancelled(lm, p
             labserve.LengthLimitError,
             "chunked prefill is off",
         ),
-        (
-            "x" * 40,
-            {"config": {"num_kv_blocks": 2}, "max_tokens": 10},
-            labserve.LengthLimitError,
-            "num_kv_blocks",
-        ),
     ],
 )
 def test_a_bad_call_is_a_typed_error_at_once_and_harms_nothing(lm, prompt, params, error, words):
@@ -127,6 +122,20 @@ def test_a_bad_call_is_a_typed_error_at_once_and_harms_nothing(lm, prompt, param
     finally:
         lm.generate.configure(**before.as_dict())
     assert lm.generate.run("still fine", max_tokens=3, temperature=0).finish.reason == "length"
+
+
+def test_a_sequence_longer_than_the_models_kv_pool_is_refused_at_once():
+    # TinyLM stores K/V in labserve's blocks: its pool (2 blocks of 16) is its memory, set
+    # at start; 40 + 10 - 1 tokens need 4 blocks.
+    runner = labserve.Runner(TinyLM(d_model=32, d_ff=64), name="small-kv", num_kv_blocks=2)
+    try:
+        with pytest.raises(labserve.LengthLimitError, match="KV pool in blocks of 2"):
+            runner.generate.stream("x" * 40, max_tokens=10)
+        assert runner.generate.run("fits", max_tokens=3).finish.reason == "length"
+        with pytest.raises(labserve.ConfigError, match=r"num_kv_blocks .*start-time"):
+            runner.generate.configure(num_kv_blocks=4)
+    finally:
+        runner.stop()
 
 
 def test_settings_change_live_and_the_figures_say_what_ran(lm):
@@ -189,3 +198,24 @@ def test_the_settings_both_kinds_share_reach_a_generative_method_from_the_runner
         )
     finally:
         runner.stop()
+
+
+class OwnCaches(labserve.Runnable):
+    """A generative model that keeps its own caches (no allocate_kv): its KV is an account."""
+
+    @labserve.method(generative=True)
+    def generate(self, batch):
+        return np.zeros((batch.num_sampling, 4))
+
+
+def test_a_byte_budget_sizes_a_paged_models_pool_and_is_refused_for_one_with_its_own():
+    lm = TinyLM(d_model=32, d_ff=64)
+    budget = 100 * 16 * lm.kv_bytes_per_token + 123  # 100 blocks of 16, and change
+    runner = labserve.Runner(lm, name="budget", kv_cache_bytes=budget)
+    try:
+        snap = runner.generate.stats()
+        assert snap.kv_blocks_total == 100 and snap.kv_bytes == 100 * 16 * lm.kv_bytes_per_token
+    finally:
+        runner.stop()
+    with pytest.raises(labserve.ConfigError, match="keeps its own caches"):
+        labserve.Runner(OwnCaches, name="own", kv_cache_bytes=1 << 20)

@@ -4,6 +4,7 @@ Real sockets (urllib), a real runner; each reply's status and words checked.
 """
 
 import json
+import re
 import urllib.error
 import urllib.request
 
@@ -94,6 +95,19 @@ def test_patch_config_checks_every_change_before_applying_any(served):
 def test_a_patch_that_misses_says_what_there_is(served, body, status, words):
     got, reply = call(served, "/config", body, "PATCH", token=True)
     assert (got, words in reply["detail"]) == (status, True), reply
+
+
+def test_a_setting_sent_alone_is_told_the_shapes_and_the_flat_one_it_names_works(served):
+    status, reply = call(served, "/config", {"max_latency_ms": 3}, "PATCH", token=True)
+    assert status == 400, reply
+    flat = re.search(r"flat, (\{.*?\}), or GET /config's shape, (\{.*\})$", reply["detail"])
+    assert flat, reply["detail"]
+    body = json.loads(flat[1])
+    assert body["max_latency_ms"] == 3 and json.loads(flat[2]) == {
+        "m": {body["method"]: {"max_latency_ms": 3}}
+    }
+    status, reply = call(served, "/config", body, "PATCH", token=True)
+    assert status == 200 and reply["m"][body["method"]]["max_latency_ms"] == 3
 
 
 def test_the_flat_patch_needs_no_runner_when_one_is_served(served):

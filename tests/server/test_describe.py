@@ -113,3 +113,34 @@ def test_no_route_answers_a_500_to_what_its_schema_allows(served):
             )
 
         no_500()
+
+
+def test_a_runner_with_both_kinds_describes_each_with_an_example_that_works():
+    from labserve.lab.demo import TinyLM
+
+    class Both(TinyLM):
+        @labserve.method(batchable=True, max_latency_ms=1)
+        def score(self, x):
+            return x.sum(axis=1, keepdims=True)
+
+    runner = labserve.Runner(Both, name="both")
+    server = serve(runner)
+    try:
+        methods = get_json(server, "/")["runners"]["both"]
+        assert methods["score"]["route"] == "/runners/both/score"
+        generate = methods["generate"]
+        assert generate["generative"] and generate["model"] == "both"
+        assert generate["routes"] == ["/v1/completions", "/v1/chat/completions"]
+        if shutil.which("curl") is not None:
+            for name, method in methods.items():
+                argv = [*shlex.split(method["example"]), "-s", "-w", "\n%{http_code}"]
+                out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
+                body, status = out.stdout.rsplit("\n", 1)
+                assert status == "200", (name, method["example"], body)
+        openai = pytest.importorskip("openai")
+        client = openai.OpenAI(base_url=generate["openai_base_url"], api_key="unused")
+        done = client.completions.create(model=generate["model"], prompt="Hi", max_tokens=3)
+        assert done.usage.completion_tokens == 3
+    finally:
+        server.stop()
+        runner.stop()

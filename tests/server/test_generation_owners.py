@@ -314,3 +314,25 @@ def test_a_start_time_setting_is_refused_live_with_a_422_naming_it(tinylm):
     with pytest.raises(labserve.ConfigError, match="left at 16 while the runner runs"):
         runner.configure("generate", block_size=8)
     runner.configure("generate", block_size=16, max_num_seqs=8)  # unchanged: accepted
+
+
+def test_a_paged_models_pool_is_refused_live_and_its_kv_figures_are_its_arrays(tinylm, gated):
+    runner, server = tinylm
+    for setting, value in (("num_kv_blocks", 64), ("kv_cache_bytes", 1 << 20)):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _patch(server, {"tinylm": {"generate": {setting: value}}})
+        body = refused.value.read().decode()
+        assert refused.value.code == 422 and setting in body and "start-time" in body
+    assert runner.generate.config.num_kv_blocks == 0  # the pool stays what was allocated
+    snap = runner.generate.stats()
+    arrays = [*runner.instance._k, *runner.instance._v]  # what allocate_kv returned
+    assert snap.kv_memory == "model" and snap.kv_bytes == sum(a.nbytes for a in arrays)
+    assert snap.kv_blocks_total * 16 == arrays[0].shape[1]  # 8 seqs x 1024 tokens of 16
+    metrics = urllib.request.urlopen(f"{server.url}/metrics", timeout=10).read().decode()
+    line = next(x for x in metrics.splitlines() if x.startswith("labserve_kv_cache_bytes{"))
+    assert float(line.split()[-1]) == snap.kv_bytes
+    # A model that keeps its own caches: num_kv_blocks is an account, and stays live.
+    own_runner, own_server = gated
+    _patch(own_server, {"gated": {"generate": {"num_kv_blocks": 64}}})
+    assert own_runner.generate.config.num_kv_blocks == 64
+    assert own_runner.generate.stats().kv_memory == "accounting"

@@ -151,6 +151,23 @@ def test_a_streamed_completion_ends_with_usage_and_done(serve_generators):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
 
 
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_vllms_continuous_usage_stats_is_taken_and_usage_comes_once_at_the_end(
+    serve_generators, include_usage
+):
+    # guidellm 0.8.1 sends this option on every streamed request: a 400 failed all of them.
+    options = {"include_usage": include_usage, "continuous_usage_stats": True}
+    with client(serve_generators({"echo": Echo()})) as c:
+        chunks = list(
+            c.completions.create(model="echo", prompt="hello", stream=True, stream_options=options)
+        )
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == "olleh"
+    with_usage = [i for i, ch in enumerate(chunks) if ch.usage is not None]
+    assert with_usage == ([len(chunks) - 1] if include_usage else [])
+    if include_usage:
+        assert chunks[-1].usage.completion_tokens == 5 and chunks[-1].usage.prompt_tokens == 5
+
+
 def test_a_chat_completion_uses_the_documented_template(serve_generators):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     expected = chat_prompt(messages)

@@ -141,6 +141,35 @@ def test_step_cost_refuses_negative_terms():
         StepCost(5.0, per_seq_ms=-1)
     with pytest.raises(ValueError, match="fixed_ms"):
         StepCost(math.nan)
+    with pytest.raises(ValueError, match="spread must be finite factors >= 0 in order"):
+        StepCost(5.0, spread=(2.0, 1.0))
+    with pytest.raises(ValueError, match="wake_ms"):
+        StepCost(5.0, wake_ms=-0.1)
+
+
+def test_a_cost_shows_its_wake_and_spread_only_when_it_has_them():
+    # Lesson 09 prints the shipped cost: a profile's cost reads as it did before issue 35.
+    plain = (
+        "StepCost(fixed_ms=1.0, per_seq_ms=0.0, per_batched_token_ms=0.0, per_context_token_ms=0.0)"
+    )
+    assert repr(StepCost(1.0)) == plain
+    spread = tuple(1.0 + i / 10 for i in range(101))
+    text = repr(StepCost(1.0, wake_ms=0.5, spread=spread))
+    assert text.endswith("wake_ms=0.5, spread=<101 quantiles: p50 6.00x, p99 10.90x>)")
+
+
+def test_the_spread_is_drawn_from_the_seed_and_scales_the_step():
+    kw = dict(n_requests=400, input_len=8, output_len=32)
+    plain = simulate_generation(CFG, StepCost(1.0), **kw)
+    spread = StepCost(1.0, spread=(0.5, 1.0, 1.0, 1.0, 5.0))  # mean factor 1.5
+    a = simulate_generation(CFG, spread, **kw)
+    b = simulate_generation(CFG, spread, **kw)
+    c = simulate_generation(CFG, spread, seed=1, **kw)
+    assert np.array_equal(a.end_s, b.end_s) and not np.array_equal(a.end_s, c.end_s)
+    step = (a.steps.end_s - a.steps.start_s) * 1000.0
+    assert step.mean() == pytest.approx(1.5, rel=0.1)
+    assert step.min() >= 0.5 - 1e-9 and step.max() <= 5.0 + 1e-9
+    assert (plain.steps.end_s - plain.steps.start_s).max() == pytest.approx(0.001)
 
 
 def test_a_replay_of_a_runs_own_arrivals_and_lengths_gives_the_same_run():

@@ -102,11 +102,13 @@ def test_a_bad_typed_value_says_why_and_changes_nothing(dash, runner, key, text,
 def test_the_controls_follow_a_change_made_elsewhere(dash, runner):
     runner.configure("predict", max_batch_size=16, strategy="fixed", max_latency_ms=50)
     in_force = runner.predict.config
-    wait_for(lambda: dash.controls["max_batch_size"].value == 16)
-    wait_for(lambda: dash.controls["strategy"].value == "fixed")
+    # The export is the last control the pump's thread writes: waiting on an earlier one and
+    # then reading the export raced that thread on a loaded machine.
+    wait_for(lambda: "max_batch_size: 16" in dash.controls["export"].value)
+    assert dash.controls["max_batch_size"].value == 16
+    assert dash.controls["strategy"].value == "fixed"
     assert dash.controls["max_latency_ms"].value == 50
     assert dash.controls["max_batch_size_text"].value == "16"
-    assert "max_batch_size: 16" in dash.controls["export"].value
     assert runner.predict.config is in_force  # showing it did not configure the runner again
     dash.controls["max_batch_size"].value = 8  # and the controls still act
     assert runner.predict.config.max_batch_size == 8

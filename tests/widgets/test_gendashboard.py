@@ -46,6 +46,7 @@ def steps(*rows: tuple[float, int, int]) -> StepSeries:
         num_waiting=zeros,
         kv_blocks_used=zeros,
         num_preempted=zeros,
+        num_context_tokens=zeros,
     )
 
 
@@ -205,8 +206,10 @@ def test_moving_a_control_configures_the_method_and_a_change_elsewhere_shows(das
     c["ttft_slo_ms_text"].value = "300"
     c["tpot_slo_ms_text"].value = "30"
     assert (lm.generate.config.ttft_slo_ms, lm.generate.config.tpot_slo_ms) == (300, 30)
+    # TinyLM stores K/V in labserve's blocks: its pool is sized at start, refused live.
     c["num_kv_blocks_text"].value = "64"
-    assert lm.generate.config.num_kv_blocks == 64
+    assert "start-time setting" in html.unescape(dash.errors["num_kv_blocks"].value)
+    assert lm.generate.config.num_kv_blocks == 0
     # From a cell: the pump's next look brings the controls along.
     lm.generate.configure(max_num_seqs=16, strategy="continuous")
     wait_for(lambda: c["max_num_seqs"].value == 16 and c["strategy"].value == "continuous")

@@ -75,3 +75,27 @@ def test_the_first_run_is_drawn_on_top_and_the_legend_takes_no_width(runs):
     assert [item.label.value for item in legend.items] == list(runs)
     assert legend in fig.above and legend.orientation == "horizontal"
     assert all(r.glyph.line_alpha < 1 for r in fig.renderers)  # where they overlap, both show
+
+
+def test_fidelity_bars_hold_each_reports_errors_in_figure_order():
+    from labserve.widgets import fidelity_figure, plot_fidelity
+
+    import labserve
+
+    kw = dict(n_requests=60, input_len=16, output_len=8, rate=100.0)
+    live = simulate_generation(GenerationConfig(), StepCost(1.0), **kw)
+    reports = {
+        name: labserve.compare_generation(live, simulate_generation(GenerationConfig(), c, **kw))
+        for name, c in (("close", StepCost(1.05)), ("slow", StepCost(1.3)))
+    }
+    fig = fidelity_figure(reports)
+    by_name = sources(fig)
+    assert list(fig.x_range.factors)[:2] == ["ttft p50", "ttft p99"]
+    for name, report in reports.items():
+        assert by_name[name].data["error"] == pytest.approx(
+            [report.error_pct(m, q) for m in ("ttft", "itl", "tpot", "e2e") for q in ("p50", "p99")]
+        )
+    assert by_name["slow"].data["error"][2] == pytest.approx(30.0)  # ITL p50: every step 1.3x
+    assert isinstance(plot_fidelity(reports), BokehModel)
+    with pytest.raises(ValueError, match="at least one"):
+        fidelity_figure({})

@@ -153,7 +153,7 @@ def test_a_negative_fixed_cost_says_so_and_the_title_fits():
 
 def test_a_long_refusal_wraps_instead_of_pushing_the_load_controls_away(gated):
     from labserve.widgets import Dashboard
-    from labserve.widgets.controls import ERROR_WIDTH
+    from labserve.widgets.controls_base import ERROR_WIDTH
 
     runner, _ = gated
     dash = Dashboard(runner, example=X, hz=20)

@@ -12,32 +12,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from bokeh.layouts import column as stack
-from bokeh.layouts import gridplot
-from bokeh.models import ColumnDataSource, FixedTicker, LayoutDOM, LinearAxis
-from bokeh.models.widgets.markups import Div
+from bokeh.models import FixedTicker, LayoutDOM, LinearAxis
 from bokeh.palettes import Category10
-from bokeh.plotting import figure
 
-from ..axes import SteppedAxes, tick_log_axis
-from ..charts import KEY_STYLE, legend_key
-from ..chartwidget import ACK_NAME
-from .series import GEN_COLUMNS, Rows
+from ..axes import SteppedAxes
+from ..charts_base import ChartsBase
+from .series import GEN_COLUMNS
 
 __all__ = ["GenerationCharts"]
 
 _C = Category10[10]
 
 
-class GenerationCharts:
+class GenerationCharts(ChartsBase):
     """TTFT, ITL, sequences, tokens per step, KV blocks, throughput: the last ``follow_s``."""
 
     def __init__(
         self, *, follow_s: float = 60.0, hz: float = 5.0, width: int = 470, height: int = 210
     ) -> None:
-        self.ticks = ColumnDataSource({c: [] for c in GEN_COLUMNS})
-        self.axes = SteppedAxes(follow_s)
-        self._rollover = int((follow_s + 2 * self.axes.step_s) * hz) + 1
+        super().__init__(GEN_COLUMNS, follow_s=follow_s, hz=hz, width=width, height=height)
+        self.axes: SteppedAxes
         src = self.ticks
 
         def timeline(title: str, y_label: str, columns: list[str], **kw: Any) -> Any:
@@ -47,21 +41,8 @@ class GenerationCharts:
             ticker = FixedTicker() if log else None
             stacked = kw.get("stacked", False)
             caps = kw.get("caps", ())
-            fig = figure(
-                title=title,
-                x_range=self.axes.x,
-                y_range=self.axes.y(columns, log=log, stacked=stacked, ticker=ticker, caps=caps),
-                y_axis_type="log" if log else "linear",
-                tools="pan,wheel_zoom,reset,save",
-                width=width,
-                height=height,
-            )
-            fig.xaxis.axis_label = "time (s)"
-            fig.yaxis.axis_label = y_label
-            if ticker is not None:
-                tick_log_axis(fig, ticker)
-            fig.toolbar.logo = None
-            return fig
+            y_range = self.axes.y(columns, log=log, stacked=stacked, ticker=ticker, caps=caps)
+            return self._figure(title, y_label, self.axes.x, y_range, ticker)
 
         ttft = timeline("Time to first token (window)", "ms",
                         ["ttft_p50", "ttft_p99", "ttft_slo_ms"], log=True)  # fmt: skip
@@ -121,30 +102,9 @@ class GenerationCharts:
 
         self.figures = {"ttft": ttft, "itl": itl, "sequences": seqs, "tokens_per_step": step,
                         "kv": kv, "throughput": rate}  # fmt: skip
-        cells = {}
-        key_style: dict[str, str | None] = dict(KEY_STYLE)
-        for name, fig in self.figures.items():
-            fig.xgrid.visible = False
-            cells[name] = stack(fig, Div(text=legend_key(fig), styles=key_style), spacing=0)
-        self.layout: LayoutDOM = gridplot(
-            [
-                [cells["ttft"], cells["itl"]],
-                [cells["sequences"], cells["tokens_per_step"]],
-                [cells["kv"], cells["throughput"]],
-            ],
-            toolbar_location="right",
-            merge_tools=True,
+        self.layout: LayoutDOM = self._grid(
+            [["ttft", "itl"], ["sequences", "tokens_per_step"], ["kv", "throughput"]]
         )
-        # The model a ChartWidget's patches number themselves on (flow control); no view.
-        self.layout.tags = [ColumnDataSource(name=ACK_NAME)]
-
-    def stream(self, tick: Rows) -> None:
-        """Append rows, dropping the oldest past the rollover; move the axes if they must."""
-        if tick["t"]:
-            rows: dict[str, Any] = dict(tick)
-            self.ticks.stream(rows, rollover=self._rollover)
-            data: dict[str, Any] = dict(self.ticks.data)
-            self.axes.update(data, len(tick["t"]))
 
     def set_window(self, window_s: float) -> None:
         """Say in the window charts' titles how long the window is."""
@@ -154,8 +114,3 @@ class GenerationCharts:
             fig = self.figures[name]
             if fig.title.text != title:
                 fig.title.text = title
-
-    def clear(self) -> None:
-        """Empty every chart (another method was chosen, or the stats were reset)."""
-        self.ticks.data = {c: [] for c in GEN_COLUMNS}
-        self.axes.reset()

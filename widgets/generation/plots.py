@@ -9,6 +9,9 @@ typing): the widgets layer uses labserve's public API only.
 
 >>> from labserve.widgets.generation.plots import plot_generation_steps           # doctest: +SKIP
 >>> plot_generation_steps({"static": a, "continuous": b}, y="num_seqs")   # doctest: +SKIP
+
+:func:`plot_fidelity` draws what ``labserve.compare_generation`` reports: each figure's
+error, simulated against live, as bars in the band of the target.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from bokeh.models import ColumnDataSource, HoverTool
-from bokeh.models.annotations import Legend, LegendItem  # mypy: not via bokeh.models
+from bokeh.models import ColumnDataSource, FactorRange, HoverTool
+from bokeh.models.annotations import BoxAnnotation, Legend, LegendItem  # mypy: not via bokeh.models
 from bokeh.models.renderers import GlyphRenderer
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
+from bokeh.transform import dodge
 
-from ..chartwidget import ChartWidget
+from ..chartwidget import in_a_widget
 
 __all__ = ["STEP_COLUMNS", "generation_steps_figure", "plot_generation_steps"]
 
@@ -112,23 +116,81 @@ def generation_steps_figure(
     return fig
 
 
-def plot_generation_steps(
-    results: Mapping[str, Any],
-    *,
-    y: str = "num_seqs",
-    title: str | None = None,
-    max_points: int = 2000,
-    width: int = 720,
-    height: int = 300,
-) -> ChartWidget:
+@in_a_widget(generation_steps_figure)
+def plot_generation_steps() -> None:
     """One per-step column of several generation runs against time, a line per run.
 
     ``results`` maps a name to a run (what ``simulate_generation`` returns); ``y`` is one
     of :data:`STEP_COLUMNS`. Long runs are thinned to ``max_points`` (means over
     consecutive steps). Click a legend entry to hide its line.
     """
-    return ChartWidget(
-        generation_steps_figure(
-            results, y=y, title=title, max_points=max_points, width=width, height=height
+
+
+def fidelity_figure(
+    reports: Mapping[str, Any],
+    *,
+    title: str = "Simulated against live: error per figure",
+    width: int = 720,
+    height: int = 320,
+) -> Any:
+    """The Bokeh figure behind :func:`plot_fidelity`.
+
+    Raises:
+        ValueError: no reports.
+    """
+    if not reports:
+        raise ValueError("reports must hold at least one named comparison, got none")
+    first = next(iter(reports.values()))
+    keys = [(m, q) for m, qs in first.live_ms.items() for q in qs]
+    labels = [f"{m} {q}" for m, q in keys]
+    fig = figure(
+        width=width,
+        height=height,
+        title=title,
+        x_range=FactorRange(factors=labels),
+        x_axis_label="figure",
+        y_axis_label="simulated / live - 1 (%)",
+        tools="save,reset",
+    )
+    tolerance = float(first.tolerance_pct)
+    # The band a figure must fall in to count as a hit (issue 35: 10%).
+    band = BoxAnnotation(bottom=-tolerance, top=tolerance, fill_alpha=0.12, fill_color="green")
+    band.level = "underlay"  # under the bars, not over them
+    fig.add_layout(band)
+    n = len(reports)
+    width_each = 0.8 / n
+    for i, (name, report) in enumerate(reports.items()):
+        errors = [report.error_pct(m, q) for m, q in keys]
+        offset = -0.4 + width_each * (i + 0.5)
+        data = {
+            "x": labels,
+            "error": [e if np.isfinite(e) else 0.0 for e in errors],
+            "live": [report.live_ms[m][q] for m, q in keys],
+            "sim": [report.sim_ms[m][q] for m, q in keys],
+            "run": [name] * len(keys),
+        }
+        source = ColumnDataSource(data, name=name)
+        fig.vbar(x=dodge("x", offset, range=fig.x_range), top="error", source=source,
+                 width=width_each * 0.9,
+                 color=_COLORS[i % 10], legend_label=name)  # fmt: skip
+    fig.add_tools(
+        HoverTool(
+            tooltips=[
+                ("", "@run"),
+                ("error", "@error{+0.0}%"),
+                ("live ms", "@live{0.00}"),
+                ("sim ms", "@sim{0.00}"),
+            ]
         )
     )
+    fig.legend.click_policy = "hide"
+    return fig
+
+
+@in_a_widget(fidelity_figure)
+def plot_fidelity() -> None:
+    """Each comparison's error per figure (p50 and p99 of TTFT, ITL, TPOT, e2e) as bars.
+
+    ``reports`` maps a name (a rate, a cost) to what ``labserve.compare_generation``
+    returns; the band is the first report's tolerance.
+    """

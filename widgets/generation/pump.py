@@ -13,15 +13,14 @@ from bokeh.document import Document
 
 import labserve
 
-from ..chartwidget import one_patch_per_widget
-from ..ticker import Ticker
+from ..pump_base import PumpBase
 from .charts import GenerationCharts
-from .series import GenerationSeries
+from .series import GenerationSeries, Rows
 
 __all__ = ["GenerationPump"]
 
 
-class GenerationPump(Ticker[labserve.GenerationView]):
+class GenerationPump(PumpBase[labserve.GenerationView, GenerationCharts]):
     """One thread that pulls ``source()``'s view ``hz`` times a second into ``charts``.
 
     ``source()`` returns the ``labserve.GenerationSource`` to watch (another one, or
@@ -41,15 +40,8 @@ class GenerationPump(Ticker[labserve.GenerationView]):
         on_tick: Callable[[labserve.GenerationView | None], None] | None = None,
         start: bool = True,
     ) -> None:
-        self.charts = charts
-        self._source = source
-        self.series = GenerationSeries()
-        """The rows' maker (its ``preempted_recent`` is the last second's preemptions)."""
-        self._watched: labserve.GenerationSource | None = None
-        self._clear = False
-        super().__init__(
-            doc, hz=hz, alive=alive, on_tick=on_tick, start=start, name="labserve-gen-dashboard"
-        )
+        super().__init__(charts, doc, source, hz=hz, alive=alive, on_tick=on_tick, start=start,
+                         name="labserve-gen-dashboard")  # fmt: skip
 
     @property
     def snapshot(self) -> labserve.GenerationSnapshot | None:
@@ -57,22 +49,13 @@ class GenerationPump(Ticker[labserve.GenerationView]):
         view = self.view
         return None if view is None else view.snapshot
 
-    def clear(self) -> None:
-        """Empty the charts at the next tick (thread-safe)."""
-        self._clear = True
+    def _start_over(self) -> None:
+        self.series = GenerationSeries()
+        """The rows' maker (its ``preempted_recent`` is the last second's preemptions)."""
 
-    def _tick(self) -> None:
-        source = self._source()
-        if source is not self._watched or self._clear:
-            self._watched = source
-            self._clear = False
-            self.series = GenerationSeries()
-            self.view = None
-            with self.lock:
-                self.charts.clear()
-        view = source.view()
-        row = self.series.update(view.snapshot)
-        self.view = view
-        with self.lock, one_patch_per_widget():
-            self.charts.stream(row)
-            self.charts.set_window(view.snapshot.window_s)
+    def _rows(self, view: labserve.GenerationView) -> Rows:
+        return self.series.update(view.snapshot)
+
+    def _write(self, view: labserve.GenerationView, rows: Rows) -> None:
+        self.charts.stream(rows)
+        self.charts.set_window(view.snapshot.window_s)

@@ -54,8 +54,10 @@ GEN_COLUMNS: tuple[str, ...] = (
 ``num_running``, ``num_waiting``, ``kv_blocks_used``: now. ``prefill_per_step``,
 ``decode_per_step``: mean tokens of the steps that ended since the last row (NaN if none);
 ``steps``: how many (of those the snapshot still holds). ``preempted``: preemptions in the
-last second. ``*_slo_ms``, ``max_num_*``, ``num_kv_blocks``: the settings in force (NaN:
-no target, no limit). ``clock_s``: the wall-clock time of the row (Unix seconds), so that a
+last second. ``*_slo_ms``, ``max_num_*``: the settings in force (NaN: no target);
+``num_kv_blocks``: the KV pool's blocks (for a model that stores K/V in labserve's blocks,
+the blocks it holds, sized at start; else the setting; NaN: no limit). ``clock_s``: the
+wall-clock time of the row (Unix seconds), so that a
 page can tell how old the newest row it drew is."""
 
 Rows = dict[str, list[float]]
@@ -137,7 +139,8 @@ class GenerationSeries:
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "steps": n_new,
             "kv_blocks_used": snap.kv_blocks_used,
-            "num_kv_blocks": _nan_if_zero(cfg.num_kv_blocks),
+            # The pool a model that stores K/V in labserve's blocks allocated, or the budget.
+            "num_kv_blocks": _nan_if_zero(snap.kv_blocks_total or cfg.num_kv_blocks),
             "requests_per_s": snap.requests_per_s,
             # Without a target every served request is good: no goodput line then.
             "goodput": snap.goodput if (cfg.ttft_slo_ms or cfg.tpot_slo_ms) else nan,

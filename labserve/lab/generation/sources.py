@@ -232,6 +232,7 @@ def generation_snapshot_from_dict(data: Mapping[str, Any]) -> GenerationSnapshot
         num_waiting=zeros,
         kv_blocks_used=zeros,
         num_preempted=zeros,
+        num_context_tokens=zeros,
     )
     config = GenerationConfig(
         **{k: v for k, v in dict(data["config"]).items() if k in GENERATION_SETTINGS}
@@ -258,6 +259,9 @@ def generation_snapshot_from_dict(data: Mapping[str, Any]) -> GenerationSnapshot
         prompt_tokens_per_s=_nan(data.get("prompt_tokens_per_s")),
         requests_per_s=_nan(data.get("requests_per_s")),
         goodput=_nan(data.get("goodput")),
+        kv_blocks_total=int(data.get("kv_blocks_total", 0)),
+        kv_bytes=int(data.get("kv_bytes", 0)),
+        kv_memory="model" if data.get("kv_memory") == "model" else "accounting",
         steps=steps,
         histograms={},
     )

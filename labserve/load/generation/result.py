@@ -215,14 +215,23 @@ class GenerationLoadResult:
         lines += _wrapped("  over the run: ", grown or ["no counter moved"])
         groups: dict[str, list[str]] = {}
         for key, value in view["at_end"].items():
-            if key in shown or value is None:
-                continue
+            if key in shown or value is None or key in _CLOCKS or key == "window_s":
+                continue  # (the window is said by the rates' heading and the percentiles' note)
             group, _, name = key.rpartition(".")
+            if not group and _is_rate(name):
+                group = self._rates_heading(view)
             text = f"{value:,.6g}" if isinstance(value, float) else str(value)
             groups.setdefault(group, []).append(f"{name} {text}")
         for group, items in groups.items():
             lines += _wrapped(f"  {group or 'at the end'}: ", items)
         return lines
+
+    def _rates_heading(self, view: dict[str, Any]) -> str:
+        """The server's rates cover its window, not this run: the heading says which."""
+        window = view["at_end"].get("window_s")
+        if not isinstance(window, (int, float)) or isinstance(window, bool):
+            return "over its own window, not this run"
+        return f"over its last {window:g} s, not this run's {self.generation.span_s:.1f} s"
 
     def _window_note(self, view: dict[str, Any]) -> str:
         """What the server's percentiles cover: its window, and how it differs from the run."""
@@ -262,6 +271,15 @@ class GenerationLoadResult:
 
     def __str__(self) -> str:
         return self.table()
+
+
+# A server's clock reading at the end of the run: its own epoch, meaningless beside the run's.
+_CLOCKS = frozenset({"time_s", "now_s", "clock_s"})
+
+
+def _is_rate(name: str) -> bool:
+    """A per-second figure of the server's snapshot (over its window), by its name."""
+    return name.endswith(("_per_s", "_rps", "_ps")) or name == "goodput"
 
 
 def _wrapped(first: str, items: list[str], width: int = 96) -> list[str]:

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from labserve.base.errors import LoadTargetError
+from labserve.base.vocabulary import CONNECT_ERROR, RESET, TIMEOUT
 from labserve.load.generation.prompts import CHAT_PATH, COMPLETIONS_PATH, GenerationMix
 from labserve.load.generation.server_view import find_model_stats, generation_server_view
 from labserve.load.generation.stream import CompletionStream, GenRecord
@@ -136,11 +137,17 @@ class GenerationSender(Sender[GenRecord]):
         if got.status == 401:
             said = "unauthorized: give the server's token (token=, --token)"
             raise LoadTargetError(self.url, said)
+        if got.status == 0 and got.outcome in (CONNECT_ERROR, RESET, TIMEOUT):
+            raise LoadTargetError(
+                self.url, f"the server is not reachable at {self.target.origin} ({got.detail})"
+            )
         data = listed.get("data") if isinstance(listed, dict) else None
         if not isinstance(data, list):
             said = got.detail or f"status {got.status}"
             raise LoadTargetError(
-                self.url, f"cannot list the served models at {where} ({said}): give model="
+                self.url,
+                f"cannot list the served models at {where} ({said}): say which model to ask"
+                " (model=, --model)",
             )
         names = [str(m["id"]) for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
         if len(names) != 1:

@@ -73,6 +73,14 @@ class GenerativeModel:
     """Drops the state of sequences that ended or were preempted."""
     rollback_step: Callable[[SeqBatch], None] | None = None
     """Undoes a step that raised (each sequence's state back to before it)."""
+    allocate_kv: Callable[[int, int], Sequence[Any]] | None = None
+    """Present: the model stores K/V in labserve's blocks. Called once, at start, with the
+    pool's blocks and block size; returns the arrays it allocated (each with ``nbytes``)."""
+
+    @property
+    def paged(self) -> bool:
+        """Whether the model stores K/V in labserve's blocks (each step carries block tables)."""
+        return self.allocate_kv is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +123,7 @@ class GenerationDriver:
         runner: str,
         method: str,
         max_model_len: int = 0,
+        kv_pool_blocks: int = 0,
     ) -> None:
         self.runner = runner
         self.method = method
@@ -122,7 +131,17 @@ class GenerationDriver:
         self._model = model
         self._rt = host
         self._now = host.now
-        self._steps = Scheduler(config, max_model_len=max_model_len, name=self._name)
+        self._kv_bytes = 0
+        if model.allocate_kv is not None:  # before the first step: the model's KV memory
+            if kv_pool_blocks < 1:
+                raise ValueError("a model that stores K/V in labserve's blocks needs a pool")
+            arrays = model.allocate_kv(kv_pool_blocks, config.block_size)
+            self._kv_bytes = sum(int(a.nbytes) for a in arrays)
+        else:
+            kv_pool_blocks = 0
+        self._steps = Scheduler(
+            config, max_model_len=max_model_len, name=self._name, kv_pool_blocks=kv_pool_blocks
+        )
         self._lock = threading.Lock()  # guards the recorder
         self._recorder = GenerationRecorder()
         self._ids = itertools.count(1)
@@ -233,6 +252,9 @@ class GenerationDriver:
                 running=steps.num_running,
                 waiting=steps.num_waiting,
                 kv_blocks_used=steps.kv_blocks_used,
+                kv_blocks_total=steps.kv_blocks_total,
+                kv_bytes=self._kv_bytes,
+                kv_memory="model" if self._model.paged else "accounting",
             )
 
     def reset_stats(self) -> None:
@@ -342,8 +364,20 @@ class GenerationDriver:
             tuple(tokens),
             tuple(e.start for e in plan.scheduled),
             tuple(e.samples for e in plan.scheduled),
+            *self._tables(plan),
         )
         return batch, samplers
+
+    def _tables(self, plan: StepPlan) -> tuple[tuple[tuple[int, ...], ...], int]:
+        """The step's block tables and block size, for a model that stores K/V in our blocks.
+
+        Copies: the scheduler's tables change at the next plan, while this step may run on.
+        """
+        if not self._model.paged:
+            return (), 0
+        steps = self._steps
+        tables = tuple(tuple(steps.sequence(e.seq_id).block_table) for e in plan.scheduled)
+        return tables, steps.config.block_size
 
     def _run_step(
         self,
@@ -380,10 +414,12 @@ class GenerationDriver:
         try:
             rows = _rows(self._model.step(batch), batch)
         except Exception as exc:
-            rollback = self._model.rollback_step
-            if rollback is not None:
-                rollback(batch)
-            isolate = self._steps.config.isolate_errors and rollback is not None
+            model = self._model
+            if model.rollback_step is not None:
+                model.rollback_step(batch)
+            # A paged model needs no rollback: a retried sequence's slots are rewritten.
+            undoable = model.rollback_step is not None or model.paged
+            isolate = self._steps.config.isolate_errors and undoable
             if not isolate or len(batch) == 1:
                 error = ModelError(self._name, exc, len(batch))
                 return {}, dict.fromkeys(batch.seq_ids, error)
@@ -435,6 +471,8 @@ class GenerationDriver:
         )
         record = steps.last_step
         if record is not None:
+            # The attention's context read, for fitting a step's cost (the record lacks it).
+            record = dataclasses.replace(record, num_context_tokens=plan.num_context_tokens)
             with self._lock:
                 self._recorder.step(record)
         pieces = result.pieces

@@ -12,7 +12,14 @@ tensors. The model's optional hooks and attributes, found on its Runnable:
 - ``token_bytes(id) -> bytes`` or ``decode(ids) -> str`` (the text of what it generates);
 - ``free_sequences(ids)`` and ``rollback_step(batch)`` (its state: ended or preempted
   sequences, a step that raised; without ``rollback_step``, ``isolate_errors`` cannot
-  bisect a step);
+  bisect a step), for a model that keeps its own caches;
+- ``allocate_kv(num_blocks, block_size)`` and ``kv_bytes_per_token``: the model stores K/V
+  in labserve's blocks (each step carries the block tables; see
+  :mod:`labserve.generation.batch`). ``allocate_kv`` is called once, when the method's
+  driver starts, with the pool's size (``num_kv_blocks``, or ``kv_cache_bytes`` over
+  ``kv_bytes_per_token`` x ``block_size``, or room for ``max_num_seqs`` sequences of
+  ``max_model_len``); the KV figures are then the bytes of the arrays it returns. Such a
+  model needs no ``free_sequences`` or ``rollback_step``;
 - ``vocab_size``, ``eos_token_id``, ``max_model_len``.
 
 >>> import labserve
@@ -41,9 +48,10 @@ from labserve.base.errors import (
     LoopThreadError,
     RunnerStoppedError,
 )
-from labserve.config.generation import START_SETTINGS, GenerationConfig
+from labserve.config.generation import PAGED_START_SETTINGS, START_SETTINGS, GenerationConfig
 from labserve.generation.admission import check_lengths, check_token_ids
 from labserve.generation.api import Completion, GenerateRequest
+from labserve.generation.blocks import pool_blocks
 from labserve.generation.sampling import SamplingParams, SequenceSampler, TextDecoder
 from labserve.generation.stats import GenerationSnapshot
 from labserve.runtime.generation.driver import GenerationDriver, GenerativeModel, NewSequence
@@ -104,6 +112,43 @@ class GenerativeMethod:
         self.vocab_size: int | None = int(vocab) if vocab is not None else None
         eos = getattr(instance, "eos_token_id", None)
         self.eos_token_id: int | None = int(eos) if eos is not None else None
+        self.paged = callable(getattr(instance, "allocate_kv", None))
+        """Whether the model stores K/V in labserve's blocks (it has ``allocate_kv``)."""
+        self._kv_pool_blocks = self._pool_size(config)
+
+    def _pool_size(self, config: GenerationConfig) -> int:
+        """The KV pool of a model that stores K/V in our blocks (0: an account). Checked at once.
+
+        Raises:
+            ConfigError: a byte budget for a model that keeps its own caches, or a pool
+                that cannot be sized (see :func:`~labserve.generation.blocks.pool_blocks`).
+        """
+        if not self.paged:
+            if config.kv_cache_bytes:
+                raise ConfigError(
+                    "kv_cache_bytes",
+                    config.kv_cache_bytes,
+                    f"0 for {type(self._instance).__name__}, which keeps its own caches (no "
+                    "allocate_kv): labserve cannot size its memory; num_kv_blocks bounds "
+                    "the blocks its sequences are counted for",
+                )
+            return 0
+        per_token = int(getattr(self._instance, "kv_bytes_per_token", 0) or 0)
+        if config.kv_cache_bytes and per_token < 1:
+            raise ConfigError(
+                "kv_cache_bytes",
+                config.kv_cache_bytes,
+                f"0 unless the model declares kv_bytes_per_token "
+                f"({type(self._instance).__name__} does not)",
+            )
+        return pool_blocks(
+            num_kv_blocks=config.num_kv_blocks,
+            kv_cache_bytes=config.kv_cache_bytes,
+            block_size=config.block_size,
+            kv_bytes_per_token=per_token,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=self.max_model_len,
+        )
 
     # -- settings and figures ----------------------------------------------------------------
 
@@ -128,7 +173,7 @@ class GenerativeMethod:
         with self._lock:
             old = self.config
             new = old.replace(**changes)
-            for name in START_SETTINGS:
+            for name in PAGED_START_SETTINGS if self.paged else START_SETTINGS:
                 if getattr(new, name) != getattr(old, name):
                     raise ConfigError(
                         name,
@@ -236,6 +281,7 @@ class GenerativeMethod:
                         runner=self.runner.name,
                         method=self.name,
                         max_model_len=self.max_model_len,
+                        kv_pool_blocks=self._kv_pool_blocks,
                     )
                     self.runner._started()
                 driver = self._driver
@@ -243,6 +289,8 @@ class GenerativeMethod:
 
     def _model(self) -> GenerativeModel:
         inst = self._instance
+        if self.paged:  # its K/V are in our blocks: freeing and rollback are ours too
+            return GenerativeModel(step=getattr(inst, self.name), allocate_kv=inst.allocate_kv)
         return GenerativeModel(
             step=getattr(inst, self.name),
             free_sequences=getattr(inst, "free_sequences", None),
