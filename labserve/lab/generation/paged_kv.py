@@ -120,15 +120,10 @@ def _packed(
         [s + np.arange(n, dtype=np.int64) for s, n in zip(starts, lens, strict=True)]
     )
     kv_pos = np.concatenate([np.arange(c, dtype=np.int64) for c in ctx])
-    write = np.concatenate(
-        [
-            _context_slots(t, int(c), block_size)[s:]
-            for t, s, c in zip(tables, starts, ctx, strict=True)
-        ]
-    )
-    read = np.concatenate(
-        [_context_slots(t, int(c), block_size) for t, c in zip(tables, ctx, strict=True)]
-    )
+    # Each context's slots once: its new tokens' slots are its tail.
+    slots = [_context_slots(t, int(c), block_size) for t, c in zip(tables, ctx, strict=True)]
+    write = np.concatenate([c[s:] for c, s in zip(slots, starts, strict=True)])
+    read = np.concatenate(slots)
     last = np.cumsum(lens) - 1
     keep = last[np.asarray(samples, dtype=bool)]
     mask = _mask(
