@@ -152,9 +152,9 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
     def __init__(self, model: Any, *, lock: Any = None, **kwargs: Any) -> None:
         """Show ``model``; ``lock``: held by the document's writer while it writes, if any.
 
-        With a lock, the state a new view or a reloaded page asks for is the document as it
-        is now (read under the lock), not as it was when the widget was made: streamed rows
-        reach open views as patches, never jupyter_bokeh's saved render bundle.
+        The state a new view or a reloaded page asks for is the document as it is now (read
+        under the lock, if any), not as it was when the widget was made: streamed rows reach
+        open views as patches, never jupyter_bokeh's saved render bundle.
         """
         self._flow = threading.Lock()
         self._held: list[Any] = []
@@ -164,6 +164,7 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
         self._asked_at = -math.inf
         self._calm_since: float | None = None  # acknowledgements all quick since then
         self._answered = False  # a page answered since the state was last read
+        self._state_at = 0  # patches sent when the state was last read
         self._last_sent = 0.0
         self.updates = 0
         """Changes handed to the widget (a pump tick each)."""
@@ -188,15 +189,15 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
     def get_state(self, key: Any = None) -> dict[str, Any]:
         """The widget's state; its render bundle re-read from the live document."""
         state: dict[str, Any] = super().get_state(key)
-        if "render_bundle" in state and self._writer_lock is not None:
-            with self._writer_lock:
+        if "render_bundle" in state:
+            with self._writing():
                 state["render_bundle"] = serialize_json(self._model_to_traits(self._model))
         if "render_bundle" in state:
             # A page that reads the whole state (a reloaded page, a second tab) draws from the
             # document as it is now: it will not answer patches sent before, so they no
             # longer hold new ones back.
             with self._flow:
-                self._acked = self._sent
+                self._acked = self._state_at = self._sent
                 self._answered = False
                 self._calm_since = None
         return state
@@ -278,6 +279,13 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
                 return
             with self._flow:
                 now = self._clock()
+                # Until a page answers, every patch asks, and a page answers in order: a first
+                # answer past the first patch sent after the state says the view was made
+                # after that patch reached the page, which then had no view to apply it (the
+                # view listens from its creation; on a loaded machine the page may take
+                # seconds to make it). Such a view shows the state with some changes lost for
+                # good: an axis sized once from a cap stays at its first range.
+                missed = not self._answered and seq > self._state_at + 1
                 if seq == self._asked:  # how long the page took: is it keeping up?
                     if now - self._asked_at > SLOW_ACK_S:
                         self._calm_since = None
@@ -285,6 +293,22 @@ class ChartWidget(BokehModel):  # type: ignore[misc]
                         self._calm_since = now
                 self._acked = max(self._acked, min(seq, self._sent))
                 self._answered = True
+            if missed:
+                self._send_whole_state()
+
+    def _send_whole_state(self) -> None:
+        """Send the page the document as it is now: its views draw it again from scratch.
+
+        Under the writer's lock, so no patch goes out between the state read and its message
+        (a patch sent before it would be applied to the view's old document, then lost).
+        """
+        with self._writing():
+            self.send_state("render_bundle")
+
+    def _writing(self) -> contextlib.AbstractContextManager[Any]:
+        """The document's writer lock, if it has a writer."""
+        lock = self._writer_lock
+        return lock if lock is not None else contextlib.nullcontext()
 
     def __repr__(self) -> str:
         # The default repr holds random document ids: a saved notebook output would change.
