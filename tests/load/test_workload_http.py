@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import labserve
+from labserve.cli import main
 from labserve.config.generation import GenerationConfig
 from labserve.generation.workload import SharedPrefixWorkload
 from labserve.lab.demo import TinyLM
@@ -104,3 +105,36 @@ def test_chat_sessions_are_served_turn_after_turn(served):
     assert result.turn.tolist()[:3] == [0, 1, 2]
     prompt = result.generation.prompt_len
     assert prompt[1] > prompt[0] + 8 and prompt[2] > prompt[1] + 8  # the history grows
+
+
+def test_the_cli_sends_sessions_and_prints_ttft_by_turn(served, capsys):
+    _, url = served
+    argv = ["load", f"{url}/v1/completions", "--rate", "20", "--duration", "0.1"]
+    flags = ["--prefix-len", "32", "--num-prefixes", "2", "--prefix-dist", "zipf:1.1"]
+    flags += ["--turns", "2", "--think-time", "0.01", "--input-len", "8", "--output-len", "4"]
+    assert main([*argv, *flags, "--loop", "asyncio"]) == 0
+    out = capsys.readouterr().out
+    assert "by turn" in out and "turn 1" in out and "2 prefix(es) of 32 tokens" in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--num-prefixes", "4"], "--num-prefixes needs --prefix-len"),
+        (
+            ["--prefix-len", "8", "--prefix-dist", "zipf:0"],
+            "--prefix-dist must be 'uniform' or 'zipf:S'",
+        ),
+        (["--prefix-len", "-1"], "--prefix-len must be an integer >= 0, got -1"),
+        (["--prefix-len", "8", "--num-prefixes", "0"], "--num-prefixes must be an integer >= 1"),
+        (["--turns", "0"], "--turns must be an integer >= 1, got 0"),
+        (["--think-time", "1"], "--think-time needs --turns 2 or more"),
+        (["--turns", "2", "--think-time", "-1"], "--think-time must be a finite number >= 0"),
+    ],
+)
+def test_bad_workload_flags_exit_2_with_a_message(flags, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["load", "http://127.0.0.1:9/v1/completions", "--duration", "0.1", *flags])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
