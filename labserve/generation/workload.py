@@ -77,7 +77,7 @@ def _count(name: str, value: Any, low: int) -> int:
     return int(value)
 
 
-def words(n: int, rng: np.random.Generator) -> bytes:
+def _words(n: int, rng: np.random.Generator) -> bytes:
     """``n`` bytes of lowercase words of 1-8 letters, each followed by one space."""
     letters = rng.integers(ord("a"), ord("z") + 1, size=n, dtype=np.uint8)
     ends = np.cumsum(rng.integers(2, 10, size=n // 2 + 1)) - 1
@@ -143,7 +143,7 @@ class SharedPrefixWorkload:
         """Tenant ``j``'s shared prefix: ``prefix_len`` bytes (one token each, byte-level)."""
         got = self._prefixes.get(j)
         if got is None:
-            got = words(self.prefix_len, np.random.default_rng([self.seed, _PREFIX, j]))
+            got = _words(self.prefix_len, np.random.default_rng([self.seed, _PREFIX, j]))
             self._prefixes[j] = got
         return got
 
@@ -165,7 +165,7 @@ class SharedPrefixWorkload:
     def user(self, k: int, turn: int = 0) -> bytes:
         """Session ``k``'s user message at ``turn`` (unique to it, by the seed)."""
         n, _ = self.lengths(k, turn)
-        return words(n, np.random.default_rng([self.seed, _USER, k, turn]))
+        return _words(n, np.random.default_rng([self.seed, _USER, k, turn]))
 
     def max_tokens(self, k: int, turn: int = 0) -> int:
         """The output length session ``k`` asks for at ``turn`` (with ``ignore_eos``)."""
@@ -174,7 +174,7 @@ class SharedPrefixWorkload:
     def simulated_reply(self, k: int, turn: int, n: int) -> list[int]:
         """The simulator's stand-in for a reply of ``n`` tokens: seeded lowercase letters."""
         rng = np.random.default_rng([self.seed, _REPLY, k, turn])
-        return list(words(n, rng))
+        return list(_words(n, rng))
 
     # -- the request of a turn -----------------------------------------------------------
 
