@@ -123,6 +123,8 @@ class SharedPrefixWorkload:
         self._prefixes: dict[int, bytes] = {}
         self._lengths = np.zeros((0, 2), dtype=np.int64)
         self._length_rng = np.random.default_rng([self.seed, _LENGTHS])
+        self._tenants = np.zeros(0, dtype=np.int64)
+        self._tenant_rng = np.random.default_rng([self.seed, _TENANT])
 
     def __repr__(self) -> str:
         return (
@@ -136,8 +138,11 @@ class SharedPrefixWorkload:
 
     def tenant(self, k: int) -> int:
         """The prefix (tenant) of session ``k``, in ``range(num_prefixes)``."""
-        u = np.random.default_rng([self.seed, _TENANT, k]).random()
-        return min(int(np.searchsorted(self._cdf, u, side="right")), self.num_prefixes - 1)
+        while k >= len(self._tenants):  # drawn in order a chunk at a time: k's is fixed
+            u = self._tenant_rng.random(_CHUNK)
+            more = np.minimum(np.searchsorted(self._cdf, u, side="right"), self.num_prefixes - 1)
+            self._tenants = np.concatenate([self._tenants, more])
+        return int(self._tenants[k])
 
     def prefix(self, j: int) -> bytes:
         """Tenant ``j``'s shared prefix: ``prefix_len`` bytes (one token each, byte-level)."""

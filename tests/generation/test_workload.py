@@ -6,6 +6,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from labserve.config.generation import GenerationConfig
 from labserve.generation.workload import SharedPrefixWorkload, parse_prefix_dist, ttft_by_turn
@@ -140,3 +142,38 @@ def test_the_simulator_gives_the_same_run_for_the_same_seeds():
     a, b = run(), run()
     assert a.prompts == b.prompts
     np.testing.assert_array_equal(a.generation.first_token_s, b.generation.first_token_s)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    prefix_len=st.integers(0, 40),
+    num_prefixes=st.integers(1, 5),
+    zipf=st.booleans(),
+    turns=st.integers(1, 3),
+    max_num_seqs=st.integers(1, 4),
+    max_queue_size=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+    gaps=st.lists(st.floats(0.0, 0.05), min_size=1, max_size=8),
+)
+def test_every_turn_of_every_session_gets_one_outcome_and_its_tenants_prefix(
+    prefix_len, num_prefixes, zipf, turns, max_num_seqs, max_queue_size, seed, gaps
+):
+    w = SharedPrefixWorkload(
+        prefix_len=prefix_len, num_prefixes=num_prefixes,
+        prefix_dist="zipf:1.2" if zipf else "uniform", input_len="uniform:1:12",
+        output_len="uniform:1:5", turns=turns, think_time_s=0.01, seed=seed,
+    )  # fmt: skip
+    config = GenerationConfig(max_num_seqs=max_num_seqs, max_queue_size=max_queue_size)
+    r = simulate_workload(config, StepCost(2.0), w, arrival_s=np.cumsum(gaps), max_model_len=80)
+    g = r.generation
+    # A session's turns are 0, 1, ...: each served turn but its last was followed by the next.
+    for k in range(len(gaps)):
+        mine = sorted(r.turn[r.session == k].tolist())
+        assert mine == list(range(len(mine))) and len(mine) <= turns
+        served = set(r.turn[(r.session == k) & g.served].tolist())
+        assert set(mine[:-1]) <= served  # a turn not served ends its session
+    # Each session's first turn has one outcome: in the result, or refused at admission.
+    first = int((r.turn == 0).sum())
+    assert first <= len(gaps) <= first + g.refused
+    for k, prompt in zip(r.session.tolist(), r.prompts, strict=True):
+        assert list(prompt[:prefix_len]) == list(w.prefix(w.tenant(k)))

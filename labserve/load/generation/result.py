@@ -174,6 +174,9 @@ class GenerationLoadResult:
         if self.send_lag_s is not None and len(self.send_lag_s):
             out["send_lag_p99_ms"] = float(np.percentile(self.send_lag_s, 99) * 1000.0)
             out["send_lag_max_ms"] = float(self.send_lag_s.max() * 1000.0)
+        if self.turn is not None:
+            out["sessions"] = len(np.unique(self.session)) if self.session is not None else 0
+            out["ttft_by_turn_ms"] = self.per_turn()
         return out
 
     def table(self) -> str:
