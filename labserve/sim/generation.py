@@ -292,6 +292,7 @@ class _SessionSim:
         self.finished: list[Finished] = []
         self.steps: list[StepRecord] = []
         self.refused = 0
+        self.replies_made: dict[int, list[int]] = {}  # running sequences' stand-in replies
         self._order = 0
 
     def arrive(self, at: float, k: int, turn: int) -> None:
@@ -315,10 +316,20 @@ class _SessionSim:
         self.finished += done
         w = self.workload
         for f in done:
+            self.replies_made.pop(f.seq_id, None)
             k, t, ids, prompt_len = self.meta[f.seq_id]
             if f.outcome == "served" and t + 1 < w.turns:
                 self.replies[k].append(ids[prompt_len:])
                 self.arrive(f.end_s + w.think_time_s, k, t + 1)
+
+    def reply_of(self, seq_id: int) -> list[int]:
+        """The stand-in reply of a sequence, made once (a step asks for one token of it)."""
+        reply = self.replies_made.get(seq_id)
+        if reply is None:
+            k, t, _, _ = self.meta[seq_id]
+            reply = self.workload.simulated_reply(k, t, self.workload.max_tokens(k, t))
+            self.replies_made[seq_id] = reply
+        return reply
 
     def step(self, now: float) -> float:
         """Plan and run one step from ``now``; the time it ends."""
@@ -329,8 +340,8 @@ class _SessionSim:
         tokens = {}
         for entry in plan.scheduled:
             if entry.samples:  # the model's reply: the workload's stand-in, token by token
-                k, t, ids, prompt_len = self.meta[entry.seq_id]
-                reply = self.workload.simulated_reply(k, t, self.workload.max_tokens(k, t))
+                _, _, ids, prompt_len = self.meta[entry.seq_id]
+                reply = self.reply_of(entry.seq_id)
                 tokens[entry.seq_id] = reply[min(len(ids) - prompt_len, len(reply) - 1)]
         context = plan.num_context_tokens
         typical = self.cost.seconds(len(plan.scheduled), plan.num_batched_tokens, context)
