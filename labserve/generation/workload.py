@@ -19,8 +19,9 @@ simulator use (a reply is resent as the text the server returned; a reply whose 
 not ASCII changes the count by what the server's UTF-8 decoding did, and the HTTP result
 counts the server's ``usage.prompt_tokens``). For a subword tokenizer the counts are
 approximate. Draws are random access: session ``k``'s tenant and texts depend only on
-``(seed, k)``, whatever order the sessions are sent in. Not thread-safe (lengths are drawn
-lazily, in order); each load keeps its own.
+``(seed, k)``, whatever order the sessions are sent in, so one workload object may drive
+several loads, one after the other or at once (thread-safe: the lazily drawn lengths and
+tenants are extended under a lock, in order).
 
 >>> w = SharedPrefixWorkload(prefix_len=8, num_prefixes=2, input_len=4, output_len=2)
 >>> p0, p1 = (w.prompt_ids(k) for k in range(2))
@@ -31,6 +32,7 @@ lazily, in order); each load keeps its own.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -86,7 +88,7 @@ def _words(n: int, rng: np.random.Generator) -> bytes:
 
 
 class SharedPrefixWorkload:
-    """Sessions of prompts that share a tenant's prefix (see the module). Not thread-safe.
+    """Sessions of prompts that share a tenant's prefix (see the module). Thread-safe.
 
     Raises:
         ValueError, TypeError: a setting breaks its rule (the message names it).
@@ -125,6 +127,7 @@ class SharedPrefixWorkload:
         self._length_rng = np.random.default_rng([self.seed, _LENGTHS])
         self._tenants = np.zeros(0, dtype=np.int64)
         self._tenant_rng = np.random.default_rng([self.seed, _TENANT])
+        self._lock = threading.Lock()  # two loads extending the draws at once stay in order
 
     def __repr__(self) -> str:
         return (
@@ -138,16 +141,18 @@ class SharedPrefixWorkload:
 
     def tenant(self, k: int) -> int:
         """The prefix (tenant) of session ``k``, in ``range(num_prefixes)``."""
-        while k >= len(self._tenants):  # drawn in order a chunk at a time: k's is fixed
-            u = self._tenant_rng.random(_CHUNK)
-            more = np.minimum(np.searchsorted(self._cdf, u, side="right"), self.num_prefixes - 1)
-            self._tenants = np.concatenate([self._tenants, more])
-        return int(self._tenants[k])
+        with self._lock:
+            while k >= len(self._tenants):  # drawn in order a chunk at a time: k's is fixed
+                u = self._tenant_rng.random(_CHUNK)
+                more = np.searchsorted(self._cdf, u, side="right")
+                more = np.minimum(more, self.num_prefixes - 1)
+                self._tenants = np.concatenate([self._tenants, more])
+            return int(self._tenants[k])
 
     def prefix(self, j: int) -> bytes:
         """Tenant ``j``'s shared prefix: ``prefix_len`` bytes (one token each, byte-level)."""
         got = self._prefixes.get(j)
-        if got is None:
+        if got is None:  # two threads may both make it: the same bytes, from the seed
             got = _words(self.prefix_len, np.random.default_rng([self.seed, _PREFIX, j]))
             self._prefixes[j] = got
         return got
@@ -155,16 +160,17 @@ class SharedPrefixWorkload:
     def lengths(self, k: int, turn: int = 0) -> tuple[int, int]:
         """Session ``k``'s user message length and ``max_tokens`` at ``turn``."""
         i = k * self.turns + turn
-        while i >= len(self._lengths):
-            more = np.stack(
-                [
-                    self.input_len.sample(self._length_rng, _CHUNK),
-                    self.output_len.sample(self._length_rng, _CHUNK),
-                ],
-                axis=1,
-            )
-            self._lengths = np.concatenate([self._lengths, more])
-        n, m = self._lengths[i]
+        with self._lock:
+            while i >= len(self._lengths):
+                more = np.stack(
+                    [
+                        self.input_len.sample(self._length_rng, _CHUNK),
+                        self.output_len.sample(self._length_rng, _CHUNK),
+                    ],
+                    axis=1,
+                )
+                self._lengths = np.concatenate([self._lengths, more])
+            n, m = self._lengths[i]
         return int(n), int(m)
 
     def user(self, k: int, turn: int = 0) -> bytes:
