@@ -32,6 +32,7 @@ def test_each_turn_resends_the_history_with_the_models_real_replies(lm):
     )
     rows = run.result(timeout=60)
     assert len(rows) == 5 * 3 and all(r.outcome == "served" for r in rows)
+    assert run.sent == 5  # sessions, as an HTTP session load counts them
     again = workload()  # a fresh copy of the same workload: the prompts it makes
     for k in range(5):
         mine = sorted((r for r in rows if r.session == k), key=lambda r: r.turn)

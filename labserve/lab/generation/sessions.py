@@ -63,6 +63,7 @@ class WorkloadLoad:
         self._times = [float(t) for t in times_s]
         self.rows: list[TurnRow] = []
         """Every turn sent, in the order they went out."""
+        self._started = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._main: asyncio.Task[None] | None = None
         self._stopped = threading.Event()
@@ -75,8 +76,8 @@ class WorkloadLoad:
 
     @property
     def sent(self) -> int:
-        """Turns sent so far."""
-        return len(self.rows)
+        """Sessions started so far (as an HTTP session load counts them); turns: ``rows``."""
+        return self._started
 
     def result(self, timeout: float | None = None) -> list[TurnRow]:
         """Wait for the run to end; its rows (raises what ended the run, if anything did)."""
@@ -115,6 +116,7 @@ class WorkloadLoad:
                 if self._stopped.is_set():
                     break
                 task = loop.create_task(self._session(k, start, at))
+                self._started += 1
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             while self._tasks:
@@ -165,7 +167,9 @@ class WorkloadLoad:
 
     def __repr__(self) -> str:
         state = "running" if self.running else "done"
-        return f"<WorkloadLoad {self.method!r} {self.sent} turns sent ({state})>"
+        return (
+            f"<WorkloadLoad {self.method!r} {self.sent} sessions, {len(self.rows)} turns ({state})>"
+        )
 
 
 def start_workload_load(
