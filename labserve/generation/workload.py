@@ -105,6 +105,7 @@ class SharedPrefixWorkload:
         turns: int = 1,
         think_time_s: float = 0.0,
         seed: int = 0,
+        prefix_seed: int | None = None,
     ) -> None:
         self.prefix_len = _count("prefix_len", prefix_len, 0)
         self.num_prefixes = _count("num_prefixes", num_prefixes, 1)
@@ -118,6 +119,9 @@ class SharedPrefixWorkload:
             raise ValueError(f"think_time_s must be a finite number >= 0, got {think_time_s!r}")
         self.think_time_s = float(think_time_s)
         self.seed = _count("seed", seed, 0)
+        self.prefix_seed = (
+            self.seed if prefix_seed is None else _count("prefix_seed", prefix_seed, 0)
+        )
         weights: npt.NDArray[np.float64] = np.ones(self.num_prefixes)
         if kind == "zipf":  # tenant j's share is proportional to 1 / (j + 1) ** s
             weights = 1.0 / np.arange(1, self.num_prefixes + 1, dtype=np.float64) ** exponent
@@ -128,6 +132,24 @@ class SharedPrefixWorkload:
         self._tenants = np.zeros(0, dtype=np.int64)
         self._tenant_rng = np.random.default_rng([self.seed, _TENANT])
         self._lock = threading.Lock()  # two loads extending the draws at once stay in order
+
+    def next_sessions(self, seed: int) -> SharedPrefixWorkload:
+        """The same tenants (prefixes kept) with other sessions: what ``seed`` draws.
+
+        For loads chained run after run (a dashboard's): each run's users are new, the
+        system prompts they share stay, so a prefix cache keeps its hits across runs.
+        """
+        return SharedPrefixWorkload(
+            prefix_len=self.prefix_len,
+            num_prefixes=self.num_prefixes,
+            prefix_dist=self.prefix_dist,
+            input_len=self.input_len,
+            output_len=self.output_len,
+            turns=self.turns,
+            think_time_s=self.think_time_s,
+            seed=seed,
+            prefix_seed=self.prefix_seed,
+        )
 
     def __repr__(self) -> str:
         return (
@@ -153,7 +175,8 @@ class SharedPrefixWorkload:
         """Tenant ``j``'s shared prefix: ``prefix_len`` bytes (one token each, byte-level)."""
         got = self._prefixes.get(j)
         if got is None:  # two threads may both make it: the same bytes, from the seed
-            got = _words(self.prefix_len, np.random.default_rng([self.seed, _PREFIX, j]))
+            rng = np.random.default_rng([self.prefix_seed, _PREFIX, j])
+            got = _words(self.prefix_len, rng)
             self._prefixes[j] = got
         return got
 

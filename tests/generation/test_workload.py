@@ -177,3 +177,11 @@ def test_every_turn_of_every_session_gets_one_outcome_and_its_tenants_prefix(
     assert first <= len(gaps) <= first + g.refused
     for k, prompt in zip(r.session.tolist(), r.prompts, strict=True):
         assert list(prompt[:prefix_len]) == list(w.prefix(w.tenant(k)))
+
+
+def test_next_sessions_keep_the_tenants_prefixes_and_draw_new_users():
+    w = SharedPrefixWorkload(prefix_len=24, num_prefixes=3, input_len=12, seed=4)
+    later = w.next_sessions(5)
+    assert [later.prefix(j) for j in range(3)] == [w.prefix(j) for j in range(3)]
+    assert [later.user(k) for k in range(5)] != [w.user(k) for k in range(5)]
+    assert SharedPrefixWorkload(prefix_len=24, seed=5).prefix(0) != w.prefix(0)

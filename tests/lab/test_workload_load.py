@@ -57,3 +57,16 @@ def test_a_vocabulary_too_small_for_text_ids_is_refused():
         start_workload_load(
             small, workload(), arrivals=labserve.arrivals("constant", rate_rps=1), duration_s=1.0
         )
+
+
+def test_a_dashboards_source_sends_a_workload_in_process(lm):
+    [source] = labserve.generation_sources(lm)
+    w = workload(turns=2)
+    run = source.start_load(
+        arrivals=labserve.arrivals("constant", rate_rps=20), duration_s=0.1, input_len=8,
+        output_len=4, seed=3, workload=w,
+    )  # fmt: skip
+    rows = run.result(timeout=60)
+    assert run.sent == 2 and len(rows) == 4
+    later = w.next_sessions(3)  # seed 3: the same tenants, other users
+    assert list(rows[0].prompt) == later.prompt_ids(rows[0].session)

@@ -138,3 +138,15 @@ def test_bad_workload_flags_exit_2_with_a_message(flags, message, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_dashboards_source_sends_a_workload_as_chats(served):
+    _, url = served
+    [source] = labserve.generation_sources(url)
+    run = source.start_load(
+        arrivals=labserve.arrivals("constant", rate_rps=20), duration_s=0.1, input_len=8,
+        output_len=4, seed=1, workload=workload(turns=2),
+    )  # fmt: skip
+    result = run.result(timeout=60)
+    assert result.turn is not None and sorted(set(result.turn.tolist())) == [0, 1]
+    assert result.served.all() and run.sent == 2
