@@ -20,6 +20,7 @@ from typing import Literal
 
 from labserve.config.settings import (
     BOOLEAN,
+    Rule,
     Settings,
     integer_at_least,
     number_at_least,
@@ -90,6 +91,18 @@ class GenerationConfig(Settings):
     vLLM's ``gpu_memory_utilization`` sizes its cache): the pool is this divided by the
     model's ``kv_bytes_per_token`` x ``block_size`` blocks. 0: ``num_kv_blocks`` if set, else
     room for ``max_num_seqs`` sequences of the model's ``max_model_len``. A start-time setting."""
+    enable_prefix_caching: bool | None = setting(
+        None,
+        Rule(
+            "true, false or null (on for a model that stores K/V in labserve's blocks)",
+            lambda v: v is None or isinstance(v, bool),
+        ),
+    )
+    """Keep full KV blocks cached by a hash of their tokens and their prefix, and start a
+    prompt after the longest run of them (vLLM's automatic prefix caching). None (the
+    default): on for a model that stores K/V in labserve's blocks (as vLLM V1), off for one
+    that keeps its own caches, which refuses True. Live: off drops every cached hash; on
+    caches from the next step."""
     max_queue_size: int = setting(10_000, integer_at_least(1))
     """Most sequences waiting; the next one is refused at admission (QueueFullError)."""
     request_timeout_ms: float = setting(60_000.0, _MILLISECONDS)

@@ -219,3 +219,32 @@ def test_a_byte_budget_sizes_a_paged_models_pool_and_is_refused_for_one_with_its
         runner.stop()
     with pytest.raises(labserve.ConfigError, match="keeps its own caches"):
         labserve.Runner(OwnCaches, name="own", kv_cache_bytes=1 << 20)
+
+
+def test_prefix_caching_is_on_for_a_paged_model_and_refused_for_one_with_its_own():
+    own = labserve.Runner(OwnCaches, name="own_default")
+    try:
+        assert own.generate.config.enable_prefix_caching is False
+        with pytest.raises(labserve.ConfigError, match="keeps its own caches"):
+            own.configure("generate", enable_prefix_caching=True)
+    finally:
+        own.stop()
+    with pytest.raises(labserve.ConfigError, match="enable_prefix_caching"):
+        labserve.Runner(OwnCaches, name="own", enable_prefix_caching=True)
+
+
+def test_a_cache_hit_gives_tinylm_the_same_tokens_as_computing_the_prompt(lm):
+    system = "You are a helpful assistant. Answer briefly and well. " * 2  # 108 bytes
+    prompts = [system + q for q in ("Why?", "How so?", "When is it?")]
+    assert lm.generate.config.enable_prefix_caching is True
+    lm.generate.configure(enable_prefix_caching=False)
+    try:
+        cold = [lm.generate.run(p, max_tokens=8, temperature=0).token_ids for p in prompts]
+    finally:
+        lm.generate.configure(enable_prefix_caching=True)
+    before = lm.generate.stats().prefix_cache_hits
+    warm = [lm.generate.run(p, max_tokens=8, temperature=0).token_ids for p in prompts]
+    assert warm == cold
+    # The first warm prompt computes all (the cache was dropped); the next two hit the
+    # system prompt's 6 full blocks of 16 bytes (96 of its 108).
+    assert lm.generate.stats().prefix_cache_hits - before == 2 * 96
