@@ -47,10 +47,12 @@ GENERATION_STRATEGIES: tuple[GenerationStrategy, ...] = ("continuous", "static")
 ``static``: a batch of prompts runs until its longest sequence ends, then the next batch
 forms (what request micro-batching gives a generator): the baseline."""
 
-SchedulingPolicy = Literal["fcfs", "priority"]
-SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
+SchedulingPolicy = Literal["fcfs", "priority", "lpm"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority", "lpm")
 """The waiting queue's order: arrival, or (priority, arrival) with the lowest value first
-(vLLM's ``--scheduling-policy``)."""
+(vLLM's ``--scheduling-policy``), or longest prefix match first (SGLang's ``lpm``: the most
+cached prompt tokens first, ties by arrival; a prompt that shares nothing can wait behind
+later ones that do)."""
 
 _MILLISECONDS = number_at_least(0.0, of="milliseconds")
 
@@ -66,7 +68,8 @@ class GenerationConfig(Settings):
     strategy: GenerationStrategy = setting("continuous", one_of(GENERATION_STRATEGIES))
     """``continuous`` (sequences join and leave at every step) or ``static`` (the baseline)."""
     scheduling_policy: SchedulingPolicy = setting("fcfs", one_of(SCHEDULING_POLICIES))
-    """Order of the waiting queue: ``fcfs`` or ``priority`` (lowest value first)."""
+    """Order of the waiting queue: ``fcfs``, ``priority`` (lowest value first) or ``lpm``
+    (the longest cached prefix first; as ``fcfs`` with prefix caching off)."""
     max_num_seqs: int = setting(32, integer_at_least(1))
     """Most sequences running at once (in one step)."""
     max_num_batched_tokens: int = setting(2048, integer_at_least(1))

@@ -80,6 +80,9 @@ _OUTCOME: dict[FinishReason, SeqOutcome] = {
 }
 
 
+_LPM_MAX_WAITING = 128
+
+
 class Scheduler:
     """Plans each step of a generative method under a :class:`GenerationConfig`.
 
@@ -311,6 +314,8 @@ class Scheduler:
             finished += self._apply_config(self._pending_config, now)
         finished += self.expire(now)
         config = self._config
+        if config.scheduling_policy == "lpm":
+            self._sort_by_prefix()
         budget = config.max_num_batched_tokens
         self._step_queries = self._step_hits = 0
         was_running = bool(self._running)
@@ -481,6 +486,15 @@ class Scheduler:
                 seq.first_scheduled_s = now
             scheduled[seq.id] = self._entry(seq, count)
             budget -= count
+
+    def _sort_by_prefix(self) -> None:
+        """``lpm``: the waiting sequences with the most cached prompt blocks first.
+
+        Past ``_LPM_MAX_WAITING`` waiting the lookups cost more than they save and the queue
+        stays in arrival order (SGLang's cut-off, 128).
+        """
+        if self._pool.caching and 1 < len(self._waiting) <= _LPM_MAX_WAITING:
+            self._waiting.sort_by(lambda seq: -len(self._prefix_hits(seq)))
 
     def _start(self, seq: SeqState, hits: list[int], start: int, more: int) -> None:
         """Give a sequence leaving the waiting queue its cached blocks and ``more`` new ones."""

@@ -114,3 +114,23 @@ def test_counted_sequences_and_an_unset_setting_on_an_account_pool_do_not_cache(
     paged.add(1, 10, 2, 0.0)  # no token ids: counted only
     run_until_done(paged)
     assert paged.pool.num_cached == 0 and paged.prefix_cache_queries == 0
+
+
+def first_scheduled(policy: str) -> dict[int, float]:
+    """A warm prefix, then a prompt sharing nothing, then four later ones sharing the prefix."""
+    s = Scheduler(CACHING.replace(scheduling_policy=policy, max_num_seqs=1))
+    shared = list(range(12))  # 3 blocks of 4
+    now = run_until_done(admit_and_plan_done(s, 0, [*shared, 99]))
+    s.add(1, 13, 2, now, token_ids=[50] * 13)  # first to arrive, nothing cached
+    for i in range(2, 6):
+        s.add(i, 13, 2, now + 0.0001 * i, token_ids=[*shared, i])
+    seqs = {i: s.sequence(i) for i in range(1, 6)}
+    run_until_done(s, now + 0.001)
+    return {i: seq.first_scheduled_s for i, seq in seqs.items()}
+
+
+def test_lpm_runs_later_hit_rich_prompts_before_an_earlier_one_that_shares_nothing():
+    fcfs, lpm = first_scheduled("fcfs"), first_scheduled("lpm")
+    assert sorted(fcfs, key=fcfs.get) == [1, 2, 3, 4, 5]
+    assert sorted(lpm, key=lpm.get) == [2, 3, 4, 5, 1]  # the starvation trade-off
+    assert lpm[1] > fcfs[1] and lpm[2] < fcfs[2]
