@@ -514,7 +514,7 @@ class Scheduler:
     def _entry(seq: SeqState, count: int) -> Scheduled:
         computed, total = seq.num_computed, seq.num_tokens
         kind: Kind
-        if computed and total - computed == 1:
+        if seq.num_output and total - computed == 1:  # a prompt's last token is prefill
             kind = "decode"
         elif seq.num_output:
             kind = "resume"
