@@ -42,6 +42,16 @@ need when it is planned; an end or a preemption gives them back. Blocks given ba
 a step is in flight stay parked until :meth:`Scheduler.complete` (the model may still
 write into them). For a model that stores K/V in labserve's blocks the pool is its memory
 (``kv_pool_blocks``, fixed at start); otherwise it is an account sized by ``num_kv_blocks``.
+
+Prefix caching (``enable_prefix_caching``; unset: on for a pool that is the model's memory),
+vLLM's semantics: a sequence leaving the waiting queue takes the longest run of cached full
+blocks its known tokens start with, at most all but its last token's (that token is computed
+for its logits), and computes from there; its queries and hits are counted in tokens. A
+step's full blocks are registered under their hash when :meth:`Scheduler.complete` records
+it (not for a sequence the step failed); ends and preemptions give blocks back cached, so a
+preempted sequence hits what is left of its own. ``scheduling_policy="lpm"`` sorts the
+waiting queue by cached blocks before each step. Sequences admitted without token ids
+(counted only) neither hit nor register.
 """
 
 from __future__ import annotations
