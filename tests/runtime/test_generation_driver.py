@@ -517,8 +517,9 @@ class PagedGenerationMachine(GenerationMachine):
         budget=st.integers(4, 16),
         chunked=st.booleans(),
         timeout_ms=st.sampled_from([20.0, 40.0, 100.0]),
+        caching=st.booleans(),
     )
-    def configure(self, max_num_seqs, budget, chunked, timeout_ms):  # type: ignore[override]
+    def configure(self, max_num_seqs, budget, chunked, timeout_ms, caching):  # type: ignore[override]
         # num_kv_blocks is a start-time setting here: the pool is the model's memory.
         self.driver.configure(
             self.driver.config.replace(
@@ -526,6 +527,7 @@ class PagedGenerationMachine(GenerationMachine):
                 max_num_batched_tokens=budget,
                 enable_chunked_prefill=chunked,
                 request_timeout_ms=timeout_ms,
+                enable_prefix_caching=caching,
             )
         )
         self.sched.settle()
@@ -691,3 +693,16 @@ def test_a_timeout_change_reaches_the_next_arrival_at_once_even_while_a_step_han
     while sched.parked:
         sched.release(sched.parked[0], value=np.array([1]))
     assert patient.ends[0].finish.reason == "length"
+
+
+def test_a_paged_prefix_hit_reads_the_same_tokens_another_sequence_wrote():
+    sched = VirtualHost()
+    model = PagedStepModel()
+    driver = make_paged(GenerationConfig(block_size=4), model, sched)
+    first = admit(driver, sched, prompt_len=9, max_tokens=2)
+    sched.settle()
+    second = admit(driver, sched, prompt_len=9, max_tokens=2)  # the model checks each slot
+    sched.settle()
+    assert first.ends[0].token_ids == second.ends[0].token_ids
+    assert driver.scheduler.prefix_cache_hits == 8  # two full blocks of the 9-token prompt
+    assert model.calls[-2].starts == (8,)  # its prefill computed the last prompt token only
