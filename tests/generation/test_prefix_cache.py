@@ -111,10 +111,21 @@ class PoolMachine(RuleBasedStateMachine):
         self.written: dict[int, int] = {}  # block -> the key of the tokens written into it
         self.next_id = 0
         self.in_step = False
+        self.prompts: list[list[int]] = []  # every prompt admitted or tried
+
+    @precondition(lambda self: not self.in_step and bool(self.prompts))
+    @rule(data=st.data())
+    def admit_sharing(self, data: st.DataObject) -> None:
+        """A prompt that starts as an earlier one and goes its own way (hits, then misses)."""
+        earlier = data.draw(st.sampled_from(self.prompts))
+        keep = data.draw(st.integers(0, len(earlier)))
+        tail = data.draw(st.lists(st.integers(3, 4), min_size=1, max_size=5))
+        self.admit(earlier[:keep] + tail)
 
     @precondition(lambda self: not self.in_step)
     @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=9))
     def admit(self, tokens: list[int]) -> None:
+        self.prompts.append(tokens)
         pool = self.pool
         hashes = block_hashes(tokens, SIZE)
         limit = (len(tokens) - 1) // SIZE
@@ -154,7 +165,7 @@ class PoolMachine(RuleBasedStateMachine):
         _, table = self.seqs.pop(seq_id)
         self.pool.free(table)
 
-    @rule(on=st.booleans())
+    @rule(on=st.sampled_from([True, True, True, False]))  # off drops all: not too often
     def toggle(self, on: bool) -> None:
         self.pool.set_caching(on)
 
