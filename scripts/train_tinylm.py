@@ -167,7 +167,7 @@ def train(args: argparse.Namespace) -> Torchy:
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if step % 100 == 0 or step == args.steps - 1:
+        if step % 50 == 0 or step == args.steps - 1:
             print(
                 f"step {step} loss {loss.item():.3f} lr {lr:.2e} {time.monotonic() - t0:.0f}s",
                 flush=True,
@@ -218,7 +218,7 @@ def check(weights: dict[str, np.ndarray], path: Path) -> None:
 def main() -> None:
     """Train, save, check."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=1200)
+    p.add_argument("--steps", type=int, default=800)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--length", type=int, default=256)
     p.add_argument("--lr", type=float, default=2e-3)

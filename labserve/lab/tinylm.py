@@ -2,7 +2,11 @@
 
 Small enough for one core (a step of 32 sequences takes a few milliseconds) and real where
 serving is concerned: attention reads every cached token, so a step costs more as
-contexts grow. Weights are seeded (no training): it writes fluent nonsense.
+contexts grow. Its shipped weights (``tinylm_weights.npz``, 1 MB of float16) were trained by
+``scripts/train_tinylm.py`` on Python's own documentation (the standard library's
+``pydoc_data/topics.py``, PSF licence), each paragraph ended by the byte 0x03
+(``TINYLM_EOS``): it writes words, in the docs' style, and ends its texts. Other sizes, or
+``weights="random"``, draw weights from a seed instead (and have no end-of-sequence token).
 
 Paged K/V, vLLM's way: keys and values live in one store per layer, indexed by flat slot
 (``block * block_size + offset``). Under labserve it stores K/V in labserve's blocks
@@ -145,8 +149,9 @@ class _OwnBlocks:
 class TinyLM(Runnable):
     """A byte-level decoder-only transformer with a KV cache, on numpy alone.
 
-    Tokens are bytes (``vocab_size`` 256): :meth:`encode` is ``text.encode("utf-8")``.
-    There is no end-of-sequence token: generation ends at ``max_tokens`` or a stop.
+    Tokens are bytes (``vocab_size`` 256): :meth:`encode` is ``text.encode("utf-8")``. With
+    the trained weights ``eos_token_id`` is byte 0x03, which ends a generation unless
+    ``ignore_eos``; with seeded ones it is None (generation ends at ``max_tokens`` or a stop).
 
     Args:
         d_model: width of the residual stream.
@@ -154,7 +159,13 @@ class TinyLM(Runnable):
         n_heads: attention heads (``d_model`` must divide by it).
         d_ff: width of each block's hidden layer (at most 1024: exactness needs it).
         max_model_len: the context, prompt plus outputs, in tokens.
-        seed: the weights' seed.
+        seed: the seed of random weights.
+        weights: ``"trained"`` (the shipped weights: the default size only), ``"random"``
+            (drawn from ``seed``), or the path of an npz written by ``scripts/train_tinylm.py``.
+            None: trained for the default size, random for any other.
+
+    Raises:
+        ValueError: a size out of range, or weights that do not fit it.
 
     >>> lm = TinyLM()
     >>> batch = SeqBatch((1,), (np.array(lm.encode("hi")),), (0,), (True,))
