@@ -107,7 +107,12 @@ def test_a_client_that_leaves_mid_stream_frees_its_sequence(served):
     before = runner.generate.stats().outcomes["cancelled"]
     with client(server) as c:
         stream = c.completions.create(
-            model="tinylm", prompt="leave", max_tokens=800, temperature=0, stream=True
+            model="tinylm",
+            prompt="leave",
+            max_tokens=800,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},  # long enough to leave: the model ends texts
         )
         next(iter(stream))
         stream.close()
@@ -190,7 +195,9 @@ def test_a_client_that_leaves_before_its_whole_reply_frees_its_sequence(slow, ch
         if chat
         else ("/v1/completions", {"prompt": "leave"})
     )
-    body = json.dumps({"model": "slow", "max_tokens": 1000, "temperature": 0, **own}).encode()
+    # ignore_eos: the trained TinyLM ends its texts; this one must run long enough to leave.
+    body = {"model": "slow", "max_tokens": 1000, "temperature": 0, "ignore_eos": True, **own}
+    body = json.dumps(body).encode()
     head = (
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
@@ -258,7 +265,7 @@ def test_a_lone_surrogate_in_a_prompt_is_a_400_not_a_500(served):
 def test_a_runner_stopped_before_its_server_ends_each_stream_with_an_error_event(slow):
     # What `labserve serve` does on SIGTERM: the runner first, then the server, draining.
     runner, server = slow
-    body = {"model": "slow", "prompt": "go", "max_tokens": 900, "stream": True}
+    body = {"model": "slow", "prompt": "go", "max_tokens": 900, "stream": True, "ignore_eos": True}
     events: list[str] = []
     started = threading.Event()
 
