@@ -153,6 +153,9 @@ def train(args: argparse.Namespace) -> Torchy:
     cut = int(len(data) * 0.98)
     train_data, held = data[:cut], data[cut:]
     model = Torchy()
+    if args.init is not None:  # go on from saved weights (a second stage)
+        with np.load(args.init) as npz:
+            load_into(model, {k: npz[k] for k in npz.files})
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     it = batches(train_data, rng, args.batch, args.length)
     t0 = time.monotonic()
@@ -194,15 +197,22 @@ def save(model: Torchy, path: Path) -> dict[str, np.ndarray]:
     return weights
 
 
-def check(weights: dict[str, np.ndarray], path: Path) -> None:
-    """The numpy TinyLM on the saved weights against this forward in float64 (within 1e-5)."""
-    model = Torchy().double()
+def load_into(model: Torchy, weights: dict[str, np.ndarray]) -> Torchy:
+    """Copy saved weights (an npz's arrays) into ``model``; returns it."""
+    dtype = model.embed.dtype
     with torch.no_grad():
-        model.embed.copy_(torch.from_numpy(weights["embed"].astype(np.float64)))
-        model.positions.copy_(torch.from_numpy(weights["positions"].astype(np.float64)))
+        model.embed.copy_(torch.from_numpy(weights["embed"].astype(np.float64)).to(dtype))
+        model.positions.copy_(torch.from_numpy(weights["positions"].astype(np.float64)).to(dtype))
         for i, layer in enumerate(model.layers):
             for name, lin in zip(("qkv", "out", "up", "down"), layer, strict=True):  # type: ignore[arg-type]
-                lin.w.copy_(torch.from_numpy(weights[f"layer{i}.{name}"].astype(np.float64)))
+                w = torch.from_numpy(weights[f"layer{i}.{name}"].astype(np.float64))
+                lin.w.copy_(w.to(dtype))
+    return model
+
+
+def check(weights: dict[str, np.ndarray], path: Path) -> None:
+    """The numpy TinyLM on the saved weights against this forward in float64 (within 1e-5)."""
+    model = load_into(Torchy().double(), weights)
     text = np.frombuffer(b"Return the value of the attribute named by the string.", np.uint8)
     tokens = text.astype(np.int64)
     lm = TinyLM(weights=str(path))
@@ -224,6 +234,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--init", type=Path, default=None, help="start from these saved weights")
     args = p.parse_args()
     torch.set_num_threads(1)
     model = train(args)
