@@ -77,20 +77,27 @@ def test_the_weights_end_texts_with_their_eos_byte(lm):
     assert TinyLM(weights="random").eos_token_id is None
 
 
+def _run_all(runner, prompts, **sampling):
+    """(text, finish) of each prompt sampled at temperature 1 with its own seed, all at once."""
+    streams = [
+        runner.generate.stream(p, temperature=1.0, seed=i, **sampling)
+        for i, p in enumerate(prompts)
+    ]
+    return [("".join(s), s.finish) for s in streams]
+
+
 def test_eos_ends_some_generations_before_max_tokens_and_ignore_eos_runs_them_all():
+    # Sampled (seeded: the same every run), as a client's default temperature 1 does.
     with labserve.Runner(TinyLM, name="words", max_num_seqs=16) as runner:
-        ended = [runner.generate.run(p, max_tokens=200, temperature=0) for p in PROMPTS]
-        fixed = [
-            runner.generate.run(p, max_tokens=200, temperature=0, ignore_eos=True)
-            for p in PROMPTS[:3]
-        ]
-    stopped = [r for r in ended if r.finish.reason == "stop"]
-    assert stopped, [r.text for r in ended]
-    for r in stopped:
-        assert r.finish.completion_tokens < 200 and r.token_ids[-1] == TINYLM_EOS
-        assert chr(TINYLM_EOS) not in r.text  # the EOS token ends the text, it is not in it
-    assert len({r.finish.completion_tokens for r in ended}) > 1  # lengths vary
-    assert [r.finish.completion_tokens for r in fixed] == [200] * 3
+        ended = _run_all(runner, PROMPTS, max_tokens=200)
+        fixed = _run_all(runner, PROMPTS[:4], max_tokens=200, ignore_eos=True)
+    stopped = [(text, f) for text, f in ended if f.reason == "stop"]
+    assert stopped, [text for text, _ in ended]
+    for text, finish in stopped:
+        assert finish.completion_tokens < 200
+        assert chr(TINYLM_EOS) not in text  # the EOS token ends the text, it is not in it
+    assert len({f.completion_tokens for _, f in ended}) > 1  # lengths vary
+    assert [f.completion_tokens for _, f in fixed] == [200] * 4
 
 
 def test_the_shipped_weights_load_for_a_shorter_context_and_refuse_another_shape(tmp_path):
