@@ -223,7 +223,13 @@ def test_a_signal_ends_every_live_stream_with_its_final_error_event(tmp_path, si
             proc.stderr.read() if proc.poll() is not None else "",
         )
         url = first.split()[3]
-        body = {"model": "slowlm", "prompt": "go", "max_tokens": 900, "stream": True}
+        body = {
+            "model": "slowlm",
+            "prompt": "go",
+            "max_tokens": 900,
+            "stream": True,
+            "ignore_eos": True,
+        }
         events = []
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as reply:
             assert reply.status_code == 200

@@ -34,3 +34,11 @@ def test_every_package_folder_is_listed_in_pyproject():
 
 def test_every_listed_package_exists():
     assert _listed() - _on_disk() == set()
+
+
+def test_tinylm_weights_are_package_data():
+    # TinyLM() loads them by default: a wheel without them could not serve the demo model.
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        data = tomllib.load(f)["tool"]["setuptools"]["package-data"]["labserve"]
+    assert "lab/tinylm_weights.npz" in data
+    assert (ROOT / "labserve" / "lab" / "tinylm_weights.npz").stat().st_size < 2_000_000

@@ -37,7 +37,14 @@ from typing import Any
 from before_after import checkouts, describe, run_in  # this folder's
 
 HERE = Path(__file__).resolve().parent
-NEIGHBOUR = {"model": "tinylm", "prompt": "keep going", "max_tokens": 1000, "temperature": 0}
+# ignore_eos: the trained TinyLM ends its texts; the neighbour must stream throughout.
+NEIGHBOUR = {
+    "model": "tinylm",
+    "prompt": "keep going",
+    "max_tokens": 1000,
+    "temperature": 0,
+    "ignore_eos": True,
+}
 
 
 def serve() -> None:

@@ -2,7 +2,11 @@
 
 Small enough for one core (a step of 32 sequences takes a few milliseconds) and real where
 serving is concerned: attention reads every cached token, so a step costs more as
-contexts grow. Weights are seeded (no training): it writes fluent nonsense.
+contexts grow. Its shipped weights (``tinylm_weights.npz``, 1 MB of float16) were trained by
+``scripts/train_tinylm.py`` on Python's own documentation (the standard library's
+``pydoc_data/topics.py``, PSF licence), each paragraph ended by the byte 0x03
+(``TINYLM_EOS``): it writes words, in the docs' style, and ends its texts. Other sizes, or
+``weights="random"``, draw weights from a seed instead (and have no end-of-sequence token).
 
 Paged K/V, vLLM's way: keys and values live in one store per layer, indexed by flat slot
 (``block * block_size + offset``). Under labserve it stores K/V in labserve's blocks
@@ -37,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,7 +50,16 @@ import numpy.typing as npt
 from labserve.generation.batch import SeqBatch
 from labserve.runtime.runnable import Runnable, method
 
-__all__ = ["TinyLM"]
+__all__ = ["TINYLM_EOS", "TinyLM"]
+
+# The end-of-sequence token of the trained weights: byte 0x03, ASCII's "end of text". It
+# never occurs in the training text (Python's docs), and keeping the vocabulary at 256
+# bytes keeps every byte-level path (tokenizer, HTTP, detokeniser) as it is.
+TINYLM_EOS = 3
+# Trained by scripts/train_tinylm.py on the standard library's pydoc_data/topics.py
+# (Python's documentation, PSF licence).
+_WEIGHTS = Path(__file__).with_name("tinylm_weights.npz")
+_SHIPPED_SHAPE = (128, 2, 4, 512)  # d_model, n_layers, n_heads, d_ff of the trained weights
 
 _blas: Any = None  # threadpoolctl's controller, made at the first step (None: not installed)
 
@@ -135,8 +149,9 @@ class _OwnBlocks:
 class TinyLM(Runnable):
     """A byte-level decoder-only transformer with a KV cache, on numpy alone.
 
-    Tokens are bytes (``vocab_size`` 256): :meth:`encode` is ``text.encode("utf-8")``.
-    There is no end-of-sequence token: generation ends at ``max_tokens`` or a stop.
+    Tokens are bytes (``vocab_size`` 256): :meth:`encode` is ``text.encode("utf-8")``. With
+    the trained weights ``eos_token_id`` is byte 0x03, which ends a generation unless
+    ``ignore_eos``; with seeded ones it is None (generation ends at ``max_tokens`` or a stop).
 
     Args:
         d_model: width of the residual stream.
@@ -144,7 +159,13 @@ class TinyLM(Runnable):
         n_heads: attention heads (``d_model`` must divide by it).
         d_ff: width of each block's hidden layer (at most 1024: exactness needs it).
         max_model_len: the context, prompt plus outputs, in tokens.
-        seed: the weights' seed.
+        seed: the seed of random weights.
+        weights: ``"trained"`` (the shipped weights: the default size only), ``"random"``
+            (drawn from ``seed``), or the path of an npz written by ``scripts/train_tinylm.py``.
+            None: trained for the default size, random for any other.
+
+    Raises:
+        ValueError: a size out of range, or weights that do not fit it.
 
     >>> lm = TinyLM()
     >>> batch = SeqBatch((1,), (np.array(lm.encode("hi")),), (0,), (True,))
@@ -164,6 +185,7 @@ class TinyLM(Runnable):
         d_ff: int = 512,
         max_model_len: int = 1024,
         seed: int = 0,
+        weights: str | None = None,
     ) -> None:
         if d_model % n_heads or d_model < n_heads:
             raise ValueError(f"d_model must be a multiple of n_heads, got {d_model}, {n_heads}")
@@ -171,12 +193,29 @@ class TinyLM(Runnable):
             raise ValueError(f"d_model and d_ff must be 1..1024, got {d_model}, {d_ff}")
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be an integer >= 2, got {max_model_len}")
-        rng = np.random.default_rng(seed)
         self.d_model, self.n_layers, self.n_heads = d_model, n_layers, n_heads
         self.head_dim = d_model // n_heads
         self.max_model_len = max_model_len
+        shipped = (d_model, n_layers, n_heads, d_ff) == _SHIPPED_SHAPE
+        if weights is None:
+            weights = "trained" if shipped else "random"
+        if weights == "random":
+            self._random_weights(d_ff, seed)
+        else:
+            self._load_weights(_WEIGHTS if weights == "trained" else Path(weights), d_ff)
+            self.eos_token_id = TINYLM_EOS
+        self._k: list[F32] = []  # per layer, (heads, slots, head_dim): keys on the grid
+        self._v: list[F64] = []  # per layer, the same for values (float64: exact sums)
+        self._block_size = _OWN_BLOCK_SIZE
+        self._paged = False  # allocate_kv was called: labserve owns the block tables
+        self._own = _OwnBlocks()
+
+    def _random_weights(self, d_ff: int, seed: int) -> None:
+        """Weights drawn from ``seed`` (no EOS: they never learned one)."""
+        rng = np.random.default_rng(seed)
+        d_model = self.d_model
         self.embed = rng.standard_normal((self.vocab_size, d_model))
-        self.positions = 0.5 * rng.standard_normal((max_model_len, d_model))
+        self.positions = 0.5 * rng.standard_normal((self.max_model_len, d_model))
 
         def dense(n_in: int, n_out: int, gain: float = 1.0) -> _Linear:
             return _Linear(gain * rng.standard_normal((n_in, n_out)) / np.sqrt(n_in))
@@ -188,15 +227,35 @@ class TinyLM(Runnable):
                 dense(d_model, d_ff),
                 dense(d_ff, d_model, 0.5),
             )
-            for _ in range(n_layers)
+            for _ in range(self.n_layers)
         ]
         # Tied to the embedding, as small LMs often are: the model prefers plausible bytes.
         self.unembed = _Linear(self.embed.T.copy())
-        self._k: list[F32] = []  # per layer, (heads, slots, head_dim): keys on the grid
-        self._v: list[F64] = []  # per layer, the same for values (float64: exact sums)
-        self._block_size = _OWN_BLOCK_SIZE
-        self._paged = False  # allocate_kv was called: labserve owns the block tables
-        self._own = _OwnBlocks()
+
+    def _load_weights(self, path: Path, d_ff: int) -> None:
+        """Trained weights from an npz written by ``scripts/train_tinylm.py``."""
+        d = self.d_model
+        with np.load(path) as npz:
+            arrays = {name: npz[name].astype(np.float64) for name in npz.files}
+        want = {"embed": (self.vocab_size, d)}
+        for i in range(self.n_layers):
+            want |= {f"layer{i}.qkv": (d, 3 * d), f"layer{i}.out": (d, d)}
+            want |= {f"layer{i}.up": (d, d_ff), f"layer{i}.down": (d_ff, d)}
+        wrong = [k for k, shape in want.items() if k not in arrays or arrays[k].shape != shape]
+        rows = arrays["positions"].shape[0] if "positions" in arrays else 0
+        if wrong or rows < self.max_model_len:
+            raise ValueError(
+                f"{path} does not fit this TinyLM (d_model {d}, d_ff {d_ff}, "
+                f"{self.n_layers} layers, max_model_len {self.max_model_len}): "
+                f"{', '.join(wrong) or f'positions for {rows} tokens'}"
+            )
+        self.embed = arrays["embed"]
+        self.positions = arrays["positions"][: self.max_model_len]
+        self.layers = [
+            tuple(_Linear(arrays[f"layer{i}.{n}"]) for n in ("qkv", "out", "up", "down"))  # type: ignore[misc]
+            for i in range(self.n_layers)
+        ]
+        self.unembed = _Linear(self.embed.T.copy())
 
     # -- tokens ---------------------------------------------------------------------------
 

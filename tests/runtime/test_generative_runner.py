@@ -86,7 +86,7 @@ def test_a_seeded_sample_repeats_and_a_stop_string_ends_it(lm):
 
 def test_closing_a_stream_early_frees_its_sequence_and_counts_it_cancelled(lm, poll_until):
     before = lm.generate.stats().outcomes["cancelled"]
-    stream = lm.generate.stream("a long one", max_tokens=500, temperature=0)
+    stream = lm.generate.stream("a long one", max_tokens=500, temperature=0, ignore_eos=True)
     next(stream)
     stream.close()
     poll_until(lambda: lm.generate.stats().outcomes["cancelled"] == before + 1)
@@ -158,7 +158,7 @@ async def _many(lm, n):
 
 def test_stop_answers_a_running_generation_and_refuses_new_ones():
     runner = labserve.Runner(TinyLM, name="stopping")
-    stream = runner.generate.stream("go", max_tokens=50, temperature=0)
+    stream = runner.generate.stream("go", max_tokens=50, temperature=0, ignore_eos=True)
     next(stream)
     runner.stop()  # drains: the running generation ends with all its tokens
     rest = list(stream)

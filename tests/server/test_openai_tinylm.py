@@ -49,7 +49,7 @@ def test_models_lists_the_runner(served):
 
 def test_concurrent_streams_each_carry_their_solo_tokens_and_usage(served):
     runner, server = served
-    solo = {p: runner.generate.run(p, max_tokens=20, temperature=0).text for p in PROMPTS}
+    solo = {p: runner.generate.run(p, max_tokens=20, temperature=0) for p in PROMPTS}
 
     def one(prompt):
         with client(server) as c:
@@ -69,8 +69,10 @@ def test_concurrent_streams_each_carry_their_solo_tokens_and_usage(served):
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
         got = list(pool.map(one, PROMPTS))
     for prompt, (text, usage) in zip(PROMPTS, got, strict=True):
-        assert text == solo[prompt]
-        assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt.encode()), 20)
+        assert text == solo[prompt].text
+        # As many tokens as alone: 20, or fewer where the model ended its text (EOS).
+        tokens = solo[prompt].finish.completion_tokens
+        assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt.encode()), tokens)
 
 
 def test_a_chat_completion_and_a_stop(served):
@@ -107,7 +109,12 @@ def test_a_client_that_leaves_mid_stream_frees_its_sequence(served):
     before = runner.generate.stats().outcomes["cancelled"]
     with client(server) as c:
         stream = c.completions.create(
-            model="tinylm", prompt="leave", max_tokens=800, temperature=0, stream=True
+            model="tinylm",
+            prompt="leave",
+            max_tokens=800,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},  # long enough to leave: the model ends texts
         )
         next(iter(stream))
         stream.close()
@@ -222,7 +229,9 @@ def test_a_client_that_leaves_before_its_whole_reply_frees_its_sequence(slow, ch
         if chat
         else ("/v1/completions", {"prompt": "leave"})
     )
-    body = json.dumps({"model": "slow", "max_tokens": 1000, "temperature": 0, **own}).encode()
+    # ignore_eos: the trained TinyLM ends its texts; this one must run long enough to leave.
+    body = {"model": "slow", "max_tokens": 1000, "temperature": 0, "ignore_eos": True, **own}
+    body = json.dumps(body).encode()
     head = (
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
@@ -290,7 +299,7 @@ def test_a_lone_surrogate_in_a_prompt_is_a_400_not_a_500(served):
 def test_a_runner_stopped_before_its_server_ends_each_stream_with_an_error_event(slow):
     # What `labserve serve` does on SIGTERM: the runner first, then the server, draining.
     runner, server = slow
-    body = {"model": "slow", "prompt": "go", "max_tokens": 900, "stream": True}
+    body = {"model": "slow", "prompt": "go", "max_tokens": 900, "stream": True, "ignore_eos": True}
     events: list[str] = []
     started = threading.Event()
 
