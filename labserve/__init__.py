@@ -62,6 +62,7 @@ from labserve.lab.export import export_config
 from labserve.lab.generation.calibrate import Calibration, calibrate
 from labserve.lab.generation.fidelity import GenerationFidelity, compare_generation
 from labserve.lab.generation.load import UntilStopped
+from labserve.lab.generation.search import GenerationSearch, PoissonWorkload, search_generation
 from labserve.lab.generation.sources import (
     GenerationSource,
     GenerationView,
@@ -148,6 +149,7 @@ __all__ = [
     "GenerationFidelity",
     "GenerationLoadResult",
     "GenerationLoadRun",
+    "GenerationSearch",
     "GenerationSnapshot",
     "GenerationSource",
     "GenerationView",
@@ -178,6 +180,7 @@ __all__ = [
     "PayloadTooLargeError",
     "Percentiles",
     "PoissonArrivals",
+    "PoissonWorkload",
     "QueueFullError",
     "RampArrivals",
     "RemoteError",
@@ -224,6 +227,7 @@ __all__ = [
     "profile",
     "profile_steps",
     "replay_generation",
+    "search_generation",
     "serve",
     "simulate",
     "simulate_generation",
