@@ -73,6 +73,7 @@ from labserve.lab.generation.sources import (
 )
 from labserve.lab.generation.sweep import sweep_generation
 from labserve.lab.profiling import CostCurve, profile
+from labserve.lab.search import BatchingSearch, search_batching
 from labserve.lab.sources import (
     HttpSource,
     MethodSource,
@@ -133,6 +134,7 @@ __all__ = [
     "BatchRecord",
     "BatchSizeMismatchError",
     "BatchingConfig",
+    "BatchingSearch",
     "BurstArrivals",
     "Calibration",
     "CancelledRequestError",
@@ -227,6 +229,7 @@ __all__ = [
     "profile",
     "profile_steps",
     "replay_generation",
+    "search_batching",
     "search_generation",
     "serve",
     "simulate",

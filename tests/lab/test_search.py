@@ -125,3 +125,38 @@ def test_apply_configures_a_runner_with_the_best_setting_and_the_targets(found):
 
 def test_export_writes_the_best_setting_as_engine_flags(found):
     assert "--max-num-seqs 8" in found.export("vllm")
+
+
+@pytest.fixture(scope="module")
+def batching():
+    return labserve.search_batching(
+        20.0, grid={"max_batch_size": [1, 16]}, cost=(2.0, 0.1), duration_s=5, warmup_s=0.5
+    )
+
+
+def test_batching_search_repeats_and_ranks_a_real_cap_over_one(batching):
+    again = labserve.search_batching(
+        20.0, grid={"max_batch_size": [1, 16]}, cost=(2.0, 0.1), duration_s=5, warmup_s=0.5
+    )
+    assert again.rows == batching.rows
+    one, sixteen = batching.rows
+    # Batches of one: at most 1 / 2.1 ms = 476 req/s; sixteen share the 2 ms fixed part.
+    assert 0 < one["max_rate"] < 476 < sixteen["max_rate"]
+    assert sixteen["latency_p99_ms"] <= 20.0
+    assert batching.best is sixteen
+
+
+class Doubler(labserve.Runnable):
+    @labserve.method(batchable=True, max_batch_size=4)
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return x * 2
+
+
+def test_batching_apply_and_export_carry_the_best_caps(batching):
+    runner = labserve.Runner(Doubler, name="doubler")
+    try:
+        assert batching.apply(runner).max_batch_size == 16
+        assert runner.predict.config.max_batch_size == 16
+    finally:
+        runner.stop()
+    assert "max_batch_size: 16" in batching.export("labserve")
