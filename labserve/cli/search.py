@@ -68,11 +68,11 @@ def add_command(sub: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> None:
     """Search the grid ``args`` give; print the table and the best setting."""
-    import labserve
     from labserve.lab.demo import TINYLM_STEP_COST
-    from labserve.lab.generation.search import SEARCH_KNOBS
+    from labserve.lab.generation.search import SEARCH_KNOBS, PoissonWorkload, search_generation
+    from labserve.sim.generation import StepCost
 
-    cost = TINYLM_STEP_COST if args.cost is None else labserve.StepCost(*args.cost)
+    cost = TINYLM_STEP_COST if args.cost is None else StepCost(*args.cost)
     grid: dict[str, list[Any]] = {
         "strategy": args.strategies,
         "scheduling_policy": args.policies,
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> None:
             bar.total = total
             bar.update(done - bar.n)
 
-        found = labserve.search_generation(
-            labserve.PoissonWorkload(args.input_len, args.output_len),
+        found = search_generation(
+            PoissonWorkload(args.input_len, args.output_len),
             args.targets,
             grid=grid,
             cost=cost,
