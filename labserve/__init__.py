@@ -63,6 +63,7 @@ from labserve.lab.export import export_config
 from labserve.lab.generation.calibrate import Calibration, calibrate
 from labserve.lab.generation.fidelity import GenerationFidelity, compare_generation
 from labserve.lab.generation.load import UntilStopped
+from labserve.lab.generation.search import GenerationSearch, PoissonWorkload, search_generation
 from labserve.lab.generation.sessions import WorkloadLoad, start_workload_load
 from labserve.lab.generation.sources import (
     GenerationSource,
@@ -74,6 +75,7 @@ from labserve.lab.generation.sources import (
 )
 from labserve.lab.generation.sweep import sweep_generation
 from labserve.lab.profiling import CostCurve, profile
+from labserve.lab.search import BatchingSearch, search_batching
 from labserve.lab.sources import (
     HttpSource,
     MethodSource,
@@ -140,6 +142,7 @@ __all__ = [
     "BatchRecord",
     "BatchSizeMismatchError",
     "BatchingConfig",
+    "BatchingSearch",
     "BurstArrivals",
     "Calibration",
     "CancelledRequestError",
@@ -156,6 +159,7 @@ __all__ = [
     "GenerationFidelity",
     "GenerationLoadResult",
     "GenerationLoadRun",
+    "GenerationSearch",
     "GenerationSnapshot",
     "GenerationSource",
     "GenerationView",
@@ -186,6 +190,7 @@ __all__ = [
     "PayloadTooLargeError",
     "Percentiles",
     "PoissonArrivals",
+    "PoissonWorkload",
     "QueueFullError",
     "RampArrivals",
     "RemoteError",
@@ -235,6 +240,8 @@ __all__ = [
     "profile",
     "profile_steps",
     "replay_generation",
+    "search_batching",
+    "search_generation",
     "serve",
     "simulate",
     "simulate_generation",

@@ -6,6 +6,7 @@ It uses only labserve's public API; the core never imports it.
 >>> Dashboard(runner, example=x)       # controls + live charts
 >>> GenerationDashboard(lm)            # a generative method's (continuous batching)
 >>> plot(labserve.simulate(...))       # the same charts for a finished run
+>>> plot_search(labserve.search_generation(...))   # a search's Pareto plot
 >>> labserve.sweep(..., progress=ProgressBar())   # a sweep's progress in the notebook
 """
 
@@ -20,6 +21,7 @@ from .generation.plots import (
     plot_fidelity,
     plot_generation_steps,
 )
+from .generation.search import plot_search, search_figure
 from .plots import (
     compare_figure,
     compare_series,
@@ -50,6 +52,8 @@ __all__ = [
     "plot_cost_curve",
     "plot_fidelity",
     "plot_generation_steps",
+    "plot_search",
     "plot_sweep",
+    "search_figure",
     "sweep_figure",
 ]

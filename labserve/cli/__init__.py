@@ -1,9 +1,9 @@
 """The ``labserve`` command: demo, sweep and profile from a shell, with progress shown.
 
 Bad arguments get a one-line message and exit status 2, never a traceback. Each subcommand
-lives in its own module (``demo``, ``sweep``, ``profile``, ``serve``, ``load``, ``export``,
-``sanitizer``), which adds its parser with ``add_command`` and runs it with ``run``; what they
-share is in ``_common``.
+lives in its own module (``demo``, ``sweep``, ``search``, ``profile``, ``serve``, ``load``,
+``export``, ``sanitizer``), which adds its parser with ``add_command`` and runs it with
+``run``; what they share is in ``_common``.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import argparse
 from collections.abc import Sequence
 
 from labserve.base.errors import LabServeError
-from labserve.cli import demo, export, load, profile, sanitizer, serve, sweep
+from labserve.cli import demo, export, load, profile, sanitizer, search, serve, sweep
 from labserve.cli._common import FailedRun, UsageError
 
 __all__ = ["build_parser", "main"]
 
 # In the order `labserve --help` lists them.
-_COMMANDS = (demo, sweep, profile, serve, load, export, sanitizer)
+_COMMANDS = (demo, sweep, search, profile, serve, load, export, sanitizer)
 
 
 def build_parser() -> argparse.ArgumentParser:

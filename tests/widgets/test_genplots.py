@@ -99,3 +99,26 @@ def test_fidelity_bars_hold_each_reports_errors_in_figure_order():
     assert isinstance(plot_fidelity(reports), BokehModel)
     with pytest.raises(ValueError, match="at least one"):
         fidelity_figure({})
+
+
+def test_search_plot_holds_every_setting_and_marks_the_frontier_and_best():
+    from labserve.widgets import plot_search, search_figure
+
+    import labserve
+
+    found = labserve.search_generation(
+        labserve.PoissonWorkload(8, 8),
+        "ttft:60 tpot:5",
+        grid={"max_num_seqs": [1, 4, 8]},
+        cost=StepCost(2.0, per_seq_ms=0.2),
+        duration_s=3.0,
+        warmup_s=0.5,
+        probe_s=1.0,
+    )
+    by_name = sources(search_figure(found))
+    assert by_name["settings"].data["rate"] == [r["max_rate"] for r in found.rows]
+    assert by_name["best"].data["rate"] == [found.best["max_rate"]]
+    front = by_name["frontier"].data
+    assert front["user"] == sorted(front["user"])  # the line runs left to right
+    assert len(front["rate"]) == len(found.frontier()) >= 1
+    assert isinstance(plot_search(found), BokehModel)

@@ -1,0 +1,391 @@
+"""Which scheduler setting serves the most traffic within the targets: a search on virtual time.
+
+For every setting in a grid (``max_num_seqs``, ``max_num_batched_tokens``,
+``enable_chunked_prefill``, ``scheduling_policy``, ``strategy``: a dict of lists),
+:func:`search_generation` finds the highest Poisson rate at which at least ``attainment`` of
+the requests meet every target (TTFT, TPOT, e2e; goodput as DistServe defines it), by
+bisection on rate (:func:`~labserve.lab.bisection.highest_rate`), each point ``duration_s``
+simulated seconds of the real scheduler (:func:`~labserve.sim.generation.replay_generation`)
+with the first ``warmup_s`` left out. Seeded: the same call gives the same table.
+
+A single target at an attainment is that target at a percentile: ``ttft:300`` at
+``attainment=0.99`` is "TTFT p99 within 300 ms".
+
+>>> import labserve
+>>> found = search_generation(PoissonWorkload(16, 16), "tpot:6", grid={"max_num_seqs": [1, 8]},
+...                           cost=labserve.StepCost(2.0, per_seq_ms=0.2), duration_s=10,
+...                           warmup_s=1, probe_s=3)
+>>> found.best["max_num_seqs"], found.best["max_rate"] > found.rows[0]["max_rate"]
+(8, True)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from labserve.base.lengths import LengthDist, parse_length
+from labserve.config.generation import GenerationConfig
+from labserve.generation.results import GenerationResult
+from labserve.lab.bisection import highest_rate
+from labserve.lab.export import export_config
+from labserve.lab.sweep import format_table
+from labserve.load.generation.goodput import parse_goodput
+from labserve.runtime.runner import Runner
+from labserve.sim.generation import StepCost, replay_generation
+
+__all__ = [
+    "SEARCH_COLUMNS",
+    "SEARCH_KNOBS",
+    "GenerationSearch",
+    "GenerationWorkload",
+    "PoissonWorkload",
+    "search_generation",
+]
+
+SEARCH_KNOBS: tuple[str, ...] = (
+    "strategy",
+    "scheduling_policy",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_chunked_prefill",
+    "long_prefill_token_threshold",
+)
+"""The settings a grid may vary: those that shape steps and apply live."""
+
+SEARCH_COLUMNS: tuple[str, ...] = (
+    *SEARCH_KNOBS[:5],
+    "max_rate",
+    "tokens_per_s",
+    "tokens_per_s_per_user",
+    "attainment",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "e2e_p99_ms",
+)
+"""The columns :meth:`GenerationSearch.table` shows."""
+
+
+class GenerationWorkload(Protocol):
+    """What a search loads each setting with: requests at a rate, for a duration.
+
+    The hook for other workloads (shared prefixes, multi-turn): anything with this
+    ``draw`` searches alike. Equal ``seed``: equal requests, at every setting.
+    """
+
+    def draw(self, rate: float, duration_s: float, seed: int) -> tuple[np.ndarray, ...]:
+        """Arrival times (s, in order), prompt lengths and output lengths, one per request."""
+        ...
+
+
+@dataclass(frozen=True)
+class PoissonWorkload:
+    """Poisson arrivals with prompt and output lengths from the shared vocabulary.
+
+    The gaps are one draw of unit exponentials divided by the rate, so two rates see the
+    same pattern squeezed: the targets' attainment then falls with the rate without
+    sampling noise crossing it back, which bisection needs.
+    """
+
+    input_len: LengthDist | str | int
+    output_len: LengthDist | str | int
+
+    def draw(self, rate: float, duration_s: float, seed: int) -> tuple[np.ndarray, ...]:
+        """The requests arriving in ``duration_s`` at ``rate`` (at least one)."""
+        n = max(1, round(rate * duration_s))
+        gaps = np.random.default_rng([seed, 0]).standard_exponential(n)
+        lengths = np.random.default_rng([seed, 1])
+        prompts = parse_length(self.input_len, name="input_len").sample(lengths, n)
+        outputs = parse_length(self.output_len, name="output_len").sample(lengths, n)
+        return np.cumsum(gaps) / rate, prompts, outputs
+
+
+@dataclass(frozen=True)
+class _Point:
+    """What one simulated rate gave: the share of requests meeting every target, the run."""
+
+    attainment: float
+    result: GenerationResult | None  # None: decided by the short probe alone
+
+
+@dataclass
+class _Judge:
+    """Runs one setting at a rate and says whether it met the targets."""
+
+    config: GenerationConfig
+    workload: GenerationWorkload
+    cost: StepCost
+    targets: dict[str, float]
+    attainment: float
+    duration_s: float
+    warmup_s: float
+    probe_s: float
+    seed: int
+    points: dict[float, _Point] = field(default_factory=dict)
+
+    def __call__(self, rate: float) -> bool:
+        point = self.points.get(rate) or self._point(rate)
+        self.points[rate] = point
+        return point.attainment >= self.attainment
+
+    def _point(self, rate: float) -> _Point:
+        arrivals, prompts, outputs = self.workload.draw(rate, self.duration_s, self.seed)
+        if self.probe_s < self.duration_s:
+            # Overload shows within seconds (the queue and TTFT grow without bound); a probe
+            # on the same stream's first seconds rejects it at a sixth of the cost. A probe
+            # never accepts: a queue just past capacity grows too slowly to show in it.
+            k = int(np.searchsorted(arrivals, self.probe_s))
+            short = self._run(arrivals[:k], prompts[:k], outputs[:k])
+            if short.attainment < self.attainment - _PROBE_MARGIN:
+                return _Point(short.attainment, None)
+        return self._run(arrivals, prompts, outputs)
+
+    def _run(self, arrivals: np.ndarray, prompts: np.ndarray, outputs: np.ndarray) -> _Point:
+        run = replay_generation(
+            _bounded(self.config, self.targets, int(outputs.max(initial=1))),
+            self.cost,
+            arrival_s=arrivals,
+            prompt_lens=prompts,
+            output_lens=outputs,
+            seed=self.seed,
+        )
+        return _Point(_attained(run, self.targets, self.warmup_s), run)
+
+
+def _bounded(config: GenerationConfig, targets: Mapping[str, float], most: int) -> GenerationConfig:
+    """The config with a timeout no request meeting the targets can reach.
+
+    Past capacity the backlog's drain is most of a run's cost; a sequence older than its
+    targets allow is a miss anyway, so it ends there (the judged outcome is unchanged).
+    """
+    bounds = [config.request_timeout_ms or math.inf]
+    if "e2el" in targets:
+        bounds.append(targets["e2el"])
+    if "ttft" in targets and "tpot" in targets:
+        bounds.append(targets["ttft"] + targets["tpot"] * max(most - 1, 0))
+    limit = min(bounds)
+    return config.replace(request_timeout_ms=limit + 1.0) if math.isfinite(limit) else config
+
+
+_PROBE_MARGIN = 0.1
+"""How far below the attainment a probe must fall to decide a miss: on lesson 10's workload
+a 20 s probe's attainment differed from the 120 s run's by at most 0.03 below the edge."""
+
+
+def _attained(run: GenerationResult, targets: Mapping[str, float], warmup_s: float) -> float:
+    """The share of requests arriving after the warm-up that met every target.
+
+    Refused requests count as misses (the result does not say when they arrived). A run
+    that fell behind its arrivals scores at most the share it kept up with: requests ended
+    within the judged window over those that arrived in it. Without that, a TPOT target
+    alone is met at any rate (the queue grows, the running sequences stay fast).
+    """
+    after = run.arrival_s >= warmup_s
+    ok = run.meeting(targets.get("ttft", 0.0), targets.get("tpot", 0.0)) & after
+    if "e2el" in targets:
+        ok &= run.end_s - run.arrival_s <= targets["e2el"] / 1000.0
+    total = int(after.sum()) + run.refused
+    if not total:
+        return 0.0
+    last = float(run.arrival_s[-1])
+    ended = int(((run.end_s >= warmup_s) & (run.end_s <= last) & run.served).sum())
+    arrived = int((after & (run.arrival_s <= last)).sum())
+    pace = min(1.0, (ended + _PACE_SLACK * arrived) / arrived) if arrived else 1.0
+    return min(float(ok.sum()) / total, pace)
+
+
+_PACE_SLACK = 0.05
+"""Requests still running when the arrivals stop, as a share of those judged: at 120 s
+and e2e times of a few seconds, a setting that keeps up leaves 2-4% in flight."""
+
+
+@dataclass(frozen=True)
+class GenerationSearch:
+    """A search's outcome: one row per setting, the best one, and how to use it.
+
+    ``rows`` follow the grid's order; ``max_rate`` is requests/s (0: not even the lowest
+    rate met the targets). ``tokens_per_s`` is output tokens per second on the replica at
+    that rate; ``tokens_per_s_per_user`` what one user sees, 1000 / TPOT p50.
+    """
+
+    rows: list[dict[str, Any]]
+    targets: dict[str, float]
+    attainment: float
+    base: GenerationConfig
+    evaluations: int
+
+    @property
+    def best(self) -> dict[str, Any]:
+        """The row with the highest rate (ties: the faster per user)."""
+        return max(self.rows, key=lambda r: (r["max_rate"], r["tokens_per_s_per_user"]))
+
+    @property
+    def best_config(self) -> GenerationConfig:
+        """The best setting as a config, with the targets as its goodput targets."""
+        return self._config(self.best)
+
+    def frontier(self) -> list[dict[str, Any]]:
+        """The rows no other row beats on both tokens/s per replica and per user."""
+        rows = [r for r in self.rows if r["max_rate"] > 0]
+        return [
+            r
+            for r in rows
+            if not any(
+                o["tokens_per_s"] >= r["tokens_per_s"]
+                and o["tokens_per_s_per_user"] >= r["tokens_per_s_per_user"]
+                and (o["tokens_per_s"], o["tokens_per_s_per_user"])
+                != (r["tokens_per_s"], r["tokens_per_s_per_user"])
+                for o in rows
+            )
+        ]
+
+    def table(self, columns: Sequence[str] = SEARCH_COLUMNS) -> str:
+        """The rows as an aligned text table, best rate first."""
+        ranked = sorted(self.rows, key=lambda r: -r["max_rate"])
+        return format_table(ranked, columns)
+
+    def apply(self, runner: Runner, method: str = "generate") -> GenerationConfig:
+        """Configure a running runner's generative method with the best setting, in one call.
+
+        The targets go with it (``ttft_slo_ms``, ``tpot_slo_ms``), so its goodput counts
+        them. A start-time setting in the grid is refused with the runner's own ConfigError.
+        """
+        best = self.best_config
+        changes = {k: getattr(best, k) for k in SEARCH_KNOBS}
+        changes.update(ttft_slo_ms=best.ttft_slo_ms, tpot_slo_ms=best.tpot_slo_ms)
+        out = runner.configure(method, **changes)
+        assert isinstance(out, GenerationConfig)
+        return out
+
+    def export(self, target: str = "vllm") -> str:
+        """The best setting as an engine's flags (``labserve.export_config``'s formats)."""
+        return export_config(self.best_config, target)
+
+    def _config(self, row: Mapping[str, Any]) -> GenerationConfig:
+        knobs = {k: row[k] for k in SEARCH_KNOBS}
+        return self.base.replace(
+            **knobs,
+            ttft_slo_ms=self.targets.get("ttft", 0.0),
+            tpot_slo_ms=self.targets.get("tpot", 0.0),
+        )
+
+    def __repr__(self) -> str:
+        b = self.best
+        knobs = ", ".join(f"{k}={b[k]!r}" for k in SEARCH_KNOBS[:5])
+        return (
+            f"GenerationSearch({len(self.rows)} settings; best {b['max_rate']:.1f} req/s"
+            f" with {knobs})"
+        )
+
+
+def search_generation(
+    workload: GenerationWorkload,
+    targets: str | Mapping[str, float],
+    *,
+    grid: Mapping[str, Sequence[Any]],
+    cost: StepCost,
+    attainment: float = 0.9,
+    base: GenerationConfig | None = None,
+    duration_s: float = 120.0,
+    warmup_s: float = 10.0,
+    probe_s: float = 20.0,
+    tolerance: float = 0.02,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> GenerationSearch:
+    """The highest rate meeting the targets, for every setting of a grid.
+
+    Args:
+        workload: the requests (e.g. ``PoissonWorkload(32, 128)``, lesson 10's).
+        targets: ``"ttft:300 tpot:30"`` or ``{"ttft": 300, "e2el": 5000}`` (ms; the keys
+            of ``vllm bench serve --goodput``).
+        grid: lists of values for any of :data:`SEARCH_KNOBS`; every combination runs.
+        cost: each step's time (``TINYLM_STEP_COST`` or a calibrated one).
+        attainment: the share of requests that must meet every target.
+        base: every other setting (default: GenerationConfig's defaults).
+        duration_s: simulated seconds of arrivals at each rate.
+        warmup_s: the first seconds' arrivals are not judged (the batch fills up).
+        probe_s: a rate first runs this long; a clear miss stops there (``duration_s``
+            or more: no probe).
+        tolerance: the bisection stops within this share of the edge.
+        seed: the requests' seed, the same for every setting and rate.
+        progress: called with (settings done, settings in all).
+
+    Raises:
+        ValueError: an unknown target or grid key, an empty grid list, attainment not in
+            (0, 1], or ``warmup_s`` not below ``duration_s``.
+        ConfigError: a grid value the config refuses (before anything runs).
+    """
+    goals = parse_goodput(targets)
+    if not goals:
+        raise ValueError("targets must name at least one of ttft, tpot, e2el, got none")
+    if not (isinstance(attainment, (int, float)) and 0 < attainment <= 1):
+        raise ValueError(f"attainment must be a share in (0, 1], got {attainment!r}")
+    if not (0 <= warmup_s < duration_s):
+        raise ValueError(f"warmup_s must be >= 0 and below duration_s, got {warmup_s!r}")
+    configs = _grid(base or GenerationConfig(), grid)
+    rows: list[dict[str, Any]] = []
+    start, evaluations = 0.0, 0
+    for done, config in enumerate(configs, start=1):
+        judge = _Judge(
+            config, workload, cost, goals, attainment, duration_s, warmup_s, probe_s, seed
+        )
+        if not start:
+            start = _capacity(config, workload, cost, seed)
+        found = highest_rate(judge, start=start, tolerance=tolerance)
+        evaluations += len(found.tried)
+        point = judge.points.get(found.rate)
+        rows.append(_row(config, found.rate, point))
+        start = found.rate or start  # the neighbour's edge: the next bracket's first guess
+        if progress is not None:
+            progress(done, len(configs))
+    return GenerationSearch(rows, goals, float(attainment), base or GenerationConfig(), evaluations)
+
+
+def _grid(base: GenerationConfig, grid: Mapping[str, Sequence[Any]]) -> list[GenerationConfig]:
+    unknown = sorted(set(grid) - set(SEARCH_KNOBS))
+    if unknown:
+        raise ValueError(f"grid keys must be among {', '.join(SEARCH_KNOBS)}; got {unknown}")
+    empty = [k for k, v in grid.items() if isinstance(v, str) or not len(v)]
+    if empty:
+        raise ValueError(f"grid values must be non-empty lists; not so for {empty}")
+    keys = list(grid)
+    return [
+        base.replace(**dict(zip(keys, combo, strict=True)))
+        for combo in itertools.product(*(grid[k] for k in keys))
+    ]
+
+
+def _capacity(
+    config: GenerationConfig, workload: GenerationWorkload, cost: StepCost, seed: int
+) -> float:
+    """Served requests/s when 200 arrive at once: the first bracket's guess."""
+    _, prompts, outputs = workload.draw(1.0, 200.0, seed)
+    run = replay_generation(
+        config, cost, arrival_s=np.zeros(len(prompts)), prompt_lens=prompts, output_lens=outputs
+    )
+    return max(float(run.served.sum()) / run.span_s if run.span_s > 0 else 1.0, 1e-3)
+
+
+def _row(config: GenerationConfig, rate: float, point: _Point | None) -> dict[str, Any]:
+    row: dict[str, Any] = {k: getattr(config, k) for k in SEARCH_KNOBS}
+    run = point.result if point is not None else None
+    row["max_rate"] = rate
+    row["attainment"] = point.attainment if point is not None else math.nan
+    if run is None:
+        row.update(tokens_per_s=0.0, tokens_per_s_per_user=0.0)
+        return row
+    tpot = run.percentiles_ms("tpot")
+    row["tokens_per_s"] = run.output_tokens_per_s
+    row["tokens_per_s_per_user"] = 1000.0 / tpot["p50"] if tpot["p50"] > 0 else math.nan
+    for metric in ("ttft", "tpot", "e2e"):
+        p = run.percentiles_ms(metric)
+        row[f"{metric}_p50_ms"], row[f"{metric}_p99_ms"] = p["p50"], p["p99"]
+    return row

@@ -1,0 +1,42 @@
+"""``labserve search``: the table and the best setting; one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from labserve.cli import main
+
+TINY = ["--input-len", "8", "--output-len", "8", "--duration", "4", "--warmup", "0.5"]
+
+
+def test_search_prints_the_table_and_the_best_setting(capsys):
+    argv = ["search", *TINY, "--targets", "ttft:60 tpot:5", "--max-num-seqs", "1,8"]
+    assert main([*argv, "--cost", "2,0.2,0,0", "--export", "vllm"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["strategy", "scheduling_policy", "max_num_seqs"]
+    assert out[1].split()[2] == "8"  # best rate first: 8 sequences share each step's 2 ms
+    best = next(line for line in out if line.startswith("best: "))
+    assert "max_num_seqs=8" in best
+    assert any(line.strip() == "--max-num-seqs 8 \\" for line in out)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--strategies", "eager"], "strategy must be one of"),
+        (["--targets", "speed:3"], "got the key 'speed'"),
+        (["--chunked", "maybe"], "chunked takes on and/or off"),
+        (["--cost", "1,2"], "cost takes 4 comma-separated terms"),
+        (["--attainment", "2"], "attainment must be a share"),
+        (["--max-num-seqs", "0"], "max-num-seqs must be numbers > 0"),
+        (["--duration", "0"], "durations must be > 0"),
+        (["--warmup", "9"], "warmup_s must be"),
+    ],
+)
+def test_search_bad_arguments_exit_2_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["search", *TINY, *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
