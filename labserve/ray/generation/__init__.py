@@ -1,0 +1,1 @@
+"""Generation on Ray Serve: what only generative methods need beside the request path."""
