@@ -36,8 +36,29 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(*extra: str) -> Iterator[str]:
-    """``labserve serve labserve.lab.demo:TinyLM [extra]`` until the block ends (Ctrl-C)."""
+def served(*extra: str, attempts: int = 1) -> Iterator[str]:
+    """``labserve serve labserve.lab.demo:TinyLM [extra]`` until the block ends (Ctrl-C).
+
+    ``attempts``: starts tried. Ray's driver waits a fixed 30 s for its raylet, which waits
+    for its metrics agent: at load 10-15 on these two cores most local starts failed so
+    (2026-12-04, 16:00 UTC), and a later one got through.
+    """
+    for attempt in range(attempts):
+        started = False
+        try:
+            with _served(*extra) as base:
+                started = True
+                yield base
+                return
+        except RuntimeError as exc:
+            if started:  # the measure's own error, not the start's
+                raise
+            print(f"start {attempt + 1} of {attempts} failed: {exc}", flush=True)
+    raise RuntimeError(f"labserve serve {' '.join(extra)} did not start in {attempts} tries")
+
+
+@contextlib.contextmanager
+def _served(*extra: str) -> Iterator[str]:
     port = _free_port()
     argv = [sys.executable, "-m", "labserve.cli", "serve", "labserve.lab.demo:TinyLM"]
     argv += ["--port", str(port), *extra]
@@ -80,7 +101,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     rows = []
-    with served() as kernel, served("--ray", "--replicas", "1") as ray:
+    with served() as kernel, served("--ray", "--replicas", "1", attempts=6) as ray:
         tokens_per_s(kernel, 3, args.streams, args.output)  # warm both outside the measure
         tokens_per_s(ray, 3, args.streams, args.output)
         for r in range(args.rounds):

@@ -26,6 +26,7 @@ from labserve.base.errors import LabServeError
 from labserve.config.batching import BatchingConfig
 from labserve.config.generation import GenerationConfig
 from labserve.generation.stats import GenerationSnapshot
+from labserve.lab.generation.sources import HttpGenerationSource
 from labserve.metrics.snapshot import Snapshot
 from labserve.ray.board import StatsBoard
 from labserve.ray.generation.calls import GenerativeCaller, in_event_loop
@@ -243,6 +244,23 @@ class RayApp:
         :meth:`url`, Serve's default port 8000).
         """
         return [RaySource(self, m, proxy_url or self.url()) for m in self.batchable]
+
+    def generation_sources(self, *, proxy_url: str | None = None) -> list[HttpGenerationSource]:
+        """Each generative method as a source for ``GenerationDashboard(app)``.
+
+        Through Ray's proxy at ``proxy_url`` (default: :meth:`url`, Serve's default port
+        8000): the merged snapshot of ``/stats``, live changes with the token, load through
+        the proxy. The per-replica views are :meth:`replica_generation_snapshots` (the
+        dashboard has no row per replica yet).
+        """
+        base = proxy_url or self.url()
+        model = self.runner if len(self.generators) == 1 else None
+        return [
+            HttpGenerationSource(
+                base, self.runner, m, model=model or f"{self.runner}.{m}", token=self.token
+            )
+            for m in self.generators
+        ]
 
     @property
     def stopped(self) -> bool:

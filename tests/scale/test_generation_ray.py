@@ -172,3 +172,15 @@ def test_the_merged_snapshot_counts_every_replicas_sequences_exactly(both):
         assert merged.histograms[name].count == 16
         assert merged.histograms[name].count == sum(v.histograms[name].count for v in views)
     assert 0 < merged.percentiles_ms["ttft"]["p50"] <= merged.percentiles_ms["e2e"]["p99"]
+
+
+def test_a_dashboards_source_of_the_app_sees_the_merged_method_and_tunes_every_replica(both):
+    app = both["app"]
+    [source] = app.generation_sources(proxy_url=f"http://127.0.0.1:{both['ray']}")
+    assert (source.name, source.model) == ("lm.generate", "lm")
+    app.generate("seen", max_tokens=3)
+    view = source.view()
+    assert view.snapshot.outcomes["served"] >= 1 and view.config.max_num_seqs == 8
+    assert source.configure(max_num_seqs=6).max_num_seqs == 6
+    assert app.generation_configs()["generate"].max_num_seqs == 6
+    app.configure("generate", max_num_seqs=8)
