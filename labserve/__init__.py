@@ -58,10 +58,12 @@ from labserve.generation.api import Completion, Finish, GenerateRequest
 from labserve.generation.batch import SeqBatch
 from labserve.generation.sampling import SamplingParams
 from labserve.generation.stats import GenerationSnapshot
+from labserve.generation.workload import SharedPrefixWorkload
 from labserve.lab.export import export_config
 from labserve.lab.generation.calibrate import Calibration, calibrate
 from labserve.lab.generation.fidelity import GenerationFidelity, compare_generation
 from labserve.lab.generation.load import UntilStopped
+from labserve.lab.generation.sessions import WorkloadLoad, start_workload_load
 from labserve.lab.generation.sources import (
     GenerationSource,
     GenerationView,
@@ -116,7 +118,13 @@ from labserve.runtime.runner import Runner, RunnerMethod
 from labserve.runtime.session import stop_all, track
 from labserve.server import Server, serve
 from labserve.sim import LinearCost, simulate
-from labserve.sim.generation import StepCost, replay_generation, simulate_generation
+from labserve.sim.generation import (
+    StepCost,
+    WorkloadSimResult,
+    replay_generation,
+    simulate_generation,
+    simulate_workload,
+)
 
 __all__ = [
     "ARRIVAL_KINDS",
@@ -193,6 +201,7 @@ __all__ = [
     "SeqBatch",
     "Server",
     "ServerError",
+    "SharedPrefixWorkload",
     "SimClock",
     "Snapshot",
     "SnapshotCollector",
@@ -207,6 +216,8 @@ __all__ = [
     "UnauthorizedError",
     "UnsupportedMediaTypeError",
     "UntilStopped",
+    "WorkloadLoad",
+    "WorkloadSimResult",
     "__version__",
     "arrivals",
     "background_loop",
@@ -227,9 +238,11 @@ __all__ = [
     "serve",
     "simulate",
     "simulate_generation",
+    "simulate_workload",
     "snapshot_from_dict",
     "start_generation_load",
     "start_load",
+    "start_workload_load",
     "stop_all",
     "sweep",
     "sweep_generation",

@@ -12,7 +12,30 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Completion", "Finish", "GenerateRequest", "GenerationStream", "Generator"]
+__all__ = [
+    "ChatPrompt",
+    "Completion",
+    "Finish",
+    "GenerateRequest",
+    "GenerationStream",
+    "Generator",
+]
+
+ChatMessages = tuple[tuple[str, str], ...]
+"""A chat's messages as (role, content) pairs, in order."""
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat as a prompt: its messages, and labserve's own template of them as ``text``.
+
+    A model with a chat template (``apply_chat_template(messages)`` returning token ids, as
+    :class:`~labserve.lab.hf.HFDecoder` with a tokenizer that has one) makes the ids from
+    ``messages``; any other model encodes ``text``.
+    """
+
+    messages: ChatMessages
+    text: str
 
 
 @dataclass(frozen=True)
@@ -29,6 +52,9 @@ class GenerateRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     """Generate ``max_tokens`` even past the end-of-sequence token (as vLLM accepts it)."""
+    messages: ChatMessages = ()
+    """A chat's messages (empty for a completion); ``prompt`` is then labserve's template of
+    them, for a model without a chat template of its own."""
 
 
 @dataclass(frozen=True)

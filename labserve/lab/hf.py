@@ -99,6 +99,21 @@ class HFDecoder(Runnable):
         """The text of ``ids``, or none without a tokenizer (labserve shows what each adds)."""
         return str(self.tokenizer.decode(list(ids))) if self.tokenizer is not None else ""
 
+    def apply_chat_template(self, messages: Sequence[tuple[str, str]]) -> list[int] | None:
+        """A chat's ids by the tokenizer's chat template, with the generation prompt added.
+
+        None when the tokenizer has no ``chat_template``: labserve then encodes its own
+        ``role: content`` lines. ``messages`` are (role, content) pairs.
+        """
+        tokenizer = self.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            return None
+        chat = [{"role": role, "content": content} for role, content in messages]
+        # tokenize=False then encode without special tokens: the template writes any BOS
+        # itself, and the text form is one return type across transformers releases.
+        text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
     # -- the paged-KV declaration ---------------------------------------------------------------
 
     @property

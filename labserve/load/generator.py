@@ -52,7 +52,7 @@ __all__ = ["LoadRun", "load_loop", "load_test", "start_load"]
 # send lag) and the run says so.
 _OPEN_LOOP_CONNECTIONS = 64
 # load_test's parameters for a generation URL only (declared on generation_load_test).
-_GENERATION_ONLY = ("output_len", "model", "goodput")
+_GENERATION_ONLY = ("output_len", "model", "goodput", "workload")
 
 
 def load_test(target: RunnerMethod | str, **options: Any) -> RunResult | GenerationLoadResult:
@@ -113,7 +113,9 @@ def load_test(target: RunnerMethod | str, **options: Any) -> RunResult | Generat
     if isinstance(target, str) and is_generation_url(target):
         return _generation_load_test(target, options)
     if any(options.get(name) is not None for name in _GENERATION_ONLY):
-        raise TypeError("output_len=, model= and goodput= are for a /v1 (generation) URL")
+        raise TypeError(
+            "output_len=, model=, goodput= and workload= are for a /v1 (generation) URL"
+        )
     for name in _GENERATION_ONLY:
         options.pop(name, None)  # None: not set
     return start_load(target, **options)._wait(None, stacklevel=3)

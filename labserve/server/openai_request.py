@@ -22,6 +22,7 @@ __all__ = [
     "SEED_RANGE",
     "STOP_MAX",
     "SUPPORTED",
+    "chat_messages",
     "chat_prompt",
     "generate_request",
 ]
@@ -170,7 +171,8 @@ def generate_request(body: Any, *, chat: bool) -> tuple[GenerateRequest, bool, b
         raise InputError(
             f'"model" must be the name of a served model, got {model!r:.80}', param="model"
         )
-    prompt = chat_prompt(body.get("messages")) if chat else _prompt(body.get("prompt"))
+    messages = chat_messages(body.get("messages")) if chat else ()
+    prompt = _template(messages) if chat else _prompt(body.get("prompt"))
     max_tokens = _int(body, "max_completion_tokens", 1) or _int(body, "max_tokens", 1)
     temperature = body.get("temperature", 1.0)
     if temperature is None:
@@ -198,6 +200,7 @@ def generate_request(body: Any, *, chat: bool) -> tuple[GenerateRequest, bool, b
         seed=_seed(body.get("seed")),
         stop=_stop(body.get("stop")),
         ignore_eos=ignore_eos,
+        messages=messages,
     )
     return request, stream, include_usage
 
@@ -219,11 +222,23 @@ def chat_prompt(messages: Any) -> str:
     ``"assistant: "``: the model continues as the assistant. A message's role is one of
     :data:`ROLES`; its content is a string or a list of text parts.
     """
+    return _template(chat_messages(messages))
+
+
+def _template(messages: tuple[tuple[str, str], ...]) -> str:
+    return "".join(f"{role}: {content}\n" for role, content in messages) + "assistant: "
+
+
+def chat_messages(messages: Any) -> tuple[tuple[str, str], ...]:
+    """A chat's messages, checked, as (role, content) pairs (a content's text parts joined).
+
+    InputError (400) names the message at fault.
+    """
     if not isinstance(messages, list) or not messages:
         raise InputError(
             '"messages" must be a non-empty list of {"role", "content"} objects', param="messages"
         )
-    lines = []
+    out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InputError(
@@ -238,8 +253,8 @@ def chat_prompt(messages: Any) -> str:
                 expected=list(ROLES),
                 param=f"messages[{i}].role",
             )
-        lines.append(f"{role}: {_content(message.get('content'), i)}\n")
-    return "".join(lines) + "assistant: "
+        out.append((str(role), _content(message.get("content"), i)))
+    return tuple(out)
 
 
 def _content(content: Any, i: int) -> str:

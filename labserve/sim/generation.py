@@ -16,6 +16,7 @@ to their drawn length (``ignore_eos``, as a benchmark fixes them). Same seed, sa
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,8 +29,15 @@ from labserve.config.generation import GenerationConfig
 from labserve.generation.results import GenerationResult
 from labserve.generation.scheduler import Scheduler
 from labserve.generation.sequence import Finished, StepPlan, StepRecord
+from labserve.generation.workload import SharedPrefixWorkload, ttft_by_turn
 
-__all__ = ["StepCost", "replay_generation", "simulate_generation"]
+__all__ = [
+    "StepCost",
+    "WorkloadSimResult",
+    "replay_generation",
+    "simulate_generation",
+    "simulate_workload",
+]
 
 
 @dataclass(frozen=True)
@@ -164,10 +172,12 @@ def replay_generation(
     cost: StepCost,
     *,
     arrival_s: Sequence[float] | np.ndarray,
-    prompt_lens: Sequence[int] | np.ndarray,
+    prompt_lens: Sequence[int] | np.ndarray | None = None,
     output_lens: Sequence[int] | np.ndarray,
     max_model_len: int = 0,
     seed: int = 0,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+    output_ids: Sequence[Sequence[int]] | None = None,
 ) -> GenerationResult:
     """Replay given requests through the scheduler on virtual time (a live run's, say).
 
@@ -176,8 +186,15 @@ def replay_generation(
     hands in: a live run's arrival times and lengths, and the step cost calibrated on it.
     ``seed`` fixes the cost's spread draws (if it has any).
 
+    Prefix caching (``config.enable_prefix_caching`` True) needs the tokens: ``prompt_ids``
+    (each prompt's ids; ``prompt_lens`` then defaults to their lengths) and, for a later
+    prompt that resends an earlier reply (multi-turn chat), ``output_ids`` (each request's
+    outputs, at least ``output_lens[i]`` of them): without them outputs are not hashed, and
+    only prompt blocks can hit. A hit's tokens are not computed, so they cost nothing
+    but the context its computed tokens read.
+
     Raises:
-        ValueError: the three differ in length, the times are not finite and in order, or a
+        ValueError: the lengths differ, the times are not finite and in order, or a
             length is not an integer >= 1.
 
     >>> r = replay_generation(GenerationConfig(), StepCost(5.0), arrival_s=[0.0, 0.1],
@@ -186,6 +203,10 @@ def replay_generation(
     [0.01, 0.01]
     """
     arrivals = np.asarray(arrival_s, dtype=np.float64)
+    if prompt_lens is None:
+        if prompt_ids is None:
+            raise ValueError("give prompt_lens or prompt_ids")
+        prompt_lens = [len(ids) for ids in prompt_ids]
     prompts, outputs = np.asarray(prompt_lens), np.asarray(output_lens)
     if not (arrivals.ndim == prompts.ndim == outputs.ndim == 1) or not (
         len(arrivals) == len(prompts) == len(outputs)
@@ -199,7 +220,44 @@ def replay_generation(
     for name, values in (("prompt_lens", prompts), ("output_lens", outputs)):
         if len(values) and (not np.issubdtype(values.dtype, np.integer) or values.min() < 1):
             raise ValueError(f"{name} must be integers >= 1, got {values.tolist()[:8]!r}")
-    return _run(config, cost, arrivals, prompts, outputs, max_model_len, seed)
+    tokens = _Tokens(prompt_ids, output_ids, prompts.tolist(), outputs.tolist())
+    return _run(config, cost, arrivals, prompts, outputs, max_model_len, seed, tokens)
+
+
+class _Tokens:
+    """The requests' token ids, when given: what the prefix cache hashes."""
+
+    def __init__(
+        self,
+        prompts: Sequence[Sequence[int]] | None,
+        outputs: Sequence[Sequence[int]] | None,
+        prompt_lens: list[int],
+        output_lens: list[int],
+    ) -> None:
+        if prompts is not None and [len(p) for p in prompts] != prompt_lens:
+            raise ValueError("prompt_ids must hold prompt_lens[i] ids for each request i")
+        if outputs is not None and (
+            len(outputs) != len(output_lens)
+            or any(len(o) < n for o, n in zip(outputs, output_lens, strict=True))
+        ):
+            raise ValueError("output_ids must hold at least output_lens[i] ids for each request i")
+        self.prompts = prompts
+        self.outputs = outputs
+
+    def prompt(self, i: int) -> list[int] | None:
+        """Request ``i``'s prompt ids, a list of its own (None: counted only)."""
+        return list(self.prompts[i]) if self.prompts is not None else None
+
+    def sampled(self, sched: Scheduler, plan: StepPlan) -> dict[int, int] | None:
+        """Each sampling sequence's next output id (None: outputs not given)."""
+        outs = self.outputs
+        if outs is None:
+            return None
+        return {
+            e.seq_id: outs[e.seq_id][sched.sequence(e.seq_id).num_output]
+            for e in plan.scheduled
+            if e.samples and e.seq_id in sched
+        }
 
 
 def _run(
@@ -210,7 +268,9 @@ def _run(
     outputs: np.ndarray,
     max_model_len: int,
     seed: int,
+    tokens: _Tokens | None = None,
 ) -> GenerationResult:
+    tokens = tokens or _Tokens(None, None, [], [])
     sched = Scheduler(config, max_model_len=max_model_len)
     spread = np.random.default_rng([seed, 35])  # apart from the arrivals' stream
     wake = cost.wake_ms / 1000.0
@@ -221,7 +281,9 @@ def _run(
     while True:
         while i < n and arrival_list[i] <= now:
             try:
-                sched.add(i, prompt_list[i], output_list[i], arrival_list[i])
+                sched.add(
+                    i, prompt_list[i], output_list[i], arrival_list[i], token_ids=tokens.prompt(i)
+                )
             except (LengthLimitError, QueueFullError):
                 refused += 1  # as a live method refuses it at admission
             i += 1
@@ -237,7 +299,163 @@ def _run(
         context = plan.num_context_tokens
         typical = cost.seconds(len(plan.scheduled), plan.num_batched_tokens, context)
         now += typical * cost.factor(spread)
-        finished += sched.complete(plan, now)
+        finished += sched.complete(plan, now, tokens=tokens.sampled(sched, plan))
         assert sched.last_step is not None
         steps.append(dataclasses.replace(sched.last_step, num_context_tokens=context))
     return GenerationResult.from_finished(finished, steps, refused)
+
+
+@dataclass(frozen=True)
+class WorkloadSimResult:
+    """A simulated :class:`~labserve.generation.workload.SharedPrefixWorkload` run.
+
+    ``generation`` holds every turn as a request (in arrival order); ``session``, ``turn``
+    and ``prompts`` (each turn's prompt token ids) are aligned with it.
+    """
+
+    generation: GenerationResult
+    session: np.ndarray
+    turn: np.ndarray
+    prompts: tuple[tuple[int, ...], ...]
+
+    def per_turn(self) -> dict[int, dict[str, float]]:
+        """TTFT by turn index (count, mean, p50, p99 in ms) of the served turns."""
+        g = self.generation
+        ttft = np.where(g.served, g.first_token_s - g.arrival_s, np.nan)
+        return ttft_by_turn(ttft, self.turn)
+
+
+class _SessionSim:
+    """The event loop of :func:`simulate_workload`: sessions' turns into one scheduler."""
+
+    def __init__(
+        self,
+        config: GenerationConfig,
+        cost: StepCost,
+        workload: SharedPrefixWorkload,
+        max_model_len: int,
+        seed: int,
+    ) -> None:
+        self.sched = Scheduler(config, max_model_len=max_model_len)
+        self.cost = cost
+        self.workload = workload
+        self.spread = np.random.default_rng([seed, 35])
+        self.pending: list[tuple[float, int, int, int]] = []  # (at, order, session, turn)
+        self.replies: dict[int, list[list[int]]] = {}
+        self.meta: dict[int, tuple[int, int, list[int], int]] = {}  # seq: k, t, ids, prompt
+        self.finished: list[Finished] = []
+        self.steps: list[StepRecord] = []
+        self.refused = 0
+        self.replies_made: dict[int, list[int]] = {}  # running sequences' stand-in replies
+        self._order = 0
+
+    def arrive(self, at: float, k: int, turn: int) -> None:
+        self._order += 1
+        heapq.heappush(self.pending, (at, self._order, k, turn))
+
+    def admit_due(self, now: float) -> None:
+        w = self.workload
+        while self.pending and self.pending[0][0] <= now:
+            at, _, k, t = heapq.heappop(self.pending)
+            ids = w.prompt_ids(k, t, self.replies.setdefault(k, []))
+            seq_id = len(self.meta)
+            self.meta[seq_id] = (k, t, ids, len(ids))
+            try:  # the list is the sequence's own from here: the replies are appended to it
+                self.sched.add(seq_id, len(ids), w.max_tokens(k, t), at, token_ids=ids)
+            except (LengthLimitError, QueueFullError):
+                self.refused += 1  # as a live method refuses it; the session ends there
+
+    def ended(self, done: list[Finished]) -> None:
+        """Keep the outcomes; a served turn's session sends its next turn after thinking."""
+        self.finished += done
+        w = self.workload
+        for f in done:
+            self.replies_made.pop(f.seq_id, None)
+            k, t, ids, prompt_len = self.meta[f.seq_id]
+            if f.outcome == "served" and t + 1 < w.turns:
+                self.replies[k].append(ids[prompt_len:])
+                self.arrive(f.end_s + w.think_time_s, k, t + 1)
+
+    def reply_of(self, seq_id: int) -> list[int]:
+        """The stand-in reply of a sequence, made once (a step asks for one token of it)."""
+        reply = self.replies_made.get(seq_id)
+        if reply is None:
+            k, t, _, _ = self.meta[seq_id]
+            reply = self.workload.simulated_reply(k, t, self.workload.max_tokens(k, t))
+            self.replies_made[seq_id] = reply
+        return reply
+
+    def step(self, now: float) -> float:
+        """Plan and run one step from ``now``; the time it ends."""
+        plan = self.sched.schedule(now)
+        self.ended(list(plan.finished))
+        if plan.empty:
+            return now
+        tokens = {}
+        for entry in plan.scheduled:
+            if entry.samples:  # the model's reply: the workload's stand-in, token by token
+                _, _, ids, prompt_len = self.meta[entry.seq_id]
+                reply = self.reply_of(entry.seq_id)
+                tokens[entry.seq_id] = reply[min(len(ids) - prompt_len, len(reply) - 1)]
+        context = plan.num_context_tokens
+        typical = self.cost.seconds(len(plan.scheduled), plan.num_batched_tokens, context)
+        now += typical * self.cost.factor(self.spread)
+        self.ended(self.sched.complete(plan, now, tokens=tokens))
+        assert self.sched.last_step is not None
+        self.steps.append(dataclasses.replace(self.sched.last_step, num_context_tokens=context))
+        return now
+
+    def run(self) -> None:
+        now, wake = 0.0, self.cost.wake_ms / 1000.0
+        while True:
+            self.admit_due(now)
+            if not self.sched.has_work:
+                if not self.pending:
+                    return
+                now = max(now, self.pending[0][0] + wake)  # an idle method wakes for it
+                continue
+            now = self.step(now)
+
+
+def simulate_workload(
+    config: GenerationConfig,
+    cost: StepCost,
+    workload: SharedPrefixWorkload,
+    *,
+    arrival_s: Sequence[float] | np.ndarray,
+    max_model_len: int = 0,
+    seed: int = 0,
+) -> WorkloadSimResult:
+    """Run a shared-prefix workload's sessions through the scheduler on virtual time.
+
+    Session ``k`` arrives at ``arrival_s[k]`` (seconds); its turn ``t + 1`` arrives
+    ``workload.think_time_s`` after turn ``t``'s last token, and resends the history with
+    the reply the simulated model gave (the workload's seeded stand-in, handed to the
+    scheduler token by token as a live model's would be). Every turn's prompt token ids go
+    to the scheduler. A refused turn ends its session. Same seeds, same result.
+
+    Raises:
+        ValueError: the times are not finite and in order.
+
+    >>> from labserve.generation.workload import SharedPrefixWorkload
+    >>> w = SharedPrefixWorkload(prefix_len=8, input_len=4, output_len=2, turns=2)
+    >>> r = simulate_workload(GenerationConfig(), StepCost(5.0), w, arrival_s=[0.0])
+    >>> [len(p) for p in r.prompts], r.turn.tolist()
+    ([12, 18], [0, 1])
+    """
+    arrivals = np.asarray(arrival_s, dtype=np.float64)
+    if arrivals.ndim != 1 or not np.isfinite(arrivals).all() or (np.diff(arrivals) < 0).any():
+        raise ValueError("arrival_s must be finite times in seconds, in non-decreasing order")
+    sim = _SessionSim(config, cost, workload, max_model_len, seed)
+    for k, at in enumerate(arrivals.tolist()):
+        sim.arrive(at, k, 0)
+    sim.run()
+    generation = GenerationResult.from_finished(sim.finished, sim.steps, sim.refused)
+    done = sorted(sim.finished, key=lambda f: (f.arrival_s, f.seq_id))  # from_finished's order
+    metas = [sim.meta[f.seq_id] for f in done]
+    return WorkloadSimResult(
+        generation=generation,
+        session=np.asarray([m[0] for m in metas], dtype=np.int64),
+        turn=np.asarray([m[1] for m in metas], dtype=np.int64),
+        prompts=tuple(tuple(m[2][: m[3]]) for m in metas),
+    )

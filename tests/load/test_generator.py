@@ -163,11 +163,12 @@ def test_load_test_takes_start_loads_parameters_declared_once(runner):
         output_len.replace(default=None, annotation=f"{output_len.annotation} | None"),
         generation["model"],  # None already
         generation["goodput"],
+        generation["workload"],
     ]
     assert list(shown.values()) == expected  # what help() and IDEs show
     # None is "not set", for any target (as when load_test declared them itself).
     load_test(runner.predict, example=np.ones((1, 2)), duration_s=0.05, concurrency=1,
-              output_len=None, model=None, goodput=None)  # fmt: skip
+              output_len=None, model=None, goodput=None, workload=None)  # fmt: skip
     assert "Drive ``target``" in (load_test.__doc__ or "")
     with pytest.raises(TypeError, match="duraton_s"):  # a typo is refused, not ignored
         load_test(runner.predict, example=np.ones((1, 2)), duraton_s=1, concurrency=1)

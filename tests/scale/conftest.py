@@ -66,7 +66,7 @@ def ray_cluster() -> Iterator[Cluster]:
     # not take CPU from the timing-sensitive tests that run later in the session.
     # A short path: Ray's unix sockets live under it (at most 107 bytes).
     temp_dir = tempfile.mkdtemp(prefix="lsray", dir="/tmp")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
+    labserve.ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:

@@ -27,7 +27,9 @@ from labserve.base.lengths import LengthDist
 from labserve.config.generation import GENERATION_SETTINGS, GenerationConfig
 from labserve.generation.results import StepSeries
 from labserve.generation.stats import GenerationSnapshot
+from labserve.generation.workload import SharedPrefixWorkload
 from labserve.lab.generation.load import LoadLike, start_runner_generation_load
+from labserve.lab.generation.sessions import start_workload_load
 from labserve.lab.sources import (
     HttpMethodBase,
     RunnerMethodBase,
@@ -104,8 +106,14 @@ class GenerationSource(Protocol):
         input_len: LengthDist | str | int,
         output_len: LengthDist | str | int,
         seed: int = 0,
+        workload: SharedPrefixWorkload | None = None,
     ) -> LoadLike:
-        """Send generations whose prompt and output lengths are drawn from the two mixes."""
+        """Send generations whose prompt and output lengths are drawn from the two mixes.
+
+        ``workload``: send its sessions instead (its lengths, not the two mixes); a
+        ``seed`` other than 0 draws other sessions of the same tenants
+        (:meth:`~labserve.generation.workload.SharedPrefixWorkload.next_sessions`).
+        """
         ...
 
 
@@ -134,8 +142,19 @@ class RunnerGenerationSource(RunnerMethodBase[GenerationConfig]):
         input_len: LengthDist | str | int,
         output_len: LengthDist | str | int,
         seed: int = 0,
+        workload: SharedPrefixWorkload | None = None,
     ) -> LoadLike:
-        """Generations through ``async_run`` on the runner's loop (``lab/generation/load.py``)."""
+        """Generations through ``async_run`` on the runner's loop (``lab/generation/load.py``).
+
+        With ``workload``, its sessions (``lab/generation/sessions.py``).
+        """
+        if workload is not None:
+            return start_workload_load(
+                self.generative_method,
+                workload.next_sessions(seed) if seed else workload,
+                arrivals=arrivals,
+                duration_s=duration_s,
+            )
         return start_runner_generation_load(
             self.generative_method,
             arrivals=arrivals,
@@ -186,8 +205,23 @@ class HttpGenerationSource(HttpMethodBase[GenerationConfig]):
         input_len: LengthDist | str | int,
         output_len: LengthDist | str | int,
         seed: int = 0,
+        workload: SharedPrefixWorkload | None = None,
     ) -> LoadLike:
-        """Streamed completions from ``/v1/completions`` (labserve's generation load generator)."""
+        """Streamed completions from ``/v1/completions`` (labserve's generation load generator).
+
+        With ``workload``, its sessions as chats on ``/v1/chat/completions`` (the prefix as
+        the system message, rendered by the model's chat template where it has one).
+        """
+        if workload is not None:
+            return start_generation_load(
+                f"{self.url}/v1/chat/completions",
+                duration_s=duration_s,
+                arrivals=arrivals,
+                model=self.model,
+                seed=seed,
+                token=self.token,
+                workload=workload.next_sessions(seed) if seed else workload,
+            )
         return start_generation_load(
             f"{self.url}/v1/completions",
             duration_s=duration_s,

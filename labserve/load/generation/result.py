@@ -26,6 +26,7 @@ import numpy.typing as npt
 from labserve.base.vocabulary import CANCELLED, OUTCOMES, SERVED, TIMEOUT
 from labserve.generation.results import GenerationResult, StepSeries
 from labserve.generation.sequence import SEQ_OUTCOMES, SeqOutcome
+from labserve.generation.workload import ttft_by_turn
 from labserve.load.generation.server_view import server_percentile_key, server_percentile_ms
 from labserve.load.generation.stream import GenRecord
 
@@ -65,6 +66,10 @@ class GenerationLoadResult:
     label: str = ""
     clock_t0_s: float = 0.0
     """The run's time 0 on ``time.monotonic`` (to line its times up with a server's)."""
+    session: I64 | None = None
+    """A session load: each request's session (None for a load of single requests)."""
+    turn: I64 | None = None
+    """A session load: each request's turn in its session."""
 
     def __len__(self) -> int:
         return len(self.outcome)
@@ -123,6 +128,24 @@ class GenerationLoadResult:
             f"p{q:g}": float(v) for q, v in zip(_QS, got, strict=True)
         }
 
+    def per_turn(self) -> dict[int, dict[str, float]]:
+        """TTFT by turn index (count, mean, p50, p99 in ms) of the served requests.
+
+        A load of single requests has one turn, 0.
+        """
+        g = self.generation
+        ttft = np.where(self.served, g.first_token_s - g.arrival_s, np.nan)
+        turn = self.turn if self.turn is not None else np.zeros(len(self), np.int64)
+        return ttft_by_turn(ttft, turn)
+
+    def _turn_lines(self) -> list[str]:
+        if self.turn is None:
+            return []
+        lines = [f"{'by turn':<14}{'served':>9}{'TTFT p50':>10}{'TTFT p99':>10}  (ms)"]
+        for t, v in self.per_turn().items():
+            lines.append(f"  turn {t:<8}{int(v['n']):>9,}{v['p50']:>10.2f}{v['p99']:>10.2f}")
+        return lines
+
     def summary(self) -> dict[str, Any]:
         """The headline figures: counts, rates, goodput, each latency's percentiles (ms)."""
         g = self.generation
@@ -151,6 +174,9 @@ class GenerationLoadResult:
         if self.send_lag_s is not None and len(self.send_lag_s):
             out["send_lag_p99_ms"] = float(np.percentile(self.send_lag_s, 99) * 1000.0)
             out["send_lag_max_ms"] = float(self.send_lag_s.max() * 1000.0)
+        if self.turn is not None:
+            out["sessions"] = len(np.unique(self.session)) if self.session is not None else 0
+            out["ttft_by_turn_ms"] = self.per_turn()
         return out
 
     def table(self) -> str:
@@ -191,6 +217,7 @@ class GenerationLoadResult:
                 f"send lag      p99 {s['send_lag_p99_ms']:.2f} ms, max {s['send_lag_max_ms']:.2f} "
                 "ms (latencies count from the intended send times)"
             )
+        lines += self._turn_lines()
         lines += [f"error         {n} x {said}" for said, n in self.errors.items()]
         lines += self._server_lines()
         return "\n".join(lines)
@@ -305,8 +332,12 @@ def build_result(
     goodput_ms: dict[str, float] | None = None,
     server: dict[str, Any] | None = None,
     label: str = "",
+    sessions: bool = False,
 ) -> GenerationLoadResult:
-    """The result of a run's records (times become seconds from the run's start)."""
+    """The result of a run's records (times become seconds from the run's start).
+
+    ``sessions``: the run sent sessions of turns (the result keeps each request's).
+    """
     n = len(rec.arrival)
     t0 = rec.t0
     end = np.asarray(rec.end, dtype=float) - t0
@@ -344,4 +375,6 @@ def build_result(
         server=server,
         label=label,
         clock_t0_s=t0,
+        session=np.asarray(rec.session, dtype=np.int64) if sessions else None,
+        turn=np.asarray(rec.turn, dtype=np.int64) if sessions else None,
     )

@@ -23,11 +23,13 @@ from typing import Any, TypeAlias
 
 from labserve.base.errors import LoadTargetError
 from labserve.base.lengths import LengthDist
+from labserve.generation.workload import SharedPrefixWorkload
 from labserve.load.arrivals import Arrivals
 from labserve.load.generation.goodput import parse_goodput
 from labserve.load.generation.prompts import CHAT_PATH, COMPLETIONS_PATH
 from labserve.load.generation.result import GenerationLoadResult, build_result
 from labserve.load.generation.sender import GenerationSender
+from labserve.load.generation.sessions import WorkloadSender
 from labserve.load.generation.stream import GenRecord
 from labserve.load.loop import load_loop
 from labserve.load.run import LoadRun, start_run
@@ -68,6 +70,12 @@ def generation_load_test(url: str, **options: Any) -> GenerationLoadResult:
     ``Authorization: Bearer``; ``connections`` bounds the streams at once (default
     ``concurrency``, or 512); ``timeout_s`` is the longest a stream may stay silent.
 
+    ``workload`` (a :class:`~labserve.generation.workload.SharedPrefixWorkload`) sends
+    prompts that share prefixes, and sessions of turns that resend their history
+    (:mod:`labserve.load.generation.sessions`): each arrival, or each closed-loop client's
+    next request, is a session; its prompts and lengths are the workload's (``input_len``
+    and ``output_len`` are then not read); ``result.per_turn()`` gives TTFT by turn.
+
     Blocks until the last stream ends; :func:`start_generation_load` is the same without
     blocking. Against labserve, ``result.server`` holds the server's ``/stats`` for the
     model over the run.
@@ -102,20 +110,27 @@ def start_generation_load(
     connections: int | None = None,
     timeout_s: float = 30.0,
     label: str = "",
+    workload: SharedPrefixWorkload | None = None,
 ) -> GenerationLoadRun:
     """Start what :func:`generation_load_test` describes; return its run at once."""
     _check_run(duration_s, arrivals, concurrency, connections, timeout_s)
     if not is_generation_url(url):
         needs = f"a generation load needs a {COMPLETIONS_PATH} or {CHAT_PATH} URL"
         raise LoadTargetError(url, needs)
+    if workload is not None and not isinstance(workload, SharedPrefixWorkload):
+        raise TypeError(f"workload must be a SharedPrefixWorkload, got {type(workload).__name__}")
     targets = parse_goodput(goodput)
-    sender = GenerationSender(
-        url,
-        model=model,
-        mix_args=(input_len, output_len, seed, ignore_eos),
-        token=token,
-        connections=connections or concurrency or _OPEN_LOOP_CONNECTIONS,
-        timeout_s=float(timeout_s),
+    options: dict[str, Any] = {
+        "model": model,
+        "mix_args": (input_len, output_len, seed, ignore_eos),
+        "token": token,
+        "connections": connections or concurrency or _OPEN_LOOP_CONNECTIONS,
+        "timeout_s": float(timeout_s),
+    }
+    sender = (
+        GenerationSender(url, **options)
+        if workload is None
+        else WorkloadSender(url, workload, **options)
     )
     report = functools.partial(_report, sender, targets, label)
     return start_run(
@@ -138,7 +153,12 @@ def _report(
 ) -> GenerationLoadResult:
     """The result of a generation run's record, with the server's view when it has one."""
     return build_result(
-        rec, duration_s, goodput_ms=goodput_ms, server=sender.server_view(), label=label
+        rec,
+        duration_s,
+        goodput_ms=goodput_ms,
+        server=sender.server_view(),
+        label=label,
+        sessions=isinstance(sender, WorkloadSender),
     )
 
 

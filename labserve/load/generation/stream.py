@@ -52,9 +52,23 @@ class GenRecord(RunRecord):
         self.prompt_tokens: list[int] = []
         self.asked_input: list[int] = []
         self.asked_output: list[int] = []
+        self.session: list[int] = []
+        """Each request's session (its own index when the load has no sessions)."""
+        self.turn: list[int] = []
+        """Each request's turn in its session (0 when the load has no sessions)."""
 
-    def new_slot(self, intended_s: float, asked_input: int, asked_output: int) -> int:
+    def new_slot(
+        self,
+        intended_s: float,
+        asked_input: int,
+        asked_output: int,
+        *,
+        session: int | None = None,
+        turn: int = 0,
+    ) -> int:
         """Add a request intended at ``intended_s`` (from ``t0``); returns its index."""
+        self.session.append(len(self.arrival) if session is None else session)
+        self.turn.append(turn)
         self.arrival.append(intended_s)
         self.chunks.append([])
         self.end.append(math.nan)
@@ -76,13 +90,26 @@ class GenRecord(RunRecord):
 class CompletionStream(ReplyReader):
     """The handler of request ``k``'s reply: SSE events to its record. Loop-only."""
 
-    __slots__ = ("_body", "_done", "_error", "_finished", "_sse", "_status", "_usage", "k", "rec")
+    __slots__ = (
+        "_body",
+        "_done",
+        "_error",
+        "_finished",
+        "_sse",
+        "_status",
+        "_usage",
+        "k",
+        "rec",
+        "text",
+    )
 
     wants_type = True  # a 2xx of text/event-stream is a stream, any other a whole reply
 
-    def __init__(self, rec: GenRecord, k: int) -> None:
+    def __init__(self, rec: GenRecord, k: int, *, keep_text: bool = False) -> None:
         self.rec = rec
         self.k = k
+        self.text: list[str] | None = [] if keep_text else None
+        """With ``keep_text``, the reply's content pieces (a session resends them)."""
         self._status = 0
         self._sse: SseParser | None = None
         self._body = b""
@@ -132,6 +159,8 @@ class CompletionStream(ReplyReader):
                 text = delta.get("content")
             if text:
                 self.rec.chunks[self.k].append(now)
+                if self.text is not None:
+                    self.text.append(text)
             if choice.get("finish_reason"):
                 self._finished = True
         usage = event.get("usage")
@@ -170,6 +199,8 @@ class CompletionStream(ReplyReader):
             return
         self._usage = reply.get("usage") or None
         self.rec.chunks[self.k].append(now)
+        if self.text is not None:
+            self.text.append(_reply_text(reply))
         self._served(now)
 
     def _served(self, now: float) -> None:
@@ -193,6 +224,18 @@ def _json(body: bytes) -> Any:
         return json.loads(body) if body else None
     except ValueError:
         return None
+
+
+def _reply_text(reply: dict[str, Any]) -> str:
+    """A whole completion's text (``choices[0].text`` or its message's content), or ''."""
+    choices = reply.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return ""
+    choice = choices[0]
+    text = choice.get("text")
+    if text is None and isinstance(choice.get("message"), dict):
+        text = choice["message"].get("content")
+    return text if isinstance(text, str) else ""
 
 
 def _message(reply: Any) -> str:

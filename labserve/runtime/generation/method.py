@@ -50,7 +50,7 @@ from labserve.base.errors import (
 )
 from labserve.config.generation import PAGED_START_SETTINGS, START_SETTINGS, GenerationConfig
 from labserve.generation.admission import check_lengths, check_token_ids
-from labserve.generation.api import Completion, GenerateRequest
+from labserve.generation.api import ChatPrompt, Completion, GenerateRequest
 from labserve.generation.blocks import pool_blocks
 from labserve.generation.sampling import SamplingParams, SequenceSampler, TextDecoder
 from labserve.generation.stats import GenerationSnapshot
@@ -65,7 +65,7 @@ __all__ = ["DEFAULT_MAX_TOKENS", "GenerativeMethod"]
 DEFAULT_MAX_TOKENS = 16
 """``max_tokens`` when a call gives none (OpenAI's completions default)."""
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | ChatPrompt
 
 
 class _Owner(Protocol):
@@ -114,7 +114,27 @@ class GenerativeMethod:
         self.eos_token_id: int | None = int(eos) if eos is not None else None
         self.paged = callable(getattr(instance, "allocate_kv", None))
         """Whether the model stores K/V in labserve's blocks (it has ``allocate_kv``)."""
+        self._config = config = self._resolved(config)
         self._kv_pool_blocks = self._pool_size(config)
+
+    def _resolved(self, config: GenerationConfig) -> GenerationConfig:
+        """``config`` with ``enable_prefix_caching`` decided for this model.
+
+        Raises:
+            ConfigError: True for a model that keeps its own caches (labserve cannot
+                share K/V it does not hold).
+        """
+        on = config.enable_prefix_caching
+        if on is None:
+            return config.replace(enable_prefix_caching=self.paged)
+        if on and not self.paged:
+            raise ConfigError(
+                "enable_prefix_caching",
+                on,
+                f"false for {type(self._instance).__name__}, which keeps its own caches (no "
+                "allocate_kv): a cached prefix is K/V in labserve's blocks",
+            )
+        return config
 
     def _pool_size(self, config: GenerationConfig) -> int:
         """The KV pool of a model that stores K/V in our blocks (0: an account). Checked at once.
@@ -172,7 +192,7 @@ class GenerativeMethod:
         """
         with self._lock:
             old = self.config
-            new = old.replace(**changes)
+            new = self._resolved(old.replace(**changes))
             for name in PAGED_START_SETTINGS if self.paged else START_SETTINGS:
                 if getattr(new, name) != getattr(old, name):
                     raise ConfigError(
@@ -256,8 +276,10 @@ class GenerativeMethod:
 
     def start(self, request: GenerateRequest) -> AsyncTokenStream:
         """The OpenAI-compatible routes' door (a :class:`Generator`): one request's stream."""
+        # A chat goes with its messages: a model with a chat template makes its ids from them.
+        chat = ChatPrompt(request.messages, request.prompt) if request.messages else None
         return self.astream(
-            request.prompt,
+            chat or request.prompt,
             max_tokens=request.max_tokens,
             temperature=request.temperature,
             seed=request.seed,
@@ -332,8 +354,27 @@ class GenerativeMethod:
         )
         return NewSequence(ids, sampler, stream, arrival_s)
 
+    def _chat_ids(self, prompt: ChatPrompt) -> Sequence[int] | None:
+        """The ids of a chat by the model's own template; None when it has none."""
+        template = getattr(self._instance, "apply_chat_template", None)
+        if template is None:
+            return None
+        try:
+            ids: Sequence[int] | None = template(prompt.messages)
+        except Exception as exc:  # the template refuses these messages: the input's fault
+            raise InputError(
+                f"{self.runner.name}.{self.name}'s chat template could not render the "
+                f"messages: {type(exc).__name__}: {exc}",
+                sent="the messages",
+                expected="messages the model's chat template accepts",
+            ) from exc
+        return ids
+
     def _tokens(self, prompt: Prompt, max_tokens: int) -> list[int]:
         ids: Sequence[int]
+        if isinstance(prompt, ChatPrompt):
+            chat = self._chat_ids(prompt)
+            prompt = prompt.text if chat is None else chat
         if isinstance(prompt, str):
             encode = getattr(self._instance, "encode", None)
             if encode is None:

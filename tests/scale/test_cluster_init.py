@@ -1,0 +1,62 @@
+"""labserve.ray.init: a local start that timed out is started again; nothing else is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import ray
+
+import labserve.ray
+from labserve.ray import cluster
+
+TIMED_OUT = Exception(
+    "The current node timed out during startup. This could happen because some of the raylet "
+    "failed to startup or the GCS has become overloaded."
+)
+
+
+@pytest.fixture
+def attempts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """ray.init fails as queued here (an exception each), then succeeds; calls recorded."""
+    calls: list[dict[str, Any]] = []
+    failures: list[BaseException] = []
+
+    def init(**kwargs: Any) -> None:
+        calls.append(kwargs)
+        if failures:
+            raise failures.pop(0)
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append({"shutdown": True}))
+    return [calls, failures]
+
+
+def test_a_start_that_timed_out_is_started_again(attempts):
+    calls, failures = attempts
+    failures += [TIMED_OUT, TIMED_OUT]
+    labserve.ray.init(num_cpus=2)
+    assert calls == [{"num_cpus": 2}, {"shutdown": True}] * 2 + [{"num_cpus": 2}]
+
+
+def test_it_gives_up_after_the_last_attempt(attempts):
+    calls, failures = attempts
+    failures += [TIMED_OUT] * cluster.INIT_ATTEMPTS
+    with pytest.raises(Exception, match="timed out during startup"):
+        labserve.ray.init(num_cpus=2)
+    assert len([c for c in calls if "num_cpus" in c]) == cluster.INIT_ATTEMPTS
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"num_cpus": 2}, ValueError("num_cpus must be positive")),
+        ({"address": "10.0.0.1:6379"}, TIMED_OUT),  # joining: not ours to restart
+    ],
+)
+def test_other_errors_and_joins_raise_at_once(attempts, kwargs, error):
+    calls, failures = attempts
+    failures.append(error)
+    with pytest.raises(type(error)):
+        labserve.ray.init(**kwargs)
+    assert calls == [kwargs]
