@@ -88,3 +88,16 @@ def test_histograms_at_other_bounds_are_refused():
         merge_generation_snapshots([one, two])
     with pytest.raises(ValueError, match="at least one"):
         merge_generation_snapshots([])
+
+
+def test_the_prefix_cache_counts_add_up_and_the_hit_rate_is_hits_over_queries():
+    one = dataclasses.replace(
+        recorded([], ()), prefix_cache_queries=100, prefix_cache_hits=0, kv_blocks_cached=3
+    )
+    two = dataclasses.replace(
+        recorded([], ()), prefix_cache_queries=300, prefix_cache_hits=240, kv_blocks_cached=5
+    )
+    merged = merge_generation_snapshots([one, two])
+    assert (merged.prefix_cache_queries, merged.prefix_cache_hits) == (400, 240)
+    assert merged.kv_blocks_cached == 8
+    assert merged.prefix_cache_hit_rate == pytest.approx(0.6)  # a cold replica counts too

@@ -2,16 +2,18 @@
 
 Counts (outcomes, tokens, preemptions), gauges (running, waiting, KV blocks) and rates add
 up exactly, and so do the histograms (TTFT, ITL, TPOT, e2e and tokens per step, since the
-last reset). Percentiles do not add: the merged ones are read from the summed latency
-buckets (Prometheus's ``histogram_quantile``, linear within a bucket), so they cover the
-time since the last reset, not the window, and are as coarse as the bounds (13, from 0.5
-ms to 5 s). One replica's snapshot is its own view, unchanged. Pure functions of immutable
-snapshots; thread-safe.
+last reset) and the prefix cache's counts. Percentiles do not add: the merged ones are read
+from the summed latency buckets (Prometheus's ``histogram_quantile``, linear within a
+bucket), so they cover the time since the last reset, not the window, and are as coarse as
+the bounds (13, from 0.5 ms to 5 s); the merged prefix-cache hit rate is hits over queries
+since the last reset too. One replica's snapshot is its own view, unchanged. Pure functions
+of immutable snapshots; thread-safe.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,6 +38,10 @@ _SUMMED = (
     "prompt_tokens_per_s",
     "requests_per_s",
     "goodput",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "prefill_tokens_saved_per_s",
+    "kv_blocks_cached",
 )
 _QS = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
 _LATENCIES = ("ttft", "itl", "tpot", "e2e")
@@ -56,6 +62,17 @@ def _steps(snaps: Sequence[GenerationSnapshot]) -> StepSeries:
     columns = {f: np.concatenate([getattr(s.steps, f) for s in snaps]) for f in fields}
     order = np.argsort(columns["start_s"], kind="stable")[-keep:] if keep else np.zeros(0, int)
     return StepSeries(**{f: c[order] for f, c in columns.items()})
+
+
+def _hit_rate(snaps: Sequence[GenerationSnapshot]) -> float:
+    """All replicas' prefix-cache hits over their queries since the last reset (NaN: none).
+
+    A replica's window hit rate cannot be added up (a window with queries and no hit
+    leaves no trace of how many queries), so the merged one covers the time since the last
+    reset, as the merged percentiles do.
+    """
+    queries = sum(s.prefix_cache_queries for s in snaps)
+    return sum(s.prefix_cache_hits for s in snaps) / queries if queries else math.nan
 
 
 def merge_generation_snapshots(snaps: Sequence[GenerationSnapshot]) -> GenerationSnapshot:
@@ -92,6 +109,7 @@ def merge_generation_snapshots(snaps: Sequence[GenerationSnapshot]) -> Generatio
         steps=_steps(snaps),
         # A model with its own caches reports 0 and its config's pool: the fleet's is the sum.
         kv_blocks_total=sum(s.kv_blocks_total or s.config.num_kv_blocks for s in snaps),
+        prefix_cache_hit_rate=_hit_rate(snaps),
         **{f: sum(getattr(s, f) for s in snaps) for f in _SUMMED},
     )
 
