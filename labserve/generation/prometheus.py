@@ -2,7 +2,8 @@
 
 Named as vLLM names what means the same, under labserve's prefix, so a dashboard built for
 vLLM reads them with the prefix changed: ``labserve_time_to_first_token_seconds``,
-``labserve_inter_token_latency_seconds``, ``labserve_e2e_request_latency_seconds`` and
+``labserve_inter_token_latency_seconds``, ``labserve_request_time_per_output_token_seconds``,
+``labserve_e2e_request_latency_seconds`` and
 ``labserve_iteration_tokens`` (histograms), ``labserve_num_requests_running``,
 ``labserve_num_requests_waiting``, ``labserve_kv_cache_usage_perc`` (gauges), and labserve's
 own ``labserve_kv_blocks_used``, ``labserve_kv_blocks_total`` and ``labserve_kv_cache_bytes``
@@ -86,6 +87,11 @@ class GenerationCollector(Collector):
             ),
             "itl": histogram(
                 "labserve_inter_token_latency_seconds", "Gaps between tokens.", labels=_LABELS
+            ),
+            "tpot": histogram(
+                "labserve_request_time_per_output_token_seconds",
+                "(Last token - first) / (tokens - 1), sequences of 2+ tokens.",
+                labels=_LABELS,
             ),
             "e2e": histogram(
                 "labserve_e2e_request_latency_seconds", "Arrival to last token.", labels=_LABELS

@@ -36,7 +36,7 @@ KvMemory = Literal["model", "accounting"]
 """Whose KV figures a snapshot gives: the model's memory, or labserve's account of it."""
 
 _METRICS = ("ttft", "itl", "tpot", "e2e")
-_TIMED = ("ttft", "itl", "e2e")  # the latencies kept as histograms since the last reset
+_TIMED = ("ttft", "itl", "tpot", "e2e")  # the latencies kept as histograms since the last reset
 ITERATION_TOKEN_BOUNDS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 """Bucket bounds of the tokens computed per step (vLLM's ``iteration_tokens_total``)."""
 
@@ -82,8 +82,10 @@ class GenerationSnapshot:
     steps: StepSeries
     """The last steps (up to the recorder's ``steps_kept``), oldest first: what charts draw."""
     histograms: dict[str, Histogram]
-    """Since the last reset, in seconds: ``ttft``, ``itl``, ``e2e`` of served sequences, and
-    ``iteration_tokens`` (tokens computed per step), for ``/metrics``."""
+    """Since the last reset, in seconds: ``ttft``, ``itl``, ``tpot`` (sequences of two tokens
+    or more), ``e2e`` of served sequences, and ``iteration_tokens`` (tokens computed per
+    step), for ``/metrics`` and for merging replicas (percentiles of a fleet come from
+    summed buckets)."""
     kv_blocks_total: int = 0
     """The KV pool's blocks (0: no limit). For a model that stores K/V in labserve's blocks,
     the blocks it allocated at start, whatever ``config.num_kv_blocks`` says."""
@@ -214,9 +216,13 @@ class GenerationRecorder:
         times = done.token_times_s
         self._output_tokens += len(times)
         if done.outcome == "served" and times:
+            # TPOT as vLLM and the percentiles here define it: (e2e - TTFT) / (tokens - 1),
+            # none for a one-token output.
+            tpot = (done.end_s - times[0]) / (len(times) - 1) if len(times) > 1 else None
             values = {
                 "ttft": np.array([times[0] - done.arrival_s]),
                 "itl": np.diff(np.asarray(times)),
+                "tpot": np.array([] if tpot is None else [tpot]),
                 "e2e": np.array([done.end_s - done.arrival_s]),
             }
             for name, v in values.items():

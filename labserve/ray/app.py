@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import os
 import secrets
@@ -25,11 +24,23 @@ from ray.serve.handle import DeploymentHandle
 
 from labserve.base.errors import LabServeError
 from labserve.config.batching import BatchingConfig
+from labserve.config.generation import GenerationConfig
+from labserve.generation.stats import GenerationSnapshot
+from labserve.lab.generation.sources import HttpGenerationSource
 from labserve.metrics.snapshot import Snapshot
 from labserve.ray.board import StatsBoard
+from labserve.ray.generation.calls import GenerativeCaller, in_event_loop
 from labserve.ray.plan import Plan
 from labserve.ray.source import RaySource
-from labserve.ray.spec import BOARD_NAMESPACE, ReplicaSpec, RunnableSource, board_name, resolve
+from labserve.ray.spec import (
+    BOARD_NAMESPACE,
+    ReplicaSpec,
+    RunnableSource,
+    board_name,
+    generation_configs,
+    resolve,
+    split_settings,
+)
 from labserve.server.state import host_names, origin_names
 
 __all__ = ["RayApp", "deploy"]
@@ -67,7 +78,9 @@ def deploy(
         autoscaling_config: Ray Serve's autoscaling config, passed through.
         num_cpus: CPUs each replica reserves (fractional, so replicas fit small machines).
         max_ongoing_requests: requests a replica takes at once; default: from the caps
-            (Ray Serve's own default, 5, would cap every batch at 5).
+            (Ray Serve's own default, 5, would cap every batch, and the sequences a
+            replica runs, at 5): room for full batches, and for ``max_num_seqs`` running
+            sequences plus a waiting room.
         route_prefix: where Ray's proxy serves the routes (None: handles only).
         token: needed by PATCH /config (and by every route with ``token_everywhere``);
             generated when not given.
@@ -77,13 +90,17 @@ def deploy(
         allow_origin: origins of pages allowed to call the routes ("*": any).
         ray_actor_options: more of Ray's actor options for each replica.
         deployment_options: any other ``serve.deployment`` option, passed through.
-        **batching: BatchingConfig settings for every batchable method (as Runner's).
+        **batching: BatchingConfig settings for every batchable method, and
+            GenerationConfig ones (``max_num_seqs``, ...) for every generative one (as
+            Runner's).
 
     Returns once every replica runs. Blocking; call from the driver, not a replica.
     """
     if not ray.is_initialized():
         raise RuntimeError("labserve.ray.deploy() needs a running Ray: call ray.init() first")
+    batching, generating = split_settings(batching)
     runner, make, configs, methods = resolve(runnable, name=name, config=config, batching=batching)
+    generation = generation_configs(runnable, name=runner, config=config, settings=generating)
     spec = ReplicaSpec(
         app=app_name or runner,
         runner=runner,
@@ -106,6 +123,7 @@ def deploy(
         max_ongoing=max_ongoing_requests,
         ray_actor_options=dict(ray_actor_options or {}),
         options=dict(deployment_options or {}),
+        generation=generation,
     )
     board: Any = (
         ray.remote(StatsBoard)
@@ -135,13 +153,19 @@ class RayApp:
         """The served methods: ``app.<method>(*args)`` calls one through the handle."""
         self.batchable: tuple[str, ...] = tuple(plan.configs)
         """The batchable methods (each with its batch queue on every replica)."""
+        self.generators: tuple[str, ...] = tuple(plan.generation)
+        """The generative methods (continuous batching on every replica):
+        ``app.generate(prompt, ...)`` gives a Completion, ``app.generate.stream(...)``
+        the text as it comes."""
         self._board = board
         self._stopped = False
         self.handle: DeploymentHandle[Any] = serve.get_deployment_handle(self.runner, self.name)
         """Ray Serve's handle: ``app.handle.predict.remote(x)`` returns a response to await
         or ``.result()``; every call is batched by the replica's labserve queue."""
 
-    def __getattr__(self, name: str) -> _Caller:
+    def __getattr__(self, name: str) -> _Caller | GenerativeCaller:
+        if name in self.__dict__.get("generators", ()):
+            return GenerativeCaller(self.handle, name)
         if name in self.__dict__.get("methods", ()):
             return _Caller(self.handle, name)
         raise AttributeError(f"application {self.__dict__.get('name')!r} has no method {name!r}")
@@ -154,12 +178,14 @@ class RayApp:
         """One request of ``method`` through the handle; blocks for its result or typed error."""
         return _Caller(self.handle, method)(*args, timeout_s=timeout_s)
 
-    def configure(self, method: str, **changes: Any) -> BatchingConfig:
+    def configure(self, method: str, **changes: Any) -> BatchingConfig | GenerationConfig:
         """Change ``method``'s settings on every replica, live; returns the new config.
 
-        Validated first (ConfigError changes nothing). Through Ray Serve's ``user_config``:
-        each running replica applies it at its next batch boundary, and a replica Ray
-        restarts begins with it. Blocks until Serve has the new config.
+        Validated first (ConfigError changes nothing; a generative method's start-time
+        settings, which size its KV memory, are refused). Through Ray Serve's
+        ``user_config``: each running replica applies it at its next batch boundary (a
+        generative method's at its next step), and a replica Ray restarts begins with it.
+        Blocks until Serve has the new config.
         """
         try:
             configs = ray.get(self._board.configure.remote(method, dict(changes)))
@@ -167,12 +193,35 @@ class RayApp:
             if isinstance(exc.cause, LabServeError):
                 raise exc.cause from None
             raise
+        if method in self.generators:
+            return GenerationConfig(**configs[self.runner][method])
         return BatchingConfig(**configs[self.runner][method])
 
     def configs(self) -> dict[str, BatchingConfig]:
         """Every batchable method's config as deployed."""
         raw = ray.get(self._board.configs.remote())[self.runner]
-        return {m: BatchingConfig(**c) for m, c in raw.items()}
+        return {m: BatchingConfig(**c) for m, c in raw.items() if m in self.batchable}
+
+    def generation_configs(self) -> dict[str, GenerationConfig]:
+        """Every generative method's config as deployed."""
+        raw = ray.get(self._board.configs.remote())[self.runner]
+        return {m: GenerationConfig(**c) for m, c in raw.items() if m in self.generators}
+
+    def generation_snapshots(self) -> list[GenerationSnapshot]:
+        """One merged snapshot per generative method (exact counts; see its merge).
+
+        Percentiles of TTFT, ITL, TPOT and e2e from the replicas' summed histograms, since
+        the last reset.
+        """
+        snaps: list[GenerationSnapshot] = ray.get(self._board.merged_generation.remote())
+        return snaps
+
+    def replica_generation_snapshots(self) -> dict[str, list[GenerationSnapshot]]:
+        """Each replica's own generation snapshots, by replica id."""
+        views: dict[str, list[GenerationSnapshot]] = ray.get(
+            self._board.per_replica_generation.remote()
+        )
+        return views
 
     def reset_stats(self) -> None:
         """Start every replica's counts over, live (through ``user_config``, as a config change).
@@ -195,6 +244,23 @@ class RayApp:
         :meth:`url`, Serve's default port 8000).
         """
         return [RaySource(self, m, proxy_url or self.url()) for m in self.batchable]
+
+    def generation_sources(self, *, proxy_url: str | None = None) -> list[HttpGenerationSource]:
+        """Each generative method as a source for ``GenerationDashboard(app)``.
+
+        Through Ray's proxy at ``proxy_url`` (default: :meth:`url`, Serve's default port
+        8000): the merged snapshot of ``/stats``, live changes with the token, load through
+        the proxy. The per-replica views are :meth:`replica_generation_snapshots` (the
+        dashboard has no row per replica yet).
+        """
+        base = proxy_url or self.url()
+        model = self.runner if len(self.generators) == 1 else None
+        return [
+            HttpGenerationSource(
+                base, self.runner, m, model=model or f"{self.runner}.{m}", token=self.token
+            )
+            for m in self.generators
+        ]
 
     @property
     def stopped(self) -> bool:
@@ -251,7 +317,7 @@ class _Caller:
     def __call__(self, *args: Any, timeout_s: float | None = None) -> Any:
         response = getattr(self._handle, self._method).remote(*args)
         try:
-            if not _in_event_loop():
+            if not in_event_loop():
                 return response.result(timeout_s=timeout_s)
             with concurrent.futures.ThreadPoolExecutor(1, "labserve-ray-call") as pool:
                 return pool.submit(response.result, timeout_s=timeout_s).result()
@@ -259,11 +325,3 @@ class _Caller:
             if isinstance(exc.cause, LabServeError):
                 raise exc.cause from None
             raise
-
-
-def _in_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True

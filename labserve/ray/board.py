@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from labserve.config.batching import BatchingConfig
+from labserve.generation.stats import GenerationSnapshot
 from labserve.metrics.snapshot import Snapshot
+from labserve.ray.generation.stats import generation_payload, merge_generation_snapshots
 from labserve.ray.plan import Plan
 from labserve.ray.stats import merge_snapshots, stats_payload
 
@@ -32,6 +34,7 @@ class StatsBoard:
         self.runner = plan.spec.runner
         self.stale_after_s = stale_after_s
         self._latest: dict[str, tuple[float, list[Snapshot]]] = {}
+        self._generation: dict[str, list[GenerationSnapshot]] = {}
 
     def deploy(self) -> None:
         """Run the plan (the first deployment, or a live change)."""
@@ -55,14 +58,47 @@ class StatsBoard:
         plan.run()
         self.plan = plan
         self._latest.clear()
+        self._generation.clear()
 
     def configs(self) -> dict[str, Any]:
         """``GET /config``'s shape: ``{runner: {method: settings}}``, as deployed."""
-        return {self.runner: {m: c.as_dict() for m, c in self.plan.configs.items()}}
+        both = {**self.plan.configs, **self.plan.generation}
+        return {self.runner: {m: c.as_dict() for m, c in both.items()}}
 
-    def put(self, replica: str, snaps: Sequence[Snapshot]) -> None:
+    def put(
+        self,
+        replica: str,
+        snaps: Sequence[Snapshot],
+        generation: Sequence[GenerationSnapshot] = (),
+    ) -> None:
         """Record one replica's snapshots (called by the replica)."""
         self._latest[replica] = (time.monotonic(), list(snaps))
+        self._generation[replica] = list(generation)
+
+    def _generation_views(self) -> dict[str, list[GenerationSnapshot]]:
+        stale = {rid for rid, age in self.replicas().items() if age > self.stale_after_s}
+        return {
+            rid: [
+                dataclasses.replace(s, num_running=0, num_waiting=0, kv_blocks_used=0)
+                if rid in stale
+                else s
+                for s in snaps
+            ]
+            for rid, snaps in self._generation.items()
+            if snaps
+        }
+
+    def merged_generation(self) -> list[GenerationSnapshot]:
+        """One merged snapshot per generative method (none before a replica reported)."""
+        by_method: dict[str, list[GenerationSnapshot]] = {}
+        for snaps in self._generation_views().values():
+            for s in snaps:
+                by_method.setdefault(s.method, []).append(s)
+        return [merge_generation_snapshots(v) for v in by_method.values()]
+
+    def per_replica_generation(self) -> dict[str, list[GenerationSnapshot]]:
+        """Each replica's own generation snapshots (a stale one's gauges zeroed)."""
+        return self._generation_views()
 
     def _views(self) -> dict[str, list[Snapshot]]:
         now = time.monotonic()
@@ -107,6 +143,11 @@ class StatsBoard:
     def payload(self) -> dict[str, Any]:
         """The JSON of ``/stats``: merged per method, then ``replicas`` with each one's."""
         out = stats_payload(self.runner, self._views())
+        generation = generation_payload(self.runner, self._generation_views())
+        out[self.runner].update(generation[self.runner])
+        for rid, view in generation["replicas"].items():
+            mine = out["replicas"].setdefault(rid, {self.runner: {}})
+            mine[self.runner].update(view[self.runner])
         ages = self.replicas()
         for rid, view in out["replicas"].items():
             view["age_s"] = round(ages[rid], 3)
@@ -116,3 +157,4 @@ class StatsBoard:
     def reset(self) -> None:
         """Forget every replica's report (they report again within an interval)."""
         self._latest.clear()
+        self._generation.clear()

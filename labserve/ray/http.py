@@ -39,11 +39,13 @@ class BoardBackend(Backend):
         stats: Callable[[], Awaitable[dict[str, Any]]],
         merged: Callable[[], Awaitable[list[Snapshot]]],
         configure: Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]],
+        merged_generation: Callable[[], Awaitable[list[Any]]] | None = None,
     ) -> None:
         super().__init__(state)
         self._stats = stats
         self._merged = merged
         self._configure = configure
+        self._merged_generation = merged_generation
 
     async def stats(self) -> dict[str, Any]:
         """Merged per method, and each replica's view."""
@@ -52,6 +54,12 @@ class BoardBackend(Backend):
     async def snapshots(self) -> list[Any]:
         """One merged snapshot per batchable method."""
         return await self._merged()
+
+    async def generation_snapshots(self) -> list[Any]:
+        """One merged snapshot per generative method (every replica's)."""
+        if self._merged_generation is None:
+            return await super().generation_snapshots()
+        return await self._merged_generation()
 
     async def configure(self, changes: list[tuple[ServedMethod, dict[str, Any]]]) -> dict[str, Any]:
         """Every replica's config changed (validated already); the configs deployed."""

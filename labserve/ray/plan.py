@@ -15,9 +15,11 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from labserve.base.errors import ConfigError
 from labserve.config.batching import BatchingConfig
+from labserve.config.generation import PAGED_START_SETTINGS, GenerationConfig
 from labserve.ray.replica import replica_class
-from labserve.ray.spec import ReplicaSpec, max_ongoing_requests
+from labserve.ray.spec import ReplicaSpec, generation_ongoing, max_ongoing_requests
 
 __all__ = ["Plan"]
 
@@ -42,22 +44,33 @@ class Plan:
     """Any other ``serve.deployment`` option, passed through."""
     reset_epoch: int = 0
     """Bumped to reset every replica's counts (a replica seeing a new epoch resets)."""
+    generation: Mapping[str, GenerationConfig] = field(default_factory=dict)
+    """Every generative method's config (continuous batching on each replica)."""
 
     def user_config(self) -> dict[str, Any]:
         """What every replica's ``reconfigure`` receives: each method's whole config."""
         return {
             "methods": {m: c.as_dict() for m, c in self.configs.items()},
+            "generation": {m: c.as_dict() for m, c in self.generation.items()},
             "reset_epoch": self.reset_epoch,
         }
 
     def ongoing(self) -> int:
-        """The replica's max_ongoing_requests."""
-        return self.max_ongoing or max_ongoing_requests(self.configs)
+        """The replica's max_ongoing_requests: given, or from the batching and generation caps."""
+        if self.max_ongoing:
+            return self.max_ongoing
+        if not self.generation:
+            return max_ongoing_requests(self.configs)
+        batching = max_ongoing_requests(self.configs) if self.configs else 0
+        return batching + generation_ongoing(self.generation)
 
     def with_change(self, method: str, changes: Mapping[str, Any]) -> Plan:
         """This plan with ``method``'s config changed (validated: ConfigError changes nothing)."""
+        if method in self.generation:
+            changed = _live(self.generation[method], changes)
+            return dataclasses.replace(self, generation={**self.generation, method: changed})
         if method not in self.configs:
-            raise KeyError(f"{self.spec.runner} has no batchable method {method!r}")
+            raise KeyError(f"{self.spec.runner} has no batchable or generative method {method!r}")
         configs = {**self.configs, method: self.configs[method].replace(**changes)}
         return dataclasses.replace(self, configs=configs)
 
@@ -90,3 +103,22 @@ class Plan:
         return serve.run(
             deployment.bind(self.spec), name=self.spec.app, route_prefix=self.route_prefix
         )
+
+
+def _live(old: GenerationConfig, changes: Mapping[str, Any]) -> GenerationConfig:
+    """``old`` changed live, checked before any replica sees it.
+
+    Raises:
+        ConfigError: a bad value, or a start-time setting (it sizes every replica's KV
+            memory, allocated once).
+    """
+    new = old.replace(**changes)
+    for name in PAGED_START_SETTINGS:
+        if getattr(new, name) != getattr(old, name):
+            raise ConfigError(
+                name,
+                getattr(new, name),
+                f"left at {getattr(old, name)!r} while the application runs (a start-time "
+                "setting: it sizes the KV memory; deploy again with it)",
+            )
+    return new

@@ -20,7 +20,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import ray
@@ -111,6 +111,8 @@ class Replica:
         for m in self.runner.methods.values():
             if m.batchable:
                 m.start()  # the loop and drivers now, not in the first request's latency
+        for g in self.runner.generators.values():
+            g.start_driver()  # and each generative method's (its KV pool is allocated here)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._board = ray.get_actor(board_name(spec.app), namespace=BOARD_NAMESPACE)
         state = ServerState(
@@ -122,7 +124,11 @@ class Replica:
             allow_hosts=spec.allow_hosts,
         )
         backend = BoardBackend(
-            state, stats=self._stats, merged=self._merged, configure=self._configure
+            state,
+            stats=self._stats,
+            merged=self._merged,
+            configure=self._configure,
+            merged_generation=self._merged_generation,
         )
         self.http = Routes(HttpCore(state, backend))
         self._stop = threading.Event()
@@ -133,18 +139,19 @@ class Replica:
         )
 
     def reconfigure(self, user_config: Mapping[str, Any]) -> None:
-        """Ray Serve's live config: ``{"methods": {method: settings}, "reset_epoch": n}``.
+        """Ray Serve's live config: ``{"methods": ..., "generation": ..., "reset_epoch": n}``.
 
-        Each method's new settings take effect at its next batch boundary. A new
-        ``reset_epoch`` (not the first one seen: a replica Ray starts later begins fresh)
-        starts every method's counts over.
+        Each batchable method's new settings take effect at its next batch boundary, each
+        generative method's at its next step. A new ``reset_epoch`` (not the first one
+        seen: a replica Ray starts later begins fresh) starts every method's counts over.
         """
         epoch = int(user_config.get("reset_epoch", 0))
         if self._reset_epoch is not None and epoch != self._reset_epoch:
-            for m in self.runner.methods.values():
-                if m.batchable:
-                    m.reset_stats()
+            for m in self.runner.configurable().values():
+                m.reset_stats()
         self._reset_epoch = epoch
+        for method, settings in dict(user_config.get("generation", {})).items():
+            self.runner.configure(method, **settings)
         asked = {
             method: self.runner.configure(method, **settings)
             for method, settings in dict(user_config.get("methods", {})).items()
@@ -169,7 +176,9 @@ class Replica:
 
     def push(self) -> None:
         """Send this replica's snapshots to the board (fire and forget)."""
-        self._board.put.remote(self.replica_id, self.runner.snapshots())
+        self._board.put.remote(
+            self.replica_id, self.runner.snapshots(), self.runner.generation_snapshots()
+        )
 
     def _push_loop(self) -> None:
         while not self._stop.wait(self.spec.push_interval_s):
@@ -187,6 +196,11 @@ class Replica:
     async def _merged(self) -> list[Snapshot]:
         self.push()
         merged: list[Snapshot] = await self._ask(self._board.merged.remote())
+        return merged
+
+    async def _merged_generation(self) -> list[Any]:
+        self.push()
+        merged: list[Any] = await self._ask(self._board.merged_generation.remote())
         return merged
 
     async def _configure(self, method: str, changes: dict[str, Any]) -> dict[str, Any]:
@@ -209,9 +223,26 @@ class Replica:
                 "deployed it exited): /stats, /metrics and PATCH /config need it"
             ) from None
 
-    async def call(self, method: str, *args: Any) -> Any:
-        """Run one request of ``method`` through this replica's batch queue."""
+    async def call(self, method: str, *args: Any, **params: Any) -> Any:
+        """One request of ``method`` through the batch queue, or one whole generation."""
+        generator = self.runner.generators.get(method)
+        if generator is not None:
+            return await generator.async_run(*args, **params)
         return await typed_call(self.runner.methods[method], *args)
+
+    async def stream(self, method: str, prompt: Any, params: dict[str, Any]) -> AsyncIterator[Any]:
+        """One generation of ``method``, streamed: its text pieces, then its Finish.
+
+        For ``handle.options(stream=True).stream.remote(...)``; a refusal or a later error
+        is raised by the iteration (typed). Closing the stream early cancels the sequence.
+        """
+        stream = self.runner.generators[method].astream(prompt, **params)
+        try:
+            async for piece in stream:
+                yield piece
+            yield stream.finish
+        finally:
+            await stream.aclose()
 
     async def __call__(self, request: Request) -> Response:
         """An HTTP request from Ray Serve's proxy."""
@@ -239,8 +270,8 @@ def replica_class(methods: tuple[str, ...]) -> type[Replica]:
     """A Replica subclass with an async method per served method (for DeploymentHandles)."""
 
     def caller(name: str) -> Callable[..., Any]:
-        async def run(self: Replica, *args: Any) -> Any:
-            return await self.call(name, *args)
+        async def run(self: Replica, *args: Any, **params: Any) -> Any:
+            return await self.call(name, *args, **params)
 
         run.__name__ = run.__qualname__ = name
         run.__doc__ = f"One request of ``{name}``, batched with the others."

@@ -12,6 +12,7 @@ import urllib.parse
 from typing import Any, Protocol
 
 from labserve.config.batching import BatchingConfig
+from labserve.config.generation import GenerationConfig
 from labserve.lab.sources import SourceView
 from labserve.load.generator import LoadRun, start_load
 from labserve.metrics.snapshot import Snapshot
@@ -31,7 +32,7 @@ class _App(Protocol):
 
     def configs(self) -> dict[str, BatchingConfig]: ...
 
-    def configure(self, method: str, **changes: Any) -> BatchingConfig: ...
+    def configure(self, method: str, **changes: Any) -> BatchingConfig | GenerationConfig: ...
 
     def reset_stats(self) -> None: ...
 
@@ -69,7 +70,9 @@ class RaySource:
 
     def configure(self, **changes: Any) -> BatchingConfig:
         """Change the method's settings on every replica, live (``RayApp.configure``)."""
-        return self.app.configure(self.method, **changes)
+        config = self.app.configure(self.method, **changes)
+        assert isinstance(config, BatchingConfig)  # a source is made for a batchable method
+        return config
 
     def view(self) -> SourceView:
         """The merged snapshot, the config deployed, each replica's own and the stale ones.

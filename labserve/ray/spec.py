@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from labserve.config.batching import BatchingConfig, BatchingLayer
 from labserve.config.file import load_config_file
+from labserve.config.generation import GENERATION_SETTINGS, GenerationConfig
 from labserve.runtime.runnable import Runnable
 from labserve.runtime.runner import Runner, RunnerMethod
 
@@ -23,8 +24,10 @@ __all__ = [
     "ReplicaSpec",
     "RunnableSource",
     "board_name",
+    "generation_configs",
     "max_ongoing_requests",
     "resolve",
+    "split_settings",
 ]
 
 RunnableSource = type[Runnable] | Runnable | Callable[[], Runnable] | Runner | RunnerMethod
@@ -50,6 +53,7 @@ RESERVED = frozenset(
         "runner",
         "snapshots",
         "spec",
+        "stream",
         # ...and the methods Ray Serve looks for on a deployment.
         "check_health",
         "reconfigure",
@@ -155,6 +159,68 @@ def _constant_class(cls: type[Runnable]) -> Callable[[], type[Runnable]]:
         return cls
 
     return make
+
+
+_SHARED = ("isolate_errors", "max_queue_size", "request_timeout_ms")
+"""Settings batchable and generative methods both have, with one meaning (as Runner's)."""
+
+
+def split_settings(settings: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``deploy(**settings)`` split as a Runner splits them: (batching, generation).
+
+    A setting only generative methods have (``max_num_seqs``, ...) goes to them alone; the
+    shared ones go to both.
+    """
+    batching = dict(settings)
+    generating = {
+        k: batching.pop(k)
+        for k in list(batching)
+        if k in GENERATION_SETTINGS and k not in BatchingConfig.__dataclass_fields__
+    }
+    generating |= {k: batching[k] for k in _SHARED if k in batching}
+    return batching, generating
+
+
+def generation_configs(
+    source: RunnableSource,
+    *,
+    name: str,
+    config: str | os.PathLike[str] | None,
+    settings: Mapping[str, Any],
+) -> dict[str, GenerationConfig]:
+    """Every generative method's config, layered as a Runner's (or a lab Runner's live one).
+
+    Highest first: a lab runner's live config > ``settings`` > the file's ``generation``
+    section for ``name`` > the decorator.
+    """
+    if isinstance(source, RunnerMethod):
+        source = source.runner
+    if isinstance(source, Runner):
+        return {m: g.config for m, g in source.generators.items()}
+    cls = source if isinstance(source, type) else type(source)
+    if not (isinstance(cls, type) and issubclass(cls, Runnable)):
+        cls = type(cast("Callable[[], Runnable]", source)())
+    file = load_config_file(config)
+    section = file.generation_for(name)
+    path = f"runners.{name}.generation."
+    return {
+        m: spec.generation.with_changes(section, path=path, source=file.source).replace(**settings)
+        for m, spec in cls.methods.items()
+        if spec.generation is not None
+    }
+
+
+def generation_ongoing(configs: Mapping[str, GenerationConfig]) -> int:
+    """Requests a replica takes at once for its generative methods (each stream is one).
+
+    Every running sequence (``max_num_seqs``) plus a waiting room of four times that, at
+    least 256, never more than the method's ``max_queue_size`` (what is refused beyond it
+    is refused by labserve, typed, not held by Serve's router).
+    """
+    return sum(
+        c.max_num_seqs + min(c.max_queue_size, max(256, 4 * c.max_num_seqs))
+        for c in configs.values()
+    )
 
 
 def max_ongoing_requests(configs: Mapping[str, BatchingConfig]) -> int:

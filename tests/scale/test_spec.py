@@ -46,3 +46,32 @@ def test_a_runner_deploys_its_live_config():
         runner.stop()
     assert (name, methods) == ("tuned", ("predict",))
     assert (configs["predict"].max_batch_size, configs["predict"].strategy) == (48, "fixed")
+
+
+def test_max_ongoing_requests_of_a_generative_method_leaves_room_for_every_running_sequence():
+    from labserve.config.generation import GenerationConfig
+    from labserve.ray.spec import generation_ongoing
+
+    assert generation_ongoing({"g": GenerationConfig(max_num_seqs=32)}) == 32 + 256
+    assert generation_ongoing({"g": GenerationConfig(max_num_seqs=128)}) == 128 + 512
+    assert generation_ongoing({"g": GenerationConfig(max_num_seqs=8, max_queue_size=20)}) == 28
+
+
+def test_deploy_settings_split_as_a_runners_do():
+    from labserve.ray.spec import split_settings
+
+    batching, generating = split_settings(
+        {"max_batch_size": 8, "max_num_seqs": 4, "max_queue_size": 50}
+    )
+    assert batching == {"max_batch_size": 8, "max_queue_size": 50}
+    assert generating == {"max_num_seqs": 4, "max_queue_size": 50}
+
+
+def test_a_generative_runnable_resolves_its_generation_config_from_the_layers(tmp_path):
+    from labserve.lab.demo import TinyLM
+    from labserve.ray.spec import generation_configs
+
+    file = tmp_path / "c.yaml"
+    file.write_text("runners:\n  lm:\n    generation: {max_num_seqs: 6, block_size: 8}\n")
+    got = generation_configs(TinyLM, name="lm", config=file, settings={"max_num_seqs": 3})
+    assert (got["generate"].max_num_seqs, got["generate"].block_size) == (3, 8)

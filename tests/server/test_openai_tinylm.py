@@ -148,6 +148,8 @@ def test_metrics_show_the_generator_as_vllm_names_it(served):
     assert samples[("labserve_time_to_first_token_seconds_bucket", None, "+Inf")] == served_count
     assert samples[("labserve_generation_tokens_total", None, None)] == snap.output_tokens
     assert ("labserve_inter_token_latency_seconds_sum", None, None) in samples
+    tpot = snap.histograms["tpot"].count  # served sequences of two tokens or more
+    assert samples[("labserve_request_time_per_output_token_seconds_count", None, None)] == tpot
     assert samples[("labserve_iteration_tokens_count", None, None)] >= 1
 
 

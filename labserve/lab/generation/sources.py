@@ -305,8 +305,9 @@ def generation_sources(target: Any, *, token: str | None = None) -> list[Generat
     """The generative methods of ``target`` as sources, one per method, in its order.
 
     ``target``: a Runner, a generative method (``runner.generate``), a Server (its runners,
-    in process), the URL of a labserve server (``token`` for changes), a GenerationSource,
-    or a list of these.
+    in process), the URL of a labserve server or of Ray's proxy (``token`` for changes), a
+    GenerationSource, anything with a ``generation_sources()`` method
+    (``labserve.ray.RayApp``), or a list of these.
 
     Raises:
         TypeError: ``target`` is none of these.
@@ -335,6 +336,8 @@ def generation_sources(target: Any, *, token: str | None = None) -> list[Generat
         ]
     elif isinstance(target, Runner):
         sources = [RunnerGenerationSource(g) for g in target.generators.values()]
+    elif callable(getattr(target, "generation_sources", None)):  # labserve.ray.RayApp
+        sources = list(target.generation_sources())
     elif isinstance(target, (list, tuple)) and target:
         sources = [s for item in target for s in generation_sources(item, token=token)]
     else:
