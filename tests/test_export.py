@@ -226,6 +226,7 @@ def test_vllm_flags_carry_every_knob_under_its_own_name():
         "--enable-chunked-prefill": "",
         "--long-prefill-token-threshold": "256",
         "--scheduling-policy": "priority",
+        "--enable-prefix-caching": "",
         "--block-size": "32",
         "--num-gpu-blocks-override": "900",
     }
@@ -255,6 +256,20 @@ def test_sglang_flags_count_prompt_tokens_and_the_kv_pool_in_tokens():
     assert "prompt tokens only" in notes and "priority" in notes
     off = _flags(export_config(GenerationConfig(enable_chunked_prefill=False), "sglang"))
     assert off["--chunked-prefill-size"] == "-1"
+
+
+def test_prefix_caching_and_lpm_export_to_vllm_and_sglang_with_what_differs():
+    lpm = GenerationConfig(scheduling_policy="lpm")
+    vllm = export_config(lpm, "vllm")
+    assert _flags(vllm)["--scheduling-policy"] == "fcfs"  # vLLM has no lpm: said, not guessed
+    assert "longest-prefix-match" in " ".join(_differs(vllm))
+    assert "when the block is scheduled" in " ".join(_differs(vllm))
+    sglang = export_config(lpm, "sglang")
+    assert _flags(sglang)["--schedule-policy"] == "lpm" and "--disable-radix-cache" not in sglang
+    assert "page-size granularity" in " ".join(_differs(sglang))
+    off = GenerationConfig(enable_prefix_caching=False)
+    assert "--no-enable-prefix-caching" in _flags(export_config(off, "vllm"))
+    assert "--disable-radix-cache" in _flags(export_config(off, "sglang"))
 
 
 def test_tgi_counts_waiting_requests_in_its_concurrency_cap():

@@ -24,6 +24,7 @@ _GENERATION_FLAGS = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "enable_chunked_prefill",
+    "enable_prefix_caching",
     "long_prefill_token_threshold",
     "scheduling_policy",
     "num_kv_blocks",
@@ -62,6 +63,12 @@ def add_command(sub: Subcommands) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="split prompts that do not fit a step",
+    )
+    gen.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reuse the KV blocks of a cached prompt prefix",
     )
     gen.add_argument("--long-prefill-token-threshold", type=int, help="one prompt's chunk cap")
     gen.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, help="queue order")

@@ -20,6 +20,7 @@ from typing import Literal
 
 from labserve.config.settings import (
     BOOLEAN,
+    Rule,
     Settings,
     integer_at_least,
     number_at_least,
@@ -46,10 +47,12 @@ GENERATION_STRATEGIES: tuple[GenerationStrategy, ...] = ("continuous", "static")
 ``static``: a batch of prompts runs until its longest sequence ends, then the next batch
 forms (what request micro-batching gives a generator): the baseline."""
 
-SchedulingPolicy = Literal["fcfs", "priority"]
-SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
+SchedulingPolicy = Literal["fcfs", "priority", "lpm"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority", "lpm")
 """The waiting queue's order: arrival, or (priority, arrival) with the lowest value first
-(vLLM's ``--scheduling-policy``)."""
+(vLLM's ``--scheduling-policy``), or longest prefix match first (SGLang's ``lpm``: the most
+cached prompt tokens first, ties by arrival; a prompt that shares nothing can wait behind
+later ones that do)."""
 
 _MILLISECONDS = number_at_least(0.0, of="milliseconds")
 
@@ -65,7 +68,8 @@ class GenerationConfig(Settings):
     strategy: GenerationStrategy = setting("continuous", one_of(GENERATION_STRATEGIES))
     """``continuous`` (sequences join and leave at every step) or ``static`` (the baseline)."""
     scheduling_policy: SchedulingPolicy = setting("fcfs", one_of(SCHEDULING_POLICIES))
-    """Order of the waiting queue: ``fcfs`` or ``priority`` (lowest value first)."""
+    """Order of the waiting queue: ``fcfs``, ``priority`` (lowest value first) or ``lpm``
+    (the longest cached prefix first; as ``fcfs`` with prefix caching off)."""
     max_num_seqs: int = setting(32, integer_at_least(1))
     """Most sequences running at once (in one step)."""
     max_num_batched_tokens: int = setting(2048, integer_at_least(1))
@@ -90,6 +94,18 @@ class GenerationConfig(Settings):
     vLLM's ``gpu_memory_utilization`` sizes its cache): the pool is this divided by the
     model's ``kv_bytes_per_token`` x ``block_size`` blocks. 0: ``num_kv_blocks`` if set, else
     room for ``max_num_seqs`` sequences of the model's ``max_model_len``. A start-time setting."""
+    enable_prefix_caching: bool | None = setting(
+        None,
+        Rule(
+            "true, false or null (on for a model that stores K/V in labserve's blocks)",
+            lambda v: v is None or isinstance(v, bool),
+        ),
+    )
+    """Keep full KV blocks cached by a hash of their tokens and their prefix, and start a
+    prompt after the longest run of them (vLLM's automatic prefix caching). None (the
+    default): on for a model that stores K/V in labserve's blocks (as vLLM V1), off for one
+    that keeps its own caches, which refuses True. Live: off drops every cached hash; on
+    caches from the next step."""
     max_queue_size: int = setting(10_000, integer_at_least(1))
     """Most sequences waiting; the next one is refused at admission (QueueFullError)."""
     request_timeout_ms: float = setting(60_000.0, _MILLISECONDS)

@@ -7,8 +7,10 @@ vLLM reads them with the prefix changed: ``labserve_time_to_first_token_seconds`
 ``labserve_num_requests_waiting``, ``labserve_kv_cache_usage_perc`` (gauges), and labserve's
 own ``labserve_kv_blocks_used``, ``labserve_kv_blocks_total`` and ``labserve_kv_cache_bytes``
 (the bytes a model that stores K/V in labserve's blocks allocated; absent otherwise),
-``labserve_num_preemptions``, ``labserve_prompt_tokens``, ``labserve_generation_tokens``
-and ``labserve_sequences`` by outcome (counters, ``_total`` added by the exposition).
+``labserve_num_preemptions``, ``labserve_prompt_tokens``, ``labserve_generation_tokens``,
+``labserve_prefix_cache_queries`` and ``labserve_prefix_cache_hits`` (in tokens, as vLLM's)
+and ``labserve_sequences`` by outcome (counters, ``_total`` added by the exposition), and
+``labserve_kv_blocks_cached`` (a gauge).
 """
 
 from __future__ import annotations
@@ -64,6 +66,17 @@ class GenerationCollector(Collector):
             "labserve_prompt_tokens", "Prompt tokens of ended sequences.", labels=_LABELS
         )
         generated = counter("labserve_generation_tokens", "Tokens generated.", labels=_LABELS)
+        queries = counter(
+            "labserve_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            labels=_LABELS,
+        )
+        hits = counter(
+            "labserve_prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels=_LABELS
+        )
+        cached = gauge(
+            "labserve_kv_blocks_cached", "KV blocks in the prefix cache.", labels=_LABELS
+        )
         outcomes = counter(
             "labserve_sequences", "Sequences by outcome.", labels=[*_LABELS, "outcome"]
         )
@@ -94,12 +107,15 @@ class GenerationCollector(Collector):
             preempt.add_metric(labels, s.num_preemptions)
             prompt.add_metric(labels, s.prompt_tokens)
             generated.add_metric(labels, s.output_tokens)
+            queries.add_metric(labels, s.prefix_cache_queries)
+            hits.add_metric(labels, s.prefix_cache_hits)
+            cached.add_metric(labels, s.kv_blocks_cached)
             for outcome, count in s.outcomes.items():
                 outcomes.add_metric([*labels, outcome], count)
             for name, family in hists.items():
                 family.add_metric(labels, *_buckets(s.histograms[name]))
-        yield from (running, waiting, kv, blocks, blocks_total, kv_bytes)
-        yield from (preempt, prompt, generated, outcomes)
+        yield from (running, waiting, kv, blocks, blocks_total, kv_bytes, cached)
+        yield from (preempt, prompt, generated, queries, hits, outcomes)
         yield from hists.values()
 
 

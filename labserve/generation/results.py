@@ -10,7 +10,7 @@ simulator and the live runtime build the same object, so one table or chart show
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -45,6 +45,10 @@ class StepSeries:
     num_preempted: I64
     num_context_tokens: I64
     """Context tokens read by each step's attention (0 where the recorder was not told)."""
+    num_cache_queries: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Prompt tokens each step's admissions looked up in the prefix cache."""
+    num_cache_hits: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Of those, the tokens found cached (not computed)."""
 
     @classmethod
     def from_records(cls, records: Sequence[StepRecord]) -> StepSeries:
@@ -67,6 +71,8 @@ class StepSeries:
             kv_blocks_used=i64("kv_blocks_used"),
             num_preempted=i64("num_preempted"),
             num_context_tokens=i64("num_context_tokens"),
+            num_cache_queries=i64("num_cache_queries"),
+            num_cache_hits=i64("num_cache_hits"),
         )
 
     def __len__(self) -> int:

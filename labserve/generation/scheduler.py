@@ -42,6 +42,16 @@ need when it is planned; an end or a preemption gives them back. Blocks given ba
 a step is in flight stay parked until :meth:`Scheduler.complete` (the model may still
 write into them). For a model that stores K/V in labserve's blocks the pool is its memory
 (``kv_pool_blocks``, fixed at start); otherwise it is an account sized by ``num_kv_blocks``.
+
+Prefix caching (``enable_prefix_caching``; unset: on for a pool that is the model's memory),
+vLLM's semantics: a sequence leaving the waiting queue takes the longest run of cached full
+blocks its known tokens start with, at most all but its last token's (that token is computed
+for its logits), and computes from there; its queries and hits are counted in tokens. A
+step's full blocks are registered under their hash when :meth:`Scheduler.complete` records
+it (not for a sequence the step failed); ends and preemptions give blocks back cached, so a
+preempted sequence hits what is left of its own. ``scheduling_policy="lpm"`` sorts the
+waiting queue by cached blocks before each step. Sequences admitted without token ids
+(counted only) neither hit nor register.
 """
 
 from __future__ import annotations
@@ -54,7 +64,7 @@ from typing import Any
 from labserve.base.errors import LabServeError, QueueFullError
 from labserve.config.generation import GenerationConfig
 from labserve.generation.admission import check_admission
-from labserve.generation.blocks import BlockPool
+from labserve.generation.blocks import BlockPool, block_hashes
 from labserve.generation.sequence import (
     Finished,
     FinishReason,
@@ -78,6 +88,9 @@ _OUTCOME: dict[FinishReason, SeqOutcome] = {
     "failed": "failed",
     "stranded": "refused",
 }
+
+
+_LPM_MAX_WAITING = 128
 
 
 class Scheduler:
@@ -125,10 +138,18 @@ class Scheduler:
         self._order = 0
         self._steps = 0
         self._fixed_pool = kv_pool_blocks > 0
-        self._pool = BlockPool(kv_pool_blocks or config.num_kv_blocks)
+        self._pool = BlockPool(
+            kv_pool_blocks or config.num_kv_blocks, caching=self._caching(config)
+        )
         self._inflight: StepPlan | None = None
         self.num_preemptions = 0
         """Preemptions since the scheduler was made."""
+        self.prefix_cache_queries = 0
+        """Prompt tokens looked up in the prefix cache at admission, since it was made."""
+        self.prefix_cache_hits = 0
+        """Of those, the tokens found cached (not computed)."""
+        self._step_queries = 0
+        self._step_hits = 0
         self.last_step: StepRecord | None = None
         """The record of the last completed step."""
 
@@ -161,6 +182,11 @@ class Scheduler:
     def kv_blocks_used(self) -> int:
         """KV blocks held by running sequences."""
         return self._pool.num_used
+
+    @property
+    def kv_blocks_cached(self) -> int:
+        """KV blocks registered in the prefix cache (held or free)."""
+        return self._pool.num_cached
 
     @property
     def kv_blocks_total(self) -> int:
@@ -298,7 +324,10 @@ class Scheduler:
             finished += self._apply_config(self._pending_config, now)
         finished += self.expire(now)
         config = self._config
+        if config.scheduling_policy == "lpm":
+            self._sort_by_prefix()
         budget = config.max_num_batched_tokens
+        self._step_queries = self._step_hits = 0
         was_running = bool(self._running)
         scheduled: dict[int, Scheduled] = {}
         preempted: list[int] = []
@@ -321,6 +350,8 @@ class Scheduler:
             stop_reason=stop,
             num_batched_tokens=config.max_num_batched_tokens - budget,
             num_prefill_tokens=prefill,
+            num_cache_queries=self._step_queries,
+            num_cache_hits=self._step_hits,
         )
         if entries:
             self._steps += 1
@@ -352,6 +383,8 @@ class Scheduler:
         self._pool.step_ended()
         finished: list[Finished] = []
         seqs = self._seqs
+        caching = self._pool.caching
+        block_size = self._config.block_size
         for entry in plan.scheduled:
             seq = seqs.get(entry.seq_id)
             if seq is None:
@@ -360,6 +393,8 @@ class Scheduler:
                 finished.append(self._finish(seq, "failed", now))
                 continue
             seq.num_computed += entry.num_new_tokens
+            if caching and seq.num_computed >= (seq.num_registered + 1) * block_size:
+                self._register(seq)
             if not entry.samples:
                 continue
             if tokens is not None and seq.token_ids is not None:
@@ -383,6 +418,8 @@ class Scheduler:
             kv_blocks_used=self._pool.num_used,
             num_preempted=len(plan.preempted),
             stop_reason=plan.stop_reason,
+            num_cache_queries=plan.num_cache_queries,
+            num_cache_hits=plan.num_cache_hits,
         )
         return finished
 
@@ -439,17 +476,20 @@ class Scheduler:
                 return "token_budget", budget
             if len(self._running) >= config.max_num_seqs:
                 return "max_num_seqs", budget
-            want = seq.num_tokens - seq.num_computed
+            hits = self._prefix_hits(seq)
+            start = len(hits) * config.block_size
+            want = seq.num_tokens - start
             if 0 < threshold < want:
                 want = threshold
             resumed = seq.num_preemptions > 0
             if want > budget and not config.enable_chunked_prefill and not resumed:
                 return "token_budget", budget  # keeps FCFS order: see the module docstring
             count = min(want, budget)
-            if not self._fits(seq, seq.num_computed + count):
+            more = config.blocks_for(start + count) - len(hits)
+            if not self._pool.can_take(hits, more):
                 return "kv_blocks", budget
             self._waiting.pop()
-            self._grow(seq, seq.num_computed + count)
+            self._start(seq, hits, start, more)
             self._running.append(seq)
             seq.status = "running"
             if seq.first_scheduled_s is None:
@@ -457,11 +497,34 @@ class Scheduler:
             scheduled[seq.id] = self._entry(seq, count)
             budget -= count
 
+    def _sort_by_prefix(self) -> None:
+        """``lpm``: the waiting sequences with the most cached prompt blocks first.
+
+        Past ``_LPM_MAX_WAITING`` waiting the lookups cost more than they save and the queue
+        stays in arrival order (SGLang's cut-off, 128).
+        """
+        if self._pool.caching and 1 < len(self._waiting) <= _LPM_MAX_WAITING:
+            self._waiting.sort_by(lambda seq: -len(self._prefix_hits(seq)))
+
+    def _start(self, seq: SeqState, hits: list[int], start: int, more: int) -> None:
+        """Give a sequence leaving the waiting queue its cached blocks and ``more`` new ones."""
+        pool = self._pool
+        if pool.caching and seq.token_ids is not None:
+            pool.take(seq.block_table, hits)
+            seq.num_computed = seq.num_cached_tokens = start
+            seq.num_registered = len(hits)
+            self.prefix_cache_queries += seq.num_tokens
+            self.prefix_cache_hits += start
+            self._step_queries += seq.num_tokens
+            self._step_hits += start
+        if more > 0:
+            pool.allocate(seq.block_table, more)
+
     @staticmethod
     def _entry(seq: SeqState, count: int) -> Scheduled:
         computed, total = seq.num_computed, seq.num_tokens
         kind: Kind
-        if computed and total - computed == 1:
+        if seq.num_output and total - computed == 1:  # a prompt's last token is prefill
             kind = "decode"
         elif seq.num_output:
             kind = "resume"
@@ -472,6 +535,36 @@ class Scheduler:
         return Scheduled(seq.id, computed, count, samples, kind, final)
 
     # -- KV blocks ------------------------------------------------------------------------
+
+    def _caching(self, config: GenerationConfig) -> bool:
+        """Whether ``config`` caches prefixes here (unset: on for a model's own KV memory)."""
+        on = config.enable_prefix_caching
+        return self._fixed_pool if on is None else on
+
+    def _hashes(self, seq: SeqState, n: int) -> list[int]:
+        """``seq``'s first ``n`` block hashes (computed once: its known tokens never change)."""
+        have = seq.block_hashes
+        if len(have) < n and seq.token_ids is not None:
+            size = self._config.block_size
+            parent = have[-1] if have else None
+            have += block_hashes(seq.token_ids[: n * size], size, parent, len(have))
+        return have
+
+    def _prefix_hits(self, seq: SeqState) -> list[int]:
+        """The cached blocks ``seq`` starts with: all but its last token's at most (for logits)."""
+        if not self._pool.caching or seq.token_ids is None:
+            return []
+        limit = (seq.num_tokens - 1) // self._config.block_size
+        return self._pool.lookup(self._hashes(seq, limit)[:limit])
+
+    def _register(self, seq: SeqState) -> None:
+        """Cache ``seq``'s full blocks that the step just completed wrote."""
+        full = seq.num_computed // self._config.block_size
+        hashes = self._hashes(seq, full)
+        table, register = seq.block_table, self._pool.register
+        for i in range(seq.num_registered, min(full, len(hashes))):
+            register(table[i], hashes[i])
+        seq.num_registered = full
 
     def _kv_limit(self) -> int | None:
         """The model's pool in blocks, or None: ``config.num_kv_blocks`` is the limit."""
@@ -505,9 +598,9 @@ class Scheduler:
 
     def _preempt(self, seq: SeqState) -> None:
         self._running.remove(seq)
-        self._pool.free(seq.block_table)
+        self._pool.free(seq.block_table)  # cached blocks stay cached: it may hit them again
         seq.block_table = []
-        seq.num_computed = 0
+        seq.num_computed = seq.num_registered = 0
         seq.status = "preempted"
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -565,6 +658,14 @@ class Scheduler:
         old, self._config = self._config, config
         if not self._fixed_pool:
             self._resize_account(old, config)
+        caching = self._caching(config)
+        if caching != self._pool.caching or config.block_size != old.block_size:
+            self._pool.set_caching(False)  # hashes go: off, or keyed by the old block size
+            self._pool.set_caching(caching)
+            for seq in self._seqs.values():
+                seq.num_registered = 0  # on again: what they computed is registered anew
+                if config.block_size != old.block_size:
+                    seq.block_hashes = []
         self._waiting.reorder(config.scheduling_policy)
         # A sequence that has run (running, or preempted to be recomputed) computes what
         # is left of its prefill in chunks whatever the chunking setting (rules 1 and 2),

@@ -71,6 +71,7 @@ class SeqState:
 
     __slots__ = (
         "arrival_s",
+        "block_hashes",
         "block_table",
         "deadline_s",
         "finish_reason",
@@ -78,9 +79,11 @@ class SeqState:
         "handle",
         "id",
         "max_tokens",
+        "num_cached_tokens",
         "num_computed",
         "num_output",
         "num_preemptions",
+        "num_registered",
         "num_tokens",
         "order",
         "priority",
@@ -119,6 +122,9 @@ class SeqState:
         self.num_computed = 0  # in the KV cache
         self.num_output = 0
         self.block_table: list[int] = []  # the pool blocks holding its positions, in order
+        self.block_hashes: list[int] = []  # prefix-cache keys of its first full blocks
+        self.num_registered = 0  # blocks of its table registered in the prefix cache
+        self.num_cached_tokens = 0  # tokens its last admission found in the prefix cache
         self.num_preemptions = 0
         self.first_scheduled_s: float | None = None
         self.token_times_s: list[float] = []  # when each output token was produced
@@ -209,6 +215,10 @@ class StepPlan:
     """Why the step took no more waiting sequences."""
     num_batched_tokens: int
     num_prefill_tokens: int
+    num_cache_queries: int = 0
+    """Prompt tokens of the sequences this step admitted, looked up in the prefix cache."""
+    num_cache_hits: int = 0
+    """Of those, the tokens found cached (not computed: vLLM's ``prefix_cache_hits``)."""
 
     @property
     def empty(self) -> bool:
@@ -249,3 +259,7 @@ class StepRecord:
     """Context tokens read by the step's attention (:attr:`StepPlan.num_context_tokens`),
     filled in by the step's owner (the driver, the simulator) from its plan; 0 when the
     owner did not count them. What a step's cost is fitted on beside the token counts."""
+    num_cache_queries: int = 0
+    """Tokens the step's admissions looked up in the prefix cache (:class:`StepPlan`)."""
+    num_cache_hits: int = 0
+    """Of those, the tokens found cached."""

@@ -94,6 +94,17 @@ class GenerationSnapshot:
     """``model``: the KV figures are the memory the model holds (it stores K/V in labserve's
     blocks); ``accounting``: the model keeps its own caches, and the blocks are labserve's
     count of what its sequences would need, not the model's memory."""
+    prefix_cache_queries: int = 0
+    """Prompt tokens looked up in the prefix cache at admission since the last reset (a
+    preempted sequence's resumption counts again, as in vLLM)."""
+    prefix_cache_hits: int = 0
+    """Of those, the tokens found cached: prefill tokens not computed since the last reset."""
+    prefix_cache_hit_rate: float = math.nan
+    """Hits over queries in the window (NaN: no lookup there)."""
+    prefill_tokens_saved_per_s: float = 0.0
+    """Cached prompt tokens per second in the window: the prefill the cache saved."""
+    kv_blocks_cached: int = 0
+    """Blocks registered in the prefix cache now (held by a sequence or free)."""
 
     @property
     def kv_cache_usage(self) -> float:
@@ -135,6 +146,11 @@ class GenerationSnapshot:
             "prompt_tokens_per_s": self.prompt_tokens_per_s,
             "requests_per_s": self.requests_per_s,
             "goodput": self.goodput,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits,
+            "prefix_cache_hit_rate": clean(self.prefix_cache_hit_rate),
+            "prefill_tokens_saved_per_s": self.prefill_tokens_saved_per_s,
+            "kv_blocks_cached": self.kv_blocks_cached,
             "recent_steps": {
                 # Their times tell a reader which steps it has seen (an idle method's last
                 # steps stay the same from one read to the next).
@@ -184,6 +200,8 @@ class GenerationRecorder:
         self._step_tokens_sum = 0
         self._counts: dict[str, int] = dict.fromkeys((*SEQ_OUTCOMES, "refused"), 0)
         self._preemptions = 0
+        self._cache_queries = 0
+        self._cache_hits = 0
         self._prompt_tokens = 0
         self._output_tokens = 0
         self._since_s = now
@@ -213,6 +231,8 @@ class GenerationRecorder:
         """File one step."""
         self._steps.append(record)
         self._preemptions += record.num_preempted
+        self._cache_queries += record.num_cache_queries
+        self._cache_hits += record.num_cache_hits
         tokens = record.num_prefill_tokens + record.num_decode_tokens
         self._step_tokens[tokens] = self._step_tokens.get(tokens, 0) + 1
         self._step_tokens_sum += tokens
@@ -234,6 +254,7 @@ class GenerationRecorder:
         kv_blocks_total: int = 0,
         kv_bytes: int = 0,
         kv_memory: KvMemory = "accounting",
+        kv_blocks_cached: int = 0,
     ) -> GenerationSnapshot:
         """The figures at ``now``: percentiles and rates over the last ``window_s``."""
         start = max(now - self.window_s, self._since_s)
@@ -243,6 +264,9 @@ class GenerationRecorder:
         percentiles = {m: result.percentiles_ms(m) for m in _METRICS}
         served = result.served
         meets = int(result.meeting(config.ttft_slo_ms, config.tpot_slo_ms).sum())
+        recent = [r for r in self._steps if r.end_s >= start]
+        queries = sum(r.num_cache_queries for r in recent)
+        hits = sum(r.num_cache_hits for r in recent)
         return GenerationSnapshot(
             runner=runner,
             method=method,
@@ -266,6 +290,11 @@ class GenerationRecorder:
             kv_blocks_total=kv_blocks_total,
             kv_bytes=kv_bytes,
             kv_memory=kv_memory,
+            prefix_cache_queries=self._cache_queries,
+            prefix_cache_hits=self._cache_hits,
+            prefix_cache_hit_rate=hits / queries if queries else math.nan,
+            prefill_tokens_saved_per_s=hits / span,
+            kv_blocks_cached=kv_blocks_cached,
         )
 
     def _histograms(self) -> dict[str, Histogram]:

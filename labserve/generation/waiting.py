@@ -1,4 +1,7 @@
-"""The waiting queue: sequences not yet running, in FCFS or priority order.
+"""The waiting queue: sequences not yet running, in FCFS, priority or longest-prefix order.
+
+``lpm`` keeps arrival order until its owner sorts it (:meth:`WaitingQueue.sort_by`), each
+step, by how much of each prompt the prefix cache holds.
 
 Removal is lazy: a waiting sequence that is cancelled or times out is marked done and
 skipped when it reaches the head, so that both take O(1) (FCFS) or O(log n) (priority).
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 
 from labserve.config.generation import SchedulingPolicy
 from labserve.generation.sequence import SeqState
@@ -34,7 +38,7 @@ class WaitingQueue:
     def push(self, seq: SeqState) -> None:
         """Queue a newly admitted sequence (at the back, in FCFS)."""
         self._live += 1
-        if self.policy == "fcfs":
+        if self.policy != "priority":
             self._fifo.append(seq)
         else:
             heapq.heappush(self._heap, _key(seq))
@@ -42,14 +46,14 @@ class WaitingQueue:
     def push_front(self, seq: SeqState) -> None:
         """Queue a preempted sequence: at the front in FCFS; by priority where its key puts it."""
         self._live += 1
-        if self.policy == "fcfs":
+        if self.policy != "priority":
             self._fifo.appendleft(seq)
         else:
             heapq.heappush(self._heap, _key(seq))
 
     def peek(self) -> SeqState | None:
         """The next live sequence, or None."""
-        if self.policy == "fcfs":
+        if self.policy != "priority":
             while self._fifo and self._fifo[0].finished:
                 self._fifo.popleft()
             return self._fifo[0] if self._fifo else None
@@ -62,12 +66,19 @@ class WaitingQueue:
         seq = self.peek()
         if seq is None:
             raise IndexError("pop from an empty waiting queue")
-        if self.policy == "fcfs":
+        if self.policy != "priority":
             self._fifo.popleft()
         else:
             heapq.heappop(self._heap)
         self._live -= 1
         return seq
+
+    def sort_by(self, key: Callable[[SeqState], int]) -> None:
+        """Order the live sequences by ``key``, lowest first, ties kept in order (``lpm``)."""
+        if self.policy == "priority":
+            raise RuntimeError("a priority queue keeps its own order")
+        live = sorted((s for s in self._fifo if not s.finished), key=key)
+        self._fifo = deque(live)
 
     def forget(self) -> None:
         """Count one waiting sequence gone (the caller marked it done; it is skipped later)."""
@@ -75,7 +86,7 @@ class WaitingQueue:
 
     def live(self) -> list[SeqState]:
         """The live sequences, in queue order (O(n log n): for snapshots and a policy change)."""
-        if self.policy == "fcfs":
+        if self.policy != "priority":
             return [s for s in self._fifo if not s.finished]
         return [k[3] for k in sorted(self._heap) if not k[3].finished]
 

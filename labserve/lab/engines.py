@@ -88,7 +88,23 @@ def _vllm(cfg: GenerationConfig) -> str:
         )
     if cfg.long_prefill_token_threshold:
         flags.append(("--long-prefill-token-threshold", cfg.long_prefill_token_threshold))
-    flags.append(("--scheduling-policy", cfg.scheduling_policy))
+    if cfg.scheduling_policy == "lpm":
+        flags.append(("--scheduling-policy", "fcfs"))
+        notes.append(
+            "scheduling_policy='lpm': vLLM has no longest-prefix-match order (fcfs or"
+            " priority); its prefix cache still saves the prefill, in arrival order."
+        )
+    else:
+        flags.append(("--scheduling-policy", cfg.scheduling_policy))
+    caching = cfg.enable_prefix_caching is not False  # unset: on, as for a paged model
+    flags.append(("--enable-prefix-caching" if caching else "--no-enable-prefix-caching", ""))
+    if caching:
+        notes.append(
+            "prefix caching: vLLM registers a block's hash when the block is scheduled, so a"
+            " request admitted in the same step as the one computing it may hit; labserve"
+            " registers once the step that wrote it has completed (a failed step caches"
+            " nothing). Both hit full blocks only, at most all but the last prompt token."
+        )
     if cfg.kv_limited:
         flags += [
             ("--block-size", cfg.block_size),
@@ -135,13 +151,26 @@ def _sglang(cfg: GenerationConfig) -> str:
     )
     if not cfg.enable_chunked_prefill:
         notes.append("chunked prefill off: --chunked-prefill-size -1 disables it in SGLang.")
-    if cfg.scheduling_policy == "fcfs":
-        flags.append(("--schedule-policy", "fcfs"))
+    if cfg.scheduling_policy in ("fcfs", "lpm"):
+        flags.append(("--schedule-policy", cfg.scheduling_policy))
     else:
         notes.append(
             "scheduling_policy='priority': SGLang's --schedule-policy orders by prefix"
             " sharing (lpm, dfs-weight), arrival (fcfs) or at random; request priorities need"
             " a version with priority scheduling (check `--help`)."
+        )
+    if cfg.enable_prefix_caching is False:
+        flags.append(("--disable-radix-cache", ""))
+    else:
+        notes.append(
+            "prefix caching: SGLang's radix cache matches tokens at --page-size granularity"
+            " (1 by default: a shared prefix shorter than a block still hits there) and"
+            " evicts least-recently-used leaves; labserve hits whole blocks only."
+        )
+    if cfg.scheduling_policy == "lpm":
+        notes.append(
+            "scheduling_policy='lpm': SGLang falls back to fcfs when more than 128 requests"
+            " wait, as labserve does."
         )
     if cfg.kv_limited:
         flags += [
@@ -199,8 +228,8 @@ def _tgi(cfg: GenerationConfig) -> str:
             "TGI has no launcher flag for chunked prefill or a per-prompt chunk cap"
             " (enable_chunked_prefill, long_prefill_token_threshold)."
         )
-    if cfg.scheduling_policy == "priority":
-        notes.append("scheduling_policy='priority': TGI serves in arrival order.")
+    if cfg.scheduling_policy != "fcfs":
+        notes.append(f"scheduling_policy={cfg.scheduling_policy!r}: TGI serves in arrival order.")
     if cfg.request_timeout_ms:
         notes.append(
             f"request_timeout_ms={cfg.request_timeout_ms:g}: TGI has no per-request timeout"

@@ -172,10 +172,12 @@ def replay_generation(
     cost: StepCost,
     *,
     arrival_s: Sequence[float] | np.ndarray,
-    prompt_lens: Sequence[int] | np.ndarray,
+    prompt_lens: Sequence[int] | np.ndarray | None = None,
     output_lens: Sequence[int] | np.ndarray,
     max_model_len: int = 0,
     seed: int = 0,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+    output_ids: Sequence[Sequence[int]] | None = None,
 ) -> GenerationResult:
     """Replay given requests through the scheduler on virtual time (a live run's, say).
 
@@ -184,8 +186,15 @@ def replay_generation(
     hands in: a live run's arrival times and lengths, and the step cost calibrated on it.
     ``seed`` fixes the cost's spread draws (if it has any).
 
+    Prefix caching (``config.enable_prefix_caching`` True) needs the tokens: ``prompt_ids``
+    (each prompt's ids; ``prompt_lens`` then defaults to their lengths) and, for a later
+    prompt that resends an earlier reply (multi-turn chat), ``output_ids`` (each request's
+    outputs, at least ``output_lens[i]`` of them): without them outputs are not hashed, and
+    only prompt blocks can hit. A hit's tokens are not computed, so they cost nothing
+    but the context its computed tokens read.
+
     Raises:
-        ValueError: the three differ in length, the times are not finite and in order, or a
+        ValueError: the lengths differ, the times are not finite and in order, or a
             length is not an integer >= 1.
 
     >>> r = replay_generation(GenerationConfig(), StepCost(5.0), arrival_s=[0.0, 0.1],
@@ -194,6 +203,10 @@ def replay_generation(
     [0.01, 0.01]
     """
     arrivals = np.asarray(arrival_s, dtype=np.float64)
+    if prompt_lens is None:
+        if prompt_ids is None:
+            raise ValueError("give prompt_lens or prompt_ids")
+        prompt_lens = [len(ids) for ids in prompt_ids]
     prompts, outputs = np.asarray(prompt_lens), np.asarray(output_lens)
     if not (arrivals.ndim == prompts.ndim == outputs.ndim == 1) or not (
         len(arrivals) == len(prompts) == len(outputs)
@@ -207,7 +220,44 @@ def replay_generation(
     for name, values in (("prompt_lens", prompts), ("output_lens", outputs)):
         if len(values) and (not np.issubdtype(values.dtype, np.integer) or values.min() < 1):
             raise ValueError(f"{name} must be integers >= 1, got {values.tolist()[:8]!r}")
-    return _run(config, cost, arrivals, prompts, outputs, max_model_len, seed)
+    tokens = _Tokens(prompt_ids, output_ids, prompts.tolist(), outputs.tolist())
+    return _run(config, cost, arrivals, prompts, outputs, max_model_len, seed, tokens)
+
+
+class _Tokens:
+    """The requests' token ids, when given: what the prefix cache hashes."""
+
+    def __init__(
+        self,
+        prompts: Sequence[Sequence[int]] | None,
+        outputs: Sequence[Sequence[int]] | None,
+        prompt_lens: list[int],
+        output_lens: list[int],
+    ) -> None:
+        if prompts is not None and [len(p) for p in prompts] != prompt_lens:
+            raise ValueError("prompt_ids must hold prompt_lens[i] ids for each request i")
+        if outputs is not None and (
+            len(outputs) != len(output_lens)
+            or any(len(o) < n for o, n in zip(outputs, output_lens, strict=True))
+        ):
+            raise ValueError("output_ids must hold at least output_lens[i] ids for each request i")
+        self.prompts = prompts
+        self.outputs = outputs
+
+    def prompt(self, i: int) -> list[int] | None:
+        """Request ``i``'s prompt ids, a list of its own (None: counted only)."""
+        return list(self.prompts[i]) if self.prompts is not None else None
+
+    def sampled(self, sched: Scheduler, plan: StepPlan) -> dict[int, int] | None:
+        """Each sampling sequence's next output id (None: outputs not given)."""
+        outs = self.outputs
+        if outs is None:
+            return None
+        return {
+            e.seq_id: outs[e.seq_id][sched.sequence(e.seq_id).num_output]
+            for e in plan.scheduled
+            if e.samples and e.seq_id in sched
+        }
 
 
 def _run(
@@ -218,7 +268,9 @@ def _run(
     outputs: np.ndarray,
     max_model_len: int,
     seed: int,
+    tokens: _Tokens | None = None,
 ) -> GenerationResult:
+    tokens = tokens or _Tokens(None, None, [], [])
     sched = Scheduler(config, max_model_len=max_model_len)
     spread = np.random.default_rng([seed, 35])  # apart from the arrivals' stream
     wake = cost.wake_ms / 1000.0
@@ -229,7 +281,9 @@ def _run(
     while True:
         while i < n and arrival_list[i] <= now:
             try:
-                sched.add(i, prompt_list[i], output_list[i], arrival_list[i])
+                sched.add(
+                    i, prompt_list[i], output_list[i], arrival_list[i], token_ids=tokens.prompt(i)
+                )
             except (LengthLimitError, QueueFullError):
                 refused += 1  # as a live method refuses it at admission
             i += 1
@@ -245,7 +299,7 @@ def _run(
         context = plan.num_context_tokens
         typical = cost.seconds(len(plan.scheduled), plan.num_batched_tokens, context)
         now += typical * cost.factor(spread)
-        finished += sched.complete(plan, now)
+        finished += sched.complete(plan, now, tokens=tokens.sampled(sched, plan))
         assert sched.last_step is not None
         steps.append(dataclasses.replace(sched.last_step, num_context_tokens=context))
     return GenerationResult.from_finished(finished, steps, refused)

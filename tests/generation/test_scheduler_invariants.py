@@ -20,7 +20,7 @@ def configs(draw):
     kv = draw(st.sampled_from([0, 0, 8, 20, 64]))
     return GenerationConfig(
         strategy=draw(st.sampled_from(["continuous", "continuous", "static"])),
-        scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
+        scheduling_policy=draw(st.sampled_from(["fcfs", "priority", "lpm"])),
         max_num_seqs=draw(st.integers(1, 8)),
         max_num_batched_tokens=draw(st.integers(1, 64)),
         enable_chunked_prefill=draw(st.booleans()),
@@ -28,6 +28,7 @@ def configs(draw):
         block_size=draw(st.sampled_from([1, 4, 16])),
         num_kv_blocks=kv,
         request_timeout_ms=draw(st.sampled_from([0.0, 0.0, 150.0])),
+        enable_prefix_caching=draw(st.booleans()),
     )
 
 
@@ -39,6 +40,14 @@ class Arrival:
     priority: int
     cancel_after: int | None  # steps after arrival; None: never
     stop_after: int | None  # outputs after which a "stop token" comes
+    prefix: int = 0  # which shared prefix its prompt starts with
+    shared: int = 0  # tokens of it (the rest are its own)
+
+    def tokens(self, i: int) -> list[int]:
+        return [
+            self.prefix * 1000 + j if j < self.shared else 10_000 * (i + 1) + j
+            for j in range(self.prompt_len)
+        ]
 
 
 arrivals = st.builds(
@@ -49,6 +58,8 @@ arrivals = st.builds(
     priority=st.integers(0, 2),
     cancel_after=st.one_of(st.none(), st.none(), st.integers(0, 15)),
     stop_after=st.one_of(st.none(), st.none(), st.integers(1, 10)),
+    prefix=st.integers(0, 2),
+    shared=st.integers(0, 80),
 )
 
 
@@ -78,7 +89,9 @@ def run(config: GenerationConfig, workload: list[Arrival], max_steps: int = 5_00
         now = step * STEP_S
         for i, a in by_step.get(step, []):
             try:
-                sched.add(i, a.prompt_len, a.max_tokens, now, priority=a.priority)
+                sched.add(
+                    i, a.prompt_len, a.max_tokens, now, priority=a.priority, token_ids=a.tokens(i)
+                )
             except LengthLimitError:
                 out.refused += 1
                 continue
@@ -105,7 +118,8 @@ def run(config: GenerationConfig, workload: list[Arrival], max_steps: int = 5_00
                 and (a := out.admitted[e.seq_id]).stop_after is not None
                 and sched.sequence(e.seq_id).num_output + 1 >= a.stop_after
             ]
-            out.finished += sched.complete(plan, now + STEP_S * 0.9, stopped=stopped)
+            tokens = {e.seq_id: 1 for e in plan.scheduled}
+            out.finished += sched.complete(plan, now + STEP_S * 0.9, tokens=tokens, stopped=stopped)
             out.steps += 1
             _check_kv(config, sched)
         step += 1
@@ -136,10 +150,20 @@ def _check_plan(config, sched, plan, running_before):
 
 
 def _check_kv(config, sched):
-    held = sum(s.blocks for s in sched._running)
-    assert held == sched.kv_blocks_used
+    holders: dict[int, int] = {}
+    for s in sched._running:
+        for block in s.block_table:
+            holders[block] = holders.get(block, 0) + 1
+    assert len(holders) == sched.kv_blocks_used
+    pool = sched.pool
+    assert all(pool.refcount(b) == n for b, n in holders.items())  # shared blocks counted
     for s in sched._running:
         assert s.blocks == config.blocks_for(s.num_computed)
+        for i in range(s.num_registered):  # a held block's key, if any, is its own tokens'
+            assert pool.hash_of(s.block_table[i]) in (s.block_hashes[i], None)
+        assert s.num_cached_tokens <= s.num_tokens - 1
+    for block_hash, block in pool.cached().items():
+        assert pool.hash_of(block) == block_hash
 
 
 @settings(max_examples=300, deadline=None)

@@ -391,3 +391,30 @@ def test_one_torch_thread_by_default_none_leaves_it():
             HFDecoder(model, threads=0)
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_sequence_reading_another_sequences_cached_blocks_gets_its_logits_alone(model):
+    # A prefix hit as the scheduler makes it: B's table starts with A's full blocks, and
+    # B's first step starts after them.
+    decoder = HFDecoder(model)
+    decoder.allocate_kv(32, 4)
+    blocks = Blocks(32, 4, seed=2)
+    shared = [11, 12, 13, 14, 15, 16, 17, 18, 19]
+    decoder.generate(blocks.step([(0, [*shared, 40, 41], 0)]))
+    blocks.tables[1] = list(blocks.tables[0][:2])  # A's two full blocks: 8 tokens
+    b = [*shared, 70, 71, 72]
+    got = decoder.generate(blocks.step([(1, b[8:], 8)]))
+    np.testing.assert_allclose(got[0], solo_logits(model, b), atol=1e-4, rtol=0)
+
+
+def test_greedy_tokens_with_prefix_cache_hits_match_transformers_alone(model):
+    runner = labserve.Runner(HFDecoder(model), name="lm", block_size=4)
+    shared = [5, 9, 13, 17, 21, 25, 29, 33, 37, 41]
+    prompts = [[*shared, 60 + i] for i in range(3)]
+    try:
+        assert runner.generate.config.enable_prefix_caching is True
+        got = [runner.generate.run(p, max_tokens=4, temperature=0).token_ids for p in prompts]
+        near_ties(model, prompts, got, 4)
+        assert runner.generate.stats().prefix_cache_hits == 2 * 8  # 2 full blocks, twice
+    finally:
+        runner.stop()

@@ -432,17 +432,20 @@ BUG_HUNT = settings(  # deterministic, so that scripts/bug_hunt.py says the same
 
 
 class PagedStepModel(StepModel):
-    """StepModel storing, in labserve's blocks, who wrote each slot: (sequence, position).
+    """StepModel storing, in labserve's blocks, what each slot holds: (token id, position).
 
     Each step first checks that every earlier position of each sequence, read through its
-    block table, still holds what that sequence wrote: a block handed to someone else
-    while its owner still needed it shows here as the other sequence's writes.
+    block table, holds that sequence's own token at that position (``tokens_of`` gives its
+    ids): a block handed to someone else while its owner still needed it shows here as
+    another sequence's tokens; a prefix-cache hit (a block another sequence wrote with the
+    same tokens) passes, as it should.
     """
 
     def __init__(self, sched: VirtualHost | None = None, poison: int | None = None):
         super().__init__(sched, poison)
         self.store = np.zeros((0, 2), np.int64)
         self.block_size = 0
+        self.tokens_of: Any = None  # seq id -> its token ids (the scheduler's record)
 
     def allocate_kv(self, num_blocks: int, block_size: int) -> list[np.ndarray]:
         assert self.store.size == 0, "allocate_kv is called once"
@@ -459,11 +462,12 @@ class PagedStepModel(StepModel):
             assert len(table) == -(-(start + len(tokens)) // size), "a table covers the step"
             past = np.arange(start)
             held = self.store[table[past // size] * size + past % size]
-            assert (held[:, 0] == seq_id).all() and (held[:, 1] == past).all(), (
+            own = np.asarray(self.tokens_of(seq_id)[:start], np.int64)
+            assert (held[:, 0] == own).all() and (held[:, 1] == past).all(), (
                 f"sequence {seq_id}'s K/V were overwritten by another sequence"
             )
             new = start + np.arange(len(tokens))
-            self.store[batch.slots(row)] = np.stack([np.full(len(tokens), seq_id), new], 1)
+            self.store[batch.slots(row)] = np.stack([np.asarray(tokens, np.int64), new], 1)
         if self.poison is not None and self.poison in batch.seq_ids:
             raise ValueError(f"poisoned by {self.poison}")
         if self.sched is not None:
@@ -481,7 +485,7 @@ POOL_BLOCKS = 12
 def make_paged(
     config: GenerationConfig, model: PagedStepModel, sched: VirtualHost
 ) -> GenerationDriver:
-    return GenerationDriver(
+    driver = GenerationDriver(
         GenerativeModel(model.step, allocate_kv=model.allocate_kv),
         config,
         host=sched,
@@ -489,6 +493,8 @@ def make_paged(
         method="gen",
         kv_pool_blocks=POOL_BLOCKS,
     )
+    model.tokens_of = lambda seq_id: driver.scheduler.sequence(seq_id).token_ids
+    return driver
 
 
 class PagedGenerationMachine(GenerationMachine):
@@ -511,8 +517,9 @@ class PagedGenerationMachine(GenerationMachine):
         budget=st.integers(4, 16),
         chunked=st.booleans(),
         timeout_ms=st.sampled_from([20.0, 40.0, 100.0]),
+        caching=st.booleans(),
     )
-    def configure(self, max_num_seqs, budget, chunked, timeout_ms):  # type: ignore[override]
+    def configure(self, max_num_seqs, budget, chunked, timeout_ms, caching):  # type: ignore[override]
         # num_kv_blocks is a start-time setting here: the pool is the model's memory.
         self.driver.configure(
             self.driver.config.replace(
@@ -520,6 +527,7 @@ class PagedGenerationMachine(GenerationMachine):
                 max_num_batched_tokens=budget,
                 enable_chunked_prefill=chunked,
                 request_timeout_ms=timeout_ms,
+                enable_prefix_caching=caching,
             )
         )
         self.sched.settle()
@@ -530,18 +538,18 @@ class PagedGenerationMachine(GenerationMachine):
         pool = scheduler.pool
         live = scheduler.live()
         self.seen.update((s.id, s) for s in live)
-        owner: dict[int, int] = {}
+        owners: dict[int, list[int]] = {}  # more than one: a prefix-cache hit, shared
         for seq in live:
             for block in seq.block_table:
-                assert block not in owner, (
-                    f"block {block} is in {owner.get(block)}'s and {seq.id}'s"
-                )
-                owner[block] = seq.id
+                owners.setdefault(block, []).append(seq.id)
                 assert not pool.is_free(block), f"block {block} of {seq.id} is on the free queue"
-        assert pool.num_used == len(owner) == sum(s.blocks for s in live)
+        assert pool.num_used == len(owners)
         free = sum(pool.is_free(b) for b in range(POOL_BLOCKS))
-        assert free + pool.num_parked + len(owner) == POOL_BLOCKS, "a block is lost"
-        assert all(pool.refcount(b) == (b in owner) for b in range(POOL_BLOCKS))
+        assert free + pool.num_parked + len(owners) == POOL_BLOCKS, "a block is lost"
+        for b in range(POOL_BLOCKS):
+            assert pool.refcount(b) == len(owners.get(b, ())), f"block {b}: {owners.get(b)}"
+            if len(owners.get(b, ())) > 1:
+                assert pool.hash_of(b) is not None, f"block {b} shared but not cached"
         assert scheduler.kv_blocks_used == pool.num_used
 
     @invariant()
@@ -556,15 +564,18 @@ class PagedGenerationMachine(GenerationMachine):
             return
         batch = self.sched.parked[0].args[0]
         scheduler = self.driver.scheduler
-        mine = {b: i for i, t in zip(batch.seq_ids, batch.block_tables, strict=True) for b in t}
-        for block, seq_id in mine.items():
+        mine: dict[int, set[int]] = {}
+        for i, t in zip(batch.seq_ids, batch.block_tables, strict=True):
+            for b in t:
+                mine.setdefault(b, set()).add(i)
+        for block, seq_ids in mine.items():
             assert not scheduler.pool.is_free(block), (
-                f"block {block} of sequence {seq_id}, whose step is in flight, is free"
+                f"block {block} of sequence {seq_ids}, whose step is in flight, is free"
             )
         for seq in scheduler.live():
             for block in seq.block_table:
-                if block in mine:
-                    assert mine[block] == seq.id, (
+                if block in mine:  # or shared with it: a cached block both hit
+                    assert seq.id in mine[block] or scheduler.pool.hash_of(block) is not None, (
                         f"block {block} of {mine[block]}'s step in flight was given to {seq.id}"
                     )
 
@@ -682,3 +693,16 @@ def test_a_timeout_change_reaches_the_next_arrival_at_once_even_while_a_step_han
     while sched.parked:
         sched.release(sched.parked[0], value=np.array([1]))
     assert patient.ends[0].finish.reason == "length"
+
+
+def test_a_paged_prefix_hit_reads_the_same_tokens_another_sequence_wrote():
+    sched = VirtualHost()
+    model = PagedStepModel()
+    driver = make_paged(GenerationConfig(block_size=4), model, sched)
+    first = admit(driver, sched, prompt_len=9, max_tokens=2)
+    sched.settle()
+    second = admit(driver, sched, prompt_len=9, max_tokens=2)  # the model checks each slot
+    sched.settle()
+    assert first.ends[0].token_ids == second.ends[0].token_ids
+    assert driver.scheduler.prefix_cache_hits == 8  # two full blocks of the 9-token prompt
+    assert model.calls[-2].starts == (8,)  # its prefill computed the last prompt token only

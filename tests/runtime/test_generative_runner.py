@@ -219,3 +219,58 @@ def test_a_byte_budget_sizes_a_paged_models_pool_and_is_refused_for_one_with_its
         runner.stop()
     with pytest.raises(labserve.ConfigError, match="keeps its own caches"):
         labserve.Runner(OwnCaches, name="own", kv_cache_bytes=1 << 20)
+
+
+def test_prefix_caching_is_on_for_a_paged_model_and_refused_for_one_with_its_own():
+    own = labserve.Runner(OwnCaches, name="own_default")
+    try:
+        assert own.generate.config.enable_prefix_caching is False
+        with pytest.raises(labserve.ConfigError, match="keeps its own caches"):
+            own.configure("generate", enable_prefix_caching=True)
+    finally:
+        own.stop()
+    with pytest.raises(labserve.ConfigError, match="enable_prefix_caching"):
+        labserve.Runner(OwnCaches, name="own", enable_prefix_caching=True)
+
+
+class NoCacheLM(TinyLM):
+    @labserve.method(generative=True, enable_prefix_caching=False)
+    def generate(self, batch):
+        return self._step(batch)
+
+
+def test_enable_prefix_caching_from_the_decorator_the_file_and_the_arguments(tmp_path):
+    filed = tmp_path / "cache.yaml"
+    filed.write_text("runners:\n  cache:\n    generation:\n      enable_prefix_caching: true\n")
+    for kwargs, want in (
+        ({}, False),
+        ({"config": filed}, True),
+        ({"config": filed, "enable_prefix_caching": False}, False),
+    ):
+        runner = labserve.Runner(NoCacheLM, name="cache", **kwargs)
+        try:
+            assert runner.generate.config.enable_prefix_caching is want
+            assert runner.generate.stats().config.enable_prefix_caching is want
+        finally:
+            runner.stop()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("runners:\n  cache:\n    generation:\n      enable_prefix_caching: 1\n")
+    with pytest.raises(labserve.ConfigError, match="enable_prefix_caching"):
+        labserve.Runner(NoCacheLM, name="cache", config=bad)
+
+
+def test_a_cache_hit_gives_tinylm_the_same_tokens_as_computing_the_prompt(lm):
+    system = "You are a helpful assistant. Answer briefly and well. " * 2  # 108 bytes
+    prompts = [system + q for q in ("Why?", "How so?", "When is it?")]
+    assert lm.generate.config.enable_prefix_caching is True
+    lm.generate.configure(enable_prefix_caching=False)
+    try:
+        cold = [lm.generate.run(p, max_tokens=8, temperature=0).token_ids for p in prompts]
+    finally:
+        lm.generate.configure(enable_prefix_caching=True)
+    before = lm.generate.stats().prefix_cache_hits
+    warm = [lm.generate.run(p, max_tokens=8, temperature=0).token_ids for p in prompts]
+    assert warm == cold
+    # The first warm prompt computes all (the cache was dropped); the next two hit the
+    # system prompt's 6 full blocks of 16 bytes (96 of its 108).
+    assert lm.generate.stats().prefix_cache_hits - before == 2 * 96

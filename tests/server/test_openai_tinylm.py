@@ -164,6 +164,38 @@ def test_the_scheduler_knobs_change_live_over_patch_config(served):
     call("PATCH", {"tinylm": {"generate": {"max_num_seqs": 8, "strategy": "continuous"}}})
 
 
+def test_prefix_cache_counters_reach_stats_and_metrics_and_turn_off_over_patch(served):
+    runner, server = served
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {server.token}"}
+    prompt = "A shared system prompt, long enough for a few blocks of sixteen bytes. "
+    for tail in ("one", "two"):
+        runner.generate.run(prompt + tail, max_tokens=2, temperature=0)
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    samples = {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("runner") == "tinylm"
+    }
+    snap = runner.generate.stats()
+    assert samples["labserve_prefix_cache_hits_total"] == snap.prefix_cache_hits >= 64
+    assert samples["labserve_prefix_cache_queries_total"] == snap.prefix_cache_queries
+    assert samples["labserve_kv_blocks_cached"] == snap.kv_blocks_cached > 0
+    with urllib.request.urlopen(f"{server.url}/stats", timeout=10) as reply:
+        assert '"prefix_cache_hit_rate"' in reply.read().decode()
+    body = json.dumps({"tinylm": {"generate": {"enable_prefix_caching": False}}}).encode()
+    req = urllib.request.Request(f"{server.url}/config", body, headers, method="PATCH")
+    with urllib.request.urlopen(req, timeout=10) as reply:
+        assert json.loads(reply.read())["tinylm"]["generate"]["enable_prefix_caching"] is False
+    try:
+        runner.generate.run(prompt + "three", max_tokens=2, temperature=0)  # applies at a step
+        after = runner.generate.stats()
+        assert after.kv_blocks_cached == 0 and after.prefix_cache_hits == snap.prefix_cache_hits
+    finally:
+        runner.generate.configure(enable_prefix_caching=True)
+
+
 class SlowLM(TinyLM):
     """TinyLM at 5 ms a step: a long generation lasts long enough to leave in the middle."""
 

@@ -255,6 +255,7 @@ class GenerationDriver:
                 kv_blocks_total=steps.kv_blocks_total,
                 kv_bytes=self._kv_bytes,
                 kv_memory="model" if self._model.paged else "accounting",
+                kv_blocks_cached=steps.kv_blocks_cached,
             )
 
     def reset_stats(self) -> None:

@@ -114,7 +114,27 @@ class GenerativeMethod:
         self.eos_token_id: int | None = int(eos) if eos is not None else None
         self.paged = callable(getattr(instance, "allocate_kv", None))
         """Whether the model stores K/V in labserve's blocks (it has ``allocate_kv``)."""
+        self._config = config = self._resolved(config)
         self._kv_pool_blocks = self._pool_size(config)
+
+    def _resolved(self, config: GenerationConfig) -> GenerationConfig:
+        """``config`` with ``enable_prefix_caching`` decided for this model.
+
+        Raises:
+            ConfigError: True for a model that keeps its own caches (labserve cannot
+                share K/V it does not hold).
+        """
+        on = config.enable_prefix_caching
+        if on is None:
+            return config.replace(enable_prefix_caching=self.paged)
+        if on and not self.paged:
+            raise ConfigError(
+                "enable_prefix_caching",
+                on,
+                f"false for {type(self._instance).__name__}, which keeps its own caches (no "
+                "allocate_kv): a cached prefix is K/V in labserve's blocks",
+            )
+        return config
 
     def _pool_size(self, config: GenerationConfig) -> int:
         """The KV pool of a model that stores K/V in our blocks (0: an account). Checked at once.
@@ -172,7 +192,7 @@ class GenerativeMethod:
         """
         with self._lock:
             old = self.config
-            new = old.replace(**changes)
+            new = self._resolved(old.replace(**changes))
             for name in PAGED_START_SETTINGS if self.paged else START_SETTINGS:
                 if getattr(new, name) != getattr(old, name):
                     raise ConfigError(
