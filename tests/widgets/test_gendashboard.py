@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 import threading
@@ -14,6 +15,7 @@ import pytest
 from bokeh.document import Document
 from labserve.widgets import Dashboard, GenerationDashboard
 from labserve.widgets.generation.charts import GenerationCharts
+from labserve.widgets.generation.loadpanel import GenerationLoadControls
 from labserve.widgets.generation.pump import GenerationPump
 from labserve.widgets.generation.series import GEN_COLUMNS, GenerationSeries
 
@@ -284,8 +286,15 @@ def test_a_runner_with_only_a_generator_points_the_request_dashboard_here(lm):
 
 def test_the_snapshot_survives_the_trip_through_stats(lm):
     lm.generate.run([1, 2, 3], max_tokens=5, temperature=0)
+    shared = list(range(1, 40))  # two full blocks of 16 shared: the second prompt hits them
+    lm.generate.run([*shared, 7], max_tokens=2, temperature=0)
+    lm.generate.run([*shared, 9], max_tokens=2, temperature=0)
     snap = lm.generate.stats()
     back = labserve.generation_snapshot_from_dict(snap.as_dict())
+    assert snap.prefix_cache_hits == 32 and snap.kv_blocks_cached > 0
+    for name in ("prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate",
+                 "prefill_tokens_saved_per_s", "kv_blocks_cached"):  # fmt: skip
+        assert getattr(back, name) == pytest.approx(getattr(snap, name)), name
     assert back.config == snap.config
     assert back.outcomes == snap.outcomes and back.num_running == snap.num_running
     assert back.percentiles_ms["ttft"]["p50"] == pytest.approx(snap.percentiles_ms["ttft"]["p50"])
@@ -397,3 +406,108 @@ def test_each_display_brings_its_own_bokehjs_carrier_closed_with_the_dashboard(d
     assert all(c.layout.display == "none" for c in shown)
     dash.close()
     assert all(c.comm is None for c in shown)
+
+
+def test_the_prefix_cache_columns_carry_the_snapshots_hit_rate_and_stop_when_caching_is_off():
+    series = GenerationSeries()
+    on = labserve.GenerationConfig(enable_prefix_caching=True)
+    snap = dataclasses.replace(snapshot(0.0, config=on), prefix_cache_hit_rate=0.75,
+                               prefill_tokens_saved_per_s=480.0, kv_blocks_cached=12)  # fmt: skip
+    row = series.update(snap)
+    assert row["prefix_hit_pct"] == [75.0] and row["prefill_saved_per_s"] == [480.0]
+    assert row["kv_blocks_cached"] == [12.0]
+    # No lookup in the window: a gap, not 0% (nothing was missed).
+    row = series.update(dataclasses.replace(snap, time_s=0.2, prefix_cache_hit_rate=math.nan))
+    assert math.isnan(row["prefix_hit_pct"][0])
+    off = labserve.GenerationConfig(enable_prefix_caching=False)
+    row = series.update(dataclasses.replace(snap, time_s=0.4, config=off))
+    assert math.isnan(row["kv_blocks_cached"][0])
+
+
+def test_the_prefix_caching_checkbox_configures_the_method_and_follows_a_change_elsewhere(dash, lm):
+    box = dash.controls["enable_prefix_caching"]
+    assert box.value is True  # TinyLM stores K/V in labserve's blocks: on by default
+    box.value = False
+    assert lm.generate.config.enable_prefix_caching is False
+    assert "prefix caching off" in _status_when(dash, "prefix caching off")
+    lm.generate.configure(enable_prefix_caching=True)  # from a cell: the box follows
+    wait_for(lambda: box.value is True)
+    assert dash.errors["enable_prefix_caching"].value == ""
+
+
+def _status_when(dash: GenerationDashboard, text: str) -> str:
+    wait_for(lambda: text in dash.status.value)
+    return dash.status.value
+
+
+def test_prefix_caching_is_refused_beside_the_box_for_a_model_with_its_own_caches():
+    class OwnCaches(labserve.Runnable):
+        @labserve.method(generative=True)
+        def generate(self, batch: Any) -> Any:
+            return np.zeros((batch.num_sampling, 4))
+
+    own = labserve.Runner(OwnCaches, name="own_caches")
+    d = GenerationDashboard(own, hz=10)
+    try:
+        box = d.controls["enable_prefix_caching"]
+        assert box.value is False
+        box.value = True
+        assert "keeps its own caches" in html.unescape(d.errors["enable_prefix_caching"].value)
+        assert box.value is False and own.generate.config.enable_prefix_caching is False
+    finally:
+        d.close()
+        own.stop(timeout=10)
+
+
+class RecordingSource(ScriptedSource):
+    """A scripted source that keeps what each load was started with."""
+
+    def __init__(self) -> None:
+        super().__init__([snapshot(1.0)])
+        self.loads: list[dict[str, Any]] = []
+
+    def start_load(self, **kwargs: Any) -> Any:
+        self.loads.append(kwargs)
+        return _Done()
+
+
+class _Done:
+    sent, running = 0, False
+
+    def stop(self) -> None:
+        pass
+
+
+def test_the_load_panels_shared_prefix_workload_reaches_the_source():
+    source = RecordingSource()
+    panel = GenerationLoadControls(lambda: source, input_len="32", output_len="64")
+    c = panel.widgets
+    c["start"].value = True  # no prefix, one turn: the length mix, no workload
+    assert source.loads[-1]["workload"] is None and panel.error.value == ""
+    panel.stop()
+    c["prefix_len"].value, c["num_prefixes"].value = "256", "4"
+    c["turns"].value, c["think_time_s"].value = "4", "0.5"
+    c["start"].value = True
+    panel.stop()
+    workload = source.loads[-1]["workload"]
+    assert isinstance(workload, labserve.SharedPrefixWorkload)
+    assert (workload.prefix_len, workload.num_prefixes, workload.turns) == (256, 4, 4)
+    assert workload.think_time_s == 0.5
+    assert len(workload.prompt_ids(0)) == 256 + 32  # the prefix, then the user's message
+    c["turns"].value = "two"
+    c["start"].value = True
+    assert "turns must be an integer, got 'two'" in html.unescape(panel.error.value)
+    assert panel.run is None and len(source.loads) == 2
+
+
+def test_a_shared_prefix_load_from_the_panel_shows_hits_in_the_chart(dash, lm):
+    c = dash.controls
+    c["input_len"].value, c["output_len"].value = "8", "4"
+    c["prefix_len"].value, c["num_prefixes"].value = "64", "1"
+    c["rate"].value = "20"
+    c["start"].value = True
+    assert dash.errors["load"].value == ""
+    wait_for(lambda: np.nanmax([0.0, *dash.charts.ticks.data["prefix_hit_pct"]]) > 0)
+    c["start"].value = False
+    assert lm.generate.stats().prefix_cache_hits > 0
+    wait_for(lambda: "prefix cache hit rate" in dash.status.value)

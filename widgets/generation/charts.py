@@ -1,8 +1,9 @@
-"""The generation dashboard's six Bokeh charts over one ColumnDataSource of ticks.
+"""The generation dashboard's seven Bokeh charts over one ColumnDataSource of ticks.
 
 TTFT and inter-token latency against their targets, sequences running and waiting (and
 preempted), tokens per step split into prefill and decode against the step's budget, KV
-blocks used against the cache's, and throughput (served requests, goodput, output tokens).
+blocks used and cached against the cache's, throughput (served requests, goodput, output
+tokens), and the prefix cache (hit rate, prefill tokens saved per second).
 Every chart shares one time axis that the kernel moves in steps (``axes.py``), and one
 source (one row per tick, ``series.py``). Whoever streams into them must be the only
 writer of their document (the dashboard's pump). Not thread-safe.
@@ -25,7 +26,7 @@ _C = Category10[10]
 
 
 class GenerationCharts(ChartsBase):
-    """TTFT, ITL, sequences, tokens per step, KV blocks, throughput: the last ``follow_s``."""
+    """TTFT, ITL, sequences, tokens per step, KV, throughput, prefix cache: last ``follow_s``."""
 
     def __init__(
         self, *, follow_s: float = 60.0, hz: float = 5.0, width: int = 470, height: int = 210
@@ -82,10 +83,15 @@ class GenerationCharts(ChartsBase):
         step.step("t", "max_num_batched_tokens", source=src, color=_C[3], mode="after",
                   line_dash="dashed", legend_label="max_num_batched_tokens")  # fmt: skip
 
-        kv = timeline("KV cache (now)", "blocks", ["kv_blocks_used", "num_kv_blocks"],
+        # Cached blocks beside the blocks used: a cached block no sequence holds is free
+        # (evicted when a new block is needed), so it may stand above the used line.
+        kv = timeline("KV cache (now)", "blocks",
+                      ["kv_blocks_used", "kv_blocks_cached", "num_kv_blocks"],
                       caps=["num_kv_blocks"])  # fmt: skip
         kv.step("t", "kv_blocks_used", source=src, color=_C[0], mode="after", line_width=2,
                 legend_label="blocks used")  # fmt: skip
+        kv.step("t", "kv_blocks_cached", source=src, color=_C[2], mode="after", line_width=2,
+                legend_label="blocks cached (prefix)")  # fmt: skip
         kv.step("t", "num_kv_blocks", source=src, color=_C[3], mode="after", line_dash="dashed",
                 legend_label="num_kv_blocks")  # fmt: skip
 
@@ -100,16 +106,33 @@ class GenerationCharts(ChartsBase):
         rate.line("t", "output_tokens_per_s", source=src, color=_C[7], line_dash="dashed",
                   y_range_name="tokens", legend_label="output tokens/s (right)")  # fmt: skip
 
+        prefix = self._prefix_cache(timeline)
+
         self.figures = {"ttft": ttft, "itl": itl, "sequences": seqs, "tokens_per_step": step,
-                        "kv": kv, "throughput": rate}  # fmt: skip
+                        "kv": kv, "throughput": rate, "prefix_cache": prefix}  # fmt: skip
         self.layout: LayoutDOM = self._grid(
-            [["ttft", "itl"], ["sequences", "tokens_per_step"], ["kv", "throughput"]]
-        )
+            [["ttft", "itl"], ["sequences", "tokens_per_step"], ["kv", "throughput"],
+             ["prefix_cache", None]]
+        )  # fmt: skip
+
+    def _prefix_cache(self, timeline: Any) -> Any:
+        """Hit rate (window) on the left; prefill tokens saved per second on the right."""
+        src = self.ticks
+        fig = timeline("Prefix cache (window)", "hit rate (%)", ["prefix_hit_pct"])
+        fig.line("t", "prefix_hit_pct", source=src, color=_C[2], line_width=2,
+                 legend_label="hit rate % of prompt tokens")  # fmt: skip
+        fig.extra_y_ranges = {"saved": self.axes.y(["prefill_saved_per_s"])}
+        right = LinearAxis(y_range_name="saved", axis_label="prefill tokens saved / s")
+        fig.add_layout(right, "right")
+        fig.line("t", "prefill_saved_per_s", source=src, color=_C[7], line_dash="dashed",
+                 y_range_name="saved", legend_label="prefill tokens saved/s (right)")  # fmt: skip
+        return fig
 
     def set_window(self, window_s: float) -> None:
         """Say in the window charts' titles how long the window is."""
         for name, what in (("ttft", "Time to first token"), ("itl", "Inter-token latency"),
-                           ("throughput", "Throughput")):  # fmt: skip
+                           ("throughput", "Throughput"),
+                           ("prefix_cache", "Prefix cache")):  # fmt: skip
             title = f"{what} (last {window_s:.0f} s)"
             fig = self.figures[name]
             if fig.title.text != title:

@@ -1,8 +1,9 @@
 """The scheduler's controls of a generative method: its knobs, applied at the next step.
 
 Strategy (continuous or static), scheduling policy, ``max_num_seqs``,
-``max_num_batched_tokens``, chunked prefill, the TTFT and TPOT targets (goodput's), and the
-KV cache's size in blocks (``num_kv_blocks``: past it, sequences are preempted; refused live,
+``max_num_batched_tokens``, chunked prefill, prefix caching (refused, with the reason beside
+it, for a model that keeps its own caches), the TTFT and TPOT targets (goodput's), and the KV
+cache's size in blocks (``num_kv_blocks``: past it, sequences are preempted; refused live,
 with the reason beside it, for a model that stores K/V in labserve's blocks), on
 the chosen method's source (a runner in this process, a server by URL). A bad value is
 refused with its reason next to the control, and the control goes back to what holds; a
@@ -32,6 +33,7 @@ _SLIDERS = {
 _BOXES = {"ttft_slo_ms": "0: no target", "tpot_slo_ms": "0: no target",
           "num_kv_blocks": "0: no limit"}  # fmt: skip
 """Settings typed into a box, with what 0 means."""
+_CHECKBOXES = ("enable_chunked_prefill", "enable_prefix_caching")
 
 
 def _nearest(steps: tuple[int, ...], value: float) -> int:
@@ -68,15 +70,17 @@ class GenerationControls(ControlsBase[labserve.GenerationSource, labserve.Genera
             c[f"{key}_text"] = w.Text(layout=w.Layout(width="70px"), continuous_update=False)
         c["enable_chunked_prefill"] = w.Checkbox(description="enable_chunked_prefill",
                                                  indent=False, layout=layout())  # fmt: skip
+        c["enable_prefix_caching"] = w.Checkbox(description="enable_prefix_caching",
+                                                indent=False, layout=layout())  # fmt: skip
         for key, zero in _BOXES.items():
             c[f"{key}_text"] = w.Text(description=key, placeholder=zero,
                                       layout=layout(), style=style,
                                       continuous_update=False)  # fmt: skip
         c["reset"] = w.Button(description="reset statistics", layout=w.Layout(width="160px"))
-        keys = (*_SLIDERS, *_BOXES, "config")
+        keys = (*_SLIDERS, *_BOXES, "enable_prefix_caching", "config")
         self.errors = {k: w.HTML(layout=w.Layout(min_width="10px")) for k in keys}
 
-        for key in ("strategy", "scheduling_policy", "enable_chunked_prefill", *_SLIDERS):
+        for key in ("strategy", "scheduling_policy", *_CHECKBOXES, *_SLIDERS):
             c[key].observe(lambda ch, key=key: self._on_setting(key, ch["new"]), "value")
         for key in (*_SLIDERS, *_BOXES):
             c[f"{key}_text"].observe(lambda ch, key=key: self._on_text(key, ch["new"]), "value")
@@ -85,6 +89,7 @@ class GenerationControls(ControlsBase[labserve.GenerationSource, labserve.Genera
         rows += [c["strategy"], c["scheduling_policy"]]
         rows += [w.HBox([c[k], c[f"{k}_text"], self.errors[k]]) for k in _SLIDERS]
         rows += [c["enable_chunked_prefill"]]
+        rows += [w.HBox([c["enable_prefix_caching"], self.errors["enable_prefix_caching"]])]
         rows += [w.HBox([c[f"{k}_text"], self.errors[k]]) for k in _BOXES]
         rows += [w.HBox([c["reset"], self.errors["config"]])]
         return w.VBox(rows)
@@ -93,7 +98,8 @@ class GenerationControls(ControlsBase[labserve.GenerationSource, labserve.Genera
         c = self.widgets
         c["strategy"].value = config.strategy
         c["scheduling_policy"].value = config.scheduling_policy
-        c["enable_chunked_prefill"].value = config.enable_chunked_prefill
+        for key in _CHECKBOXES:  # None (decided by the model) shows as off
+            c[key].value = bool(getattr(config, key))
         for key, steps in _SLIDERS.items():
             value = getattr(config, key)
             c[key].value = _nearest(steps, value)
@@ -103,4 +109,4 @@ class GenerationControls(ControlsBase[labserve.GenerationSource, labserve.Genera
 
     def _on_setting(self, key: str, value: Any) -> None:
         if self._acting():
-            self._configure(key if key in _SLIDERS else "config", **{key: value})
+            self._configure(key if key in self.errors else "config", **{key: value})

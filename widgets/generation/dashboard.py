@@ -137,7 +137,17 @@ def _numbers(snap: labserve.GenerationSnapshot, preempted: float) -> str:
         f"<b>{snap.num_running}</b>, waiting <b>{snap.num_waiting}</b>, KV blocks "
         f"<b>{snap.kv_blocks_used}</b>{_kv_of(snap)} <i>(now)</i> · preempted "
         f"<b>{_fmt(preempted, '.0f')}</b>"
-        " <i>(last 1 s)</i>"
+        f" <i>(last 1 s)</i>{_prefix_cache(snap, window)}"
+    )
+
+
+def _prefix_cache(snap: labserve.GenerationSnapshot, window: str) -> str:
+    """The prefix cache's hit rate over the window (nothing while caching is off)."""
+    if not snap.config.enable_prefix_caching:
+        return ""
+    return (
+        f" · prefix cache hit rate <b>{_fmt(100 * snap.prefix_cache_hit_rate, '.0f', '%')}</b>"
+        f" {window}, <b>{snap.kv_blocks_cached}</b> blocks cached"
     )
 
 
@@ -154,7 +164,8 @@ def _settings(snap: labserve.GenerationSnapshot, asked: labserve.GenerationConfi
         f"<b>{html.escape(snap.runner)}.{html.escape(snap.method)}</b>: {cfg.strategy}, "
         f"{cfg.scheduling_policy}, max_num_seqs={cfg.max_num_seqs}, "
         f"max_num_batched_tokens={cfg.max_num_batched_tokens}, "
-        f"chunked prefill {'on' if cfg.enable_chunked_prefill else 'off'}"
+        f"chunked prefill {'on' if cfg.enable_chunked_prefill else 'off'}, "
+        f"prefix caching {'on' if cfg.enable_prefix_caching else 'off'}"
     )
     if cfg.ttft_slo_ms or cfg.tpot_slo_ms:
         text += f", targets TTFT {cfg.ttft_slo_ms:g} ms, TPOT {cfg.tpot_slo_ms:g} ms"

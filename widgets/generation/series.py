@@ -45,6 +45,9 @@ GEN_COLUMNS: tuple[str, ...] = (
     "requests_per_s",
     "goodput",
     "output_tokens_per_s",
+    "prefix_hit_pct",
+    "prefill_saved_per_s",
+    "kv_blocks_cached",
     "clock_s",
 )
 """One row per pump tick. Latencies in ms, rates per second.
@@ -56,7 +59,11 @@ GEN_COLUMNS: tuple[str, ...] = (
 ``steps``: how many (of those the snapshot still holds). ``preempted``: preemptions in the
 last second. ``*_slo_ms``, ``max_num_*``: the settings in force (NaN: no target);
 ``num_kv_blocks``: the KV pool's blocks (for a model that stores K/V in labserve's blocks,
-the blocks it holds, sized at start; else the setting; NaN: no limit). ``clock_s``: the
+the blocks it holds, sized at start; else the setting; NaN: no limit). ``prefix_hit_pct``:
+prompt tokens found in the prefix cache over those looked up, in percent, over the window
+(NaN: no lookup there); ``prefill_saved_per_s``: those found (prefill not computed) per
+second over the window; ``kv_blocks_cached``: blocks in the prefix cache now (NaN while
+caching is off, so its line stops). ``clock_s``: the
 wall-clock time of the row (Unix seconds), so that a
 page can tell how old the newest row it drew is."""
 
@@ -145,6 +152,9 @@ class GenerationSeries:
             # Without a target every served request is good: no goodput line then.
             "goodput": snap.goodput if (cfg.ttft_slo_ms or cfg.tpot_slo_ms) else nan,
             "output_tokens_per_s": snap.output_tokens_per_s,
+            "prefix_hit_pct": 100.0 * snap.prefix_cache_hit_rate,
+            "prefill_saved_per_s": snap.prefill_tokens_saved_per_s,
+            "kv_blocks_cached": snap.kv_blocks_cached if cfg.enable_prefix_caching else nan,
             "clock_s": time.time(),
         }
         return {c: [float(np.float64(values[c]))] for c in GEN_COLUMNS}

@@ -296,6 +296,11 @@ def generation_snapshot_from_dict(data: Mapping[str, Any]) -> GenerationSnapshot
         kv_blocks_total=int(data.get("kv_blocks_total", 0)),
         kv_bytes=int(data.get("kv_bytes", 0)),
         kv_memory="model" if data.get("kv_memory") == "model" else "accounting",
+        prefix_cache_queries=int(data.get("prefix_cache_queries", 0)),
+        prefix_cache_hits=int(data.get("prefix_cache_hits", 0)),
+        prefix_cache_hit_rate=_nan(data.get("prefix_cache_hit_rate")),
+        prefill_tokens_saved_per_s=float(data.get("prefill_tokens_saved_per_s") or 0.0),
+        kv_blocks_cached=int(data.get("kv_blocks_cached", 0)),
         steps=steps,
         histograms={},
     )
