@@ -63,6 +63,7 @@ _SHARED_GROUPS = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
     for item in items:
