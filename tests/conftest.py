@@ -48,25 +48,3 @@ def raw_http() -> Callable[..., RawReply]:
         return raw_request(port, build_request(method, path, body, headers, port=port))
 
     return send
-
-
-# `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup). Each file is a
-# group, so its tests stay on one worker, in order (a lesson's cells share one kernel; a
-# module's fixtures start once); and these folders are each one group, one test after
-# another: Ray (one cluster at a time on a 2-core machine, ~1 GB each, and its start-up
-# waits on the raylet: the Ray tests and the scale-out lesson share a worker and a cluster),
-# and the browser tests (a JupyterLab server and Chromium each).
-_SHARED_GROUPS = {
-    "tests/scale/": "ray",
-    "notebooks/07-": "ray",
-    "tests/browser/": "browser",
-}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into the node ids
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = config.rootpath
-    for item in items:
-        path = item.path.relative_to(root).as_posix()
-        shared = [g for prefix, g in _SHARED_GROUPS.items() if path.startswith(prefix)]
-        item.add_marker(pytest.mark.xdist_group(shared[0] if shared else path))
