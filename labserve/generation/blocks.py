@@ -251,11 +251,11 @@ class BlockPool:
             if after in free and after not in hashed:  # a context stays one run
                 del free[after]
                 block = after
-            elif free:
+            elif free and (self._capacity or next(iter(free)) not in hashed):
                 block = free.popitem(last=False)[0]
                 if block in hashed:
                     self._evict(block)
-            else:  # unlimited (or forced): a new id
+            else:  # unlimited (or forced): a new id; an unlimited pool never evicts a hit
                 block = self._minted
                 self._minted += 1
                 refs.append(0)
