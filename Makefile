@@ -36,7 +36,7 @@ typecheck: $(VENV)/.test
 	$(BIN)/mypy
 
 pytest: $(VENV)/.test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 # Re-execute the lessons in place (their saved outputs are what strict nbval compares).
 notebooks: $(VENV)/.test

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -48,3 +49,29 @@ def raw_http() -> Callable[..., RawReply]:
         return raw_request(port, build_request(method, path, body, headers, port=port))
 
     return send
+
+
+# `make test` runs the suite on two workers (pytest-xdist). Each file is one unit of work, so
+# its tests stay on one worker, in order (a lesson's cells share one kernel; a module's
+# fixtures start once); and these folders are each one unit, one test after another: Ray
+# (one cluster at a time on a 2-core machine, ~1 GB each, its start-up waits on the raylet:
+# the Ray tests and the scale-out lesson share a worker and a cluster), and the browser
+# tests (a JupyterLab server and Chromium each). A scheduler, not xdist_group marks: under
+# pytest 9.2 and xdist 3.8 `--dist loadgroup` ignores the marks (each test went alone).
+_SHARED = {
+    "tests/scale/": "ray",
+    "notebooks/07-": "ray",
+    "tests/browser/": "browser",
+}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            shared = [unit for prefix, unit in _SHARED.items() if path.startswith(prefix)]
+            return shared[0] if shared else path
+
+    return FileScheduling(config, log)
