@@ -61,7 +61,8 @@ class GenerationLoadControls(LoadPanelBase[labserve.UntilStopped]):
         hint = w.HTML(
             "<small>lengths: <code>64</code>, <code>uniform:1:512</code>, "
             "<code>lognormal:MEDIAN:P99</code>; with a shared prefix or turns &gt; 1, the "
-            "rate counts sessions and the prompt tokens are each turn's user message</small>"
+            "rate counts sessions and the prompt tokens are each turn's user message</small>",
+            layout=control_layout(),  # wraps at the fields' width: a long line took the controls'
         )
         self.box = w.VBox([c["pattern"], c["rate"], c["input_len"], c["output_len"], *shared,
                            hint, start])  # fmt: skip
