@@ -241,7 +241,8 @@ def test_serve_says_how_to_call_a_generative_model_and_each_way_answers(
         # The curl as printed (its URL and body), and the openai client's base URL.
         curl = shlex.split(next(line for line in lines if line.startswith("    curl ")))
         status, body = _status(curl[1], curl[curl.index("-d") + 1].encode())
-        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 16
+        # Sampled (the curl's defaults): TinyLM's trained weights may end the text before 16.
+        assert status == 200 and 1 <= json.loads(body)["usage"]["completion_tokens"] <= 16
         base = re.search(r'base_url="([^"]+)"', "\n".join(lines))
         assert base, lines
         status, body = _status(base[1] + "/models")
