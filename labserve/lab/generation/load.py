@@ -25,7 +25,13 @@ from labserve.base.lengths import LengthDist, parse_length
 from labserve.load.arrivals import Arrivals
 from labserve.runtime.generation.method import GenerativeMethod
 
-__all__ = ["LoadLike", "RunnerGenerationLoad", "UntilStopped", "start_runner_generation_load"]
+__all__ = [
+    "LoadLike",
+    "RunnerGenerationLoad",
+    "ScheduledLoad",
+    "UntilStopped",
+    "start_runner_generation_load",
+]
 
 
 class LoadLike(Protocol):
@@ -46,7 +52,80 @@ class LoadLike(Protocol):
         ...
 
 
-class RunnerGenerationLoad:
+class ScheduledLoad:
+    """Work started on a method's runner loop at ``times_s`` (seconds from the start).
+
+    The schedule both in-process loads share: at each time, unless stopped, a task for
+    :meth:`_arrival` starts; the run ends when the last task has ended. A subclass sets its
+    own state, then calls ``__init__`` (which starts the run). Thread-safe: :attr:`running`,
+    :attr:`sent` and :meth:`stop` may be read or called from any thread; the rest runs on
+    the loop.
+    """
+
+    def __init__(self, method: GenerativeMethod, times_s: np.ndarray) -> None:
+        self.method = method
+        self._times = [float(t) for t in times_s]
+        self._sent = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._main: asyncio.Task[None] | None = None
+        self._stopped = threading.Event()
+        self._future = method.runner.bg.submit(self._run())
+
+    @property
+    def running(self) -> bool:
+        """True until the last answer came back (or the run was stopped)."""
+        return not self._future.done()
+
+    @property
+    def sent(self) -> int:
+        """Arrivals started so far."""
+        return self._sent
+
+    def stop(self) -> None:
+        """Stop starting arrivals and cancel what is in flight. Idempotent."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        bg = self.method.runner.bg
+        if bg.running and not self._future.done():
+            bg.call_soon(self._cancel)
+
+    def _cancel(self) -> None:
+        """On the loop: cancel the schedule and every arrival in flight."""
+        if self._main is not None:
+            self._main.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def _arrival(self, k: int, start: float, at: float) -> None:
+        """Arrival ``k``, due at ``at`` seconds after the loop time ``start``."""
+        raise NotImplementedError
+
+    async def _run(self) -> None:
+        self._main = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            for k, at in enumerate(self._times):
+                delay = start + at - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if self._stopped.is_set():
+                    break
+                task = loop.create_task(self._arrival(k, start, at))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                self._sent += 1
+            while self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+        except asyncio.CancelledError:
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class RunnerGenerationLoad(ScheduledLoad):
     """Generations sent to a method in this process on its runner's loop (see the module).
 
     Made by :func:`start_runner_generation_load`. Thread-safe: :attr:`running`,
@@ -61,67 +140,14 @@ class RunnerGenerationLoad:
         prompts: list[list[int]],
         max_tokens: list[int],
     ) -> None:
-        self.method = method
-        self._times = times_s
         self._prompts = prompts
         self._max_tokens = max_tokens
-        self._sent = 0
         self.outcomes: Counter[str] = Counter()
         """Answers so far: ``served``, or the error's type name (QueueFullError...)."""
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._main: asyncio.Task[None] | None = None
-        self._stopped = threading.Event()
-        bg = method.runner.bg
-        self._future = bg.submit(self._run())
+        super().__init__(method, times_s)
 
-    @property
-    def running(self) -> bool:
-        """True until the last answer came back (or the run was stopped)."""
-        return not self._future.done()
-
-    @property
-    def sent(self) -> int:
-        """Generations started so far."""
-        return self._sent
-
-    def stop(self) -> None:
-        """Stop sending and cancel the generations in flight (each is freed at the next step)."""
-        if self._stopped.is_set():
-            return
-        self._stopped.set()
-        bg = self.method.runner.bg
-        if bg.running and not self._future.done():
-            bg.call_soon(self._cancel)
-
-    def _cancel(self) -> None:
-        """On the loop: cancel the schedule and every generation in flight."""
-        if self._main is not None:
-            self._main.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-
-    async def _run(self) -> None:
-        self._main = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        try:
-            for at, prompt, out in zip(self._times, self._prompts, self._max_tokens, strict=True):
-                delay = start + float(at) - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if self._stopped.is_set():
-                    break
-                task = loop.create_task(self._one(prompt, out))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-                self._sent += 1
-            while self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-        except asyncio.CancelledError:
-            for task in list(self._tasks):
-                task.cancel()
-            if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+    async def _arrival(self, k: int, start: float, at: float) -> None:
+        await self._one(self._prompts[k], self._max_tokens[k])
 
     async def _one(self, prompt: list[int], max_tokens: int) -> None:
         try:

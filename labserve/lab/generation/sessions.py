@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from labserve.base.errors import LabServeError
 from labserve.generation.workload import SharedPrefixWorkload, ttft_by_turn
+from labserve.lab.generation.load import ScheduledLoad
 from labserve.load.arrivals import Arrivals
 from labserve.runtime.generation.method import GenerativeMethod
 
@@ -48,36 +48,21 @@ class TurnRow:
         return self.first_token_s - self.intended_s
 
 
-class WorkloadLoad:
+class WorkloadLoad(ScheduledLoad):
     """Sessions sent to a method in this process on its runner's loop (see the module).
 
-    Thread-safe: :attr:`running`, :attr:`sent` and :meth:`stop` from any thread; read
-    :attr:`rows` and :meth:`per_turn` once the run ended (``result()``).
+    Thread-safe: :attr:`running`, :attr:`sent` (sessions started, as an HTTP session load
+    counts them; turns: ``rows``) and :meth:`stop` from any thread; read :attr:`rows` and
+    :meth:`per_turn` once the run ended (``result()``).
     """
 
     def __init__(
         self, method: GenerativeMethod, workload: SharedPrefixWorkload, times_s: np.ndarray
     ) -> None:
-        self.method = method
         self.workload = workload
-        self._times = [float(t) for t in times_s]
         self.rows: list[TurnRow] = []
         """Every turn sent, in the order they went out."""
-        self._started = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._main: asyncio.Task[None] | None = None
-        self._stopped = threading.Event()
-        self._future = method.runner.bg.submit(self._run())
-
-    @property
-    def running(self) -> bool:
-        """True until the last session's last answer came back (or the run was stopped)."""
-        return not self._future.done()
-
-    @property
-    def sent(self) -> int:
-        """Sessions started so far (as an HTTP session load counts them); turns: ``rows``."""
-        return self._started
+        super().__init__(method, times_s)
 
     def result(self, timeout: float | None = None) -> list[TurnRow]:
         """Wait for the run to end; its rows (raises what ended the run, if anything did)."""
@@ -89,45 +74,7 @@ class WorkloadLoad:
         ttft = np.asarray([r.ttft_s if r.outcome == "served" else math.nan for r in self.rows])
         return ttft_by_turn(ttft, np.asarray([r.turn for r in self.rows], dtype=np.int64))
 
-    def stop(self) -> None:
-        """Stop starting sessions and turns; cancel what is in flight. Idempotent."""
-        if self._stopped.is_set():
-            return
-        self._stopped.set()
-        bg = self.method.runner.bg
-        if bg.running and not self._future.done():
-            bg.call_soon(self._cancel)
-
-    def _cancel(self) -> None:
-        if self._main is not None:
-            self._main.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-
-    async def _run(self) -> None:
-        self._main = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        try:
-            for k, at in enumerate(self._times):
-                delay = start + at - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if self._stopped.is_set():
-                    break
-                task = loop.create_task(self._session(k, start, at))
-                self._started += 1
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            while self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-        except asyncio.CancelledError:
-            for task in list(self._tasks):
-                task.cancel()
-            if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _session(self, k: int, start: float, at: float) -> None:
+    async def _arrival(self, k: int, start: float, at: float) -> None:
         """Session ``k``'s turns, each after the last one's reply and the think time."""
         w = self.workload
         replies: list[list[int]] = []
