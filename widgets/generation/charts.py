@@ -100,11 +100,8 @@ class GenerationCharts(ChartsBase):
                   legend_label="served req/s")  # fmt: skip
         rate.line("t", "goodput", source=src, color=_C[2], line_width=2,
                   legend_label="goodput req/s")  # fmt: skip
-        rate.extra_y_ranges = {"tokens": self.axes.y(["output_tokens_per_s"])}
-        right = LinearAxis(y_range_name="tokens", axis_label="output tokens / s")
-        rate.add_layout(right, "right")
-        rate.line("t", "output_tokens_per_s", source=src, color=_C[7], line_dash="dashed",
-                  y_range_name="tokens", legend_label="output tokens/s (right)")  # fmt: skip
+        self._right_line(rate, "output_tokens_per_s", "output tokens / s",
+                         "output tokens/s (right)")  # fmt: skip
 
         prefix = self._prefix_cache(timeline)
 
@@ -121,12 +118,16 @@ class GenerationCharts(ChartsBase):
         fig = timeline("Prefix cache (window)", "hit rate (%)", ["prefix_hit_pct"])
         fig.line("t", "prefix_hit_pct", source=src, color=_C[2], line_width=2,
                  legend_label="hit rate % of prompt tokens")  # fmt: skip
-        fig.extra_y_ranges = {"saved": self.axes.y(["prefill_saved_per_s"])}
-        right = LinearAxis(y_range_name="saved", axis_label="prefill tokens saved / s")
-        fig.add_layout(right, "right")
-        fig.line("t", "prefill_saved_per_s", source=src, color=_C[7], line_dash="dashed",
-                 y_range_name="saved", legend_label="prefill tokens saved/s (right)")  # fmt: skip
+        self._right_line(fig, "prefill_saved_per_s", "prefill tokens saved / s",
+                         "prefill tokens saved/s (right)")  # fmt: skip
         return fig
+
+    def _right_line(self, fig: Any, column: str, axis_label: str, legend: str) -> None:
+        """``column`` as a dashed line on an axis of its own on ``fig``'s right."""
+        fig.extra_y_ranges = {column: self.axes.y([column])}
+        fig.add_layout(LinearAxis(y_range_name=column, axis_label=axis_label), "right")
+        fig.line("t", column, source=self.ticks, color=_C[7], line_dash="dashed",
+                 y_range_name=column, legend_label=legend)  # fmt: skip
 
     def set_window(self, window_s: float) -> None:
         """Say in the window charts' titles how long the window is."""
