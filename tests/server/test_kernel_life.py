@@ -51,8 +51,11 @@ def test_an_interrupted_cell_leaves_the_loop_serving_and_shutdown_does_not_hang(
     try:
         kc.wait_for_ready(timeout=60)
         assert run_cell(kc, SETUP)[0] == "ok"
-        # A blocking call on a slow batch, interrupted like the stop button does.
-        msg_id = kc.execute("runner.predict.run(-np.ones((1, 2)))")
+        # A blocking call on a slow batch, interrupted like the stop button does. Without
+        # stop_on_error=False, ipykernel 7 aborts requests that reach it in a window after an
+        # error: on a loaded machine the next cell landed there and came back "aborted" (a
+        # fresh-clone CI run), which says nothing about labserve's loop.
+        msg_id = kc.execute("runner.predict.run(-np.ones((1, 2)))", stop_on_error=False)
         time.sleep(1.0)
         km.interrupt_kernel()
         while True:
