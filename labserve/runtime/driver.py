@@ -82,6 +82,12 @@ class MethodDriver:
         self._on_idle: Callable[[], None] | None = None  # set by a close that waits
         self._closed = False  # closed and idle: nothing more is admitted or run
         self._arrivals = Arrivals(scheduler, self._pump, self._refuse)
+        # Admit a request; a refusal is set on its handle. Loop-only. Admission and the
+        # decision run once per loop iteration, after every arrival of that iteration: a
+        # burst of callers is admitted together and costs one decision. Bound straight to
+        # the arrivals: a wrapper method was the one call per request issue 31's split
+        # added (49.95 against 48.65 Python calls a request; 0.5 of 10 µs on asyncio).
+        self.submit: Callable[[Request], None] = self._arrivals.put
         self._out = Delivery(queue, self._lock, scheduler, self._pump)
         self._workers = Workers(queue, self._lock, scheduler, self._model, self._out)
         self._stall = StallWatch(queue.label)  # async models: warn once if one blocks the loop
@@ -160,14 +166,6 @@ class MethodDriver:
             return self.queue.idle and not self._out.pending
 
     # -- the loop side -------------------------------------------------------------------
-
-    def submit(self, request: Request) -> None:
-        """Admit a request; a refusal is set on its handle. Loop-only.
-
-        Admission and the decision run once per loop iteration, after every arrival of
-        that iteration: a burst of callers is admitted together and costs one decision.
-        """
-        self._arrivals.put(request)
 
     def _admit_arrivals(self) -> list[Outcome]:
         """Admit every pending arrival (lock held); return the refused, with their errors.
