@@ -129,9 +129,12 @@ class GenerationResult:
 
     @classmethod
     def from_finished(
-        cls, finished: Sequence[Finished], steps: Sequence[StepRecord], refused: int = 0
+        cls,
+        finished: Sequence[Finished],
+        steps: Sequence[StepRecord] | StepSeries,
+        refused: int = 0,
     ) -> GenerationResult:
-        """Build from each sequence's outcome (any order) and the step records."""
+        """Build from each sequence's outcome (any order) and the steps (records or columns)."""
         done = sorted(finished, key=lambda f: (f.arrival_s, f.seq_id))
         n = len(done)
         counts = np.fromiter((len(f.token_times_s) for f in done), np.int64, n)
@@ -151,7 +154,7 @@ class GenerationResult:
             num_preemptions=np.fromiter((f.num_preemptions for f in done), np.int64, n),
             itl_s=np.concatenate(gaps) if gaps else np.zeros(0),
             itl_offsets=offsets,
-            steps=StepSeries.from_records(steps),
+            steps=steps if isinstance(steps, StepSeries) else StepSeries.from_records(steps),
             refused=refused,
         )
 
