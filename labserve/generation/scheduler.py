@@ -915,7 +915,7 @@ class _DecodeSteps:
         """
         sched, pool = self.sched, self.pool
         stop = self.steady()
-        if stop is None or not self.active or pool.caching or pool.capacity:
+        if stop is None or self.stop_after or not self.active or pool.caching or pool.capacity:
             return start, j
         if sched._pending_config is not None:
             return start, j

@@ -164,6 +164,7 @@ def simulate_generation(
     rate: float = math.inf,
     seed: int = 0,
     max_model_len: int = 0,
+    step_by_step: bool = False,
 ) -> GenerationResult:
     """Run ``n_requests`` through the scheduler on virtual time; return what they measured.
 
@@ -176,6 +177,10 @@ def simulate_generation(
         rate: Poisson arrivals per second; ``math.inf``: all at time 0 (saturation).
         seed: fixes arrivals and lengths.
         max_model_len: the model's context (0: no limit); longer requests are refused.
+        step_by_step: plan every step with ``schedule``/``complete`` (the reference);
+            by default runs of decoding steps are carried out at once
+            (:meth:`~labserve.generation.scheduler.Scheduler.run_decodes`), with the same
+            result.
 
     Requests refused at admission (too long for the context, or ``max_queue_size`` already
     waiting) are counted in the result's ``refused``, as a live method refuses them.
@@ -191,7 +196,7 @@ def simulate_generation(
         arrivals = np.zeros(n_requests)
     else:
         arrivals = np.cumsum(rng.exponential(1.0 / rate, n_requests))
-    return _run(config, cost, arrivals, prompts, outputs, max_model_len, seed)
+    return _run(config, cost, arrivals, prompts, outputs, max_model_len, seed, None, step_by_step)
 
 
 def replay_generation(
@@ -205,6 +210,7 @@ def replay_generation(
     seed: int = 0,
     prompt_ids: Sequence[Sequence[int]] | None = None,
     output_ids: Sequence[Sequence[int]] | None = None,
+    step_by_step: bool = False,
 ) -> GenerationResult:
     """Replay given requests through the scheduler on virtual time (a live run's, say).
 
@@ -219,6 +225,9 @@ def replay_generation(
     outputs, at least ``output_lens[i]`` of them): without them outputs are not hashed, and
     only prompt blocks can hit. A hit's tokens are not computed, so they cost nothing
     but the context its computed tokens read.
+
+    ``step_by_step``: plan every step (the reference the default fast path is checked
+    against; same result, 4-8x the CPU time on lesson 10's workload).
 
     Raises:
         ValueError: the lengths differ, the times are not finite and in order, or a
@@ -248,7 +257,7 @@ def replay_generation(
         if len(values) and (not np.issubdtype(values.dtype, np.integer) or values.min() < 1):
             raise ValueError(f"{name} must be integers >= 1, got {values.tolist()[:8]!r}")
     tokens = _Tokens(prompt_ids, output_ids, prompts.tolist(), outputs.tolist())
-    return _run(config, cost, arrivals, prompts, outputs, max_model_len, seed, tokens)
+    return _run(config, cost, arrivals, prompts, outputs, max_model_len, seed, tokens, step_by_step)
 
 
 class _Tokens:
