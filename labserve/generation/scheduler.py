@@ -924,23 +924,33 @@ class _DecodeSteps:
         until = min(self.ending) if self.ending else math.inf
         alive, own, size = len(self.active), self.own, self.size
         buckets, firsts, running = self.buckets, self.firsts, self.running
-        starts, ends, contexts, used = (
+        starts, ends, contexts, held = (
             run.start_s,
             run.end_s,
             run.num_context_tokens,
             run.kv_blocks_used,
         )
-        first = j
+        first, used = j, pool.num_used
+        add_start, add_end, add_context, add_used = (
+            starts.append,
+            ends.append,
+            contexts.append,
+            held.append,
+        )
+        allocate = pool.allocate
         while j < until and start < limit:
-            for i in buckets[j % size]:
-                if firsts[i] <= j:
-                    pool.allocate(running[i].block_table, 1)
+            bucket = buckets[j % size]
+            if bucket:
+                for i in bucket:
+                    if firsts[i] <= j:
+                        allocate(running[i].block_table, 1)
+                used = pool.num_used
             ctx = own + alive * j
             end = start + step_time(alive, alive, ctx)
-            starts.append(start)
-            ends.append(end)
-            contexts.append(ctx)
-            used.append(pool.num_used)
+            add_start(start)
+            add_end(end)
+            add_context(ctx)
+            add_used(used)
             start, j = end, j + 1
         k = j - first
         run.num_seqs += [alive] * k
