@@ -52,6 +52,10 @@ it (not for a sequence the step failed); ends and preemptions give blocks back c
 preempted sequence hits what is left of its own. ``scheduling_policy="lpm"`` sorts the
 waiting queue by cached blocks before each step. Sequences admitted without token ids
 (counted only) neither hit nor register.
+
+An owner that runs no model (the simulator) may carry out many steps in one call,
+:meth:`Scheduler.run_decodes`, while every running sequence decodes: the same rules and the
+same state as planning each, at a fraction of the cost (issue 35's search speed).
 """
 
 from __future__ import annotations
