@@ -9,6 +9,7 @@ simulator and the live runtime build the same object, so one table or chart show
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -104,6 +105,23 @@ class StepSeries:
         return out
 
 
+def _gaps(done: Sequence[Finished], counts: npt.NDArray[np.int64]) -> F64:
+    """Every request's inter-token gaps, request after request.
+
+    One ``np.diff`` of all the token times, with the gaps across two requests taken out
+    (a diff per request took 0.17 s of a 2.9 s profile of one 120 s search point).
+    """
+    total = int(counts.sum())
+    if total < 2:
+        return np.zeros(0)
+    times = np.fromiter(
+        itertools.chain.from_iterable(f.token_times_s for f in done), np.float64, total
+    )
+    starts = np.cumsum(counts) - counts  # each request's first token in ``times``
+    across = starts[(starts > 0) & (starts < total)] - 1  # the gap before it
+    return np.delete(np.diff(times), across)
+
+
 @dataclass(frozen=True)
 class GenerationResult:
     """Per-request measurements of a generation run (times in seconds), and its steps.
@@ -129,13 +147,15 @@ class GenerationResult:
 
     @classmethod
     def from_finished(
-        cls, finished: Sequence[Finished], steps: Sequence[StepRecord], refused: int = 0
+        cls,
+        finished: Sequence[Finished],
+        steps: Sequence[StepRecord] | StepSeries,
+        refused: int = 0,
     ) -> GenerationResult:
-        """Build from each sequence's outcome (any order) and the step records."""
+        """Build from each sequence's outcome (any order) and the steps (records or columns)."""
         done = sorted(finished, key=lambda f: (f.arrival_s, f.seq_id))
         n = len(done)
         counts = np.fromiter((len(f.token_times_s) for f in done), np.int64, n)
-        gaps = [np.diff(np.asarray(f.token_times_s)) for f in done if len(f.token_times_s) > 1]
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(np.maximum(counts - 1, 0), out=offsets[1:])
         code = {o: i for i, o in enumerate(SEQ_OUTCOMES)}
@@ -149,9 +169,9 @@ class GenerationResult:
             num_output=counts,
             outcome=np.fromiter((code[f.outcome] for f in done), np.int64, n),
             num_preemptions=np.fromiter((f.num_preemptions for f in done), np.int64, n),
-            itl_s=np.concatenate(gaps) if gaps else np.zeros(0),
+            itl_s=_gaps(done, counts),
             itl_offsets=offsets,
-            steps=StepSeries.from_records(steps),
+            steps=steps if isinstance(steps, StepSeries) else StepSeries.from_records(steps),
             refused=refused,
         )
 
