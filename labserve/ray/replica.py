@@ -174,6 +174,20 @@ class Replica:
         """This replica's snapshots, one per batchable method."""
         return self.runner.snapshots()
 
+    def record_routing_stats(self) -> dict[str, int]:
+        """Serve's routing stats (polled every second by a labserve router): load and KV.
+
+        The sums over the generative methods of running and waiting sequences and KV
+        blocks used and held (``labserve.ray.router`` reads them).
+        """
+        snaps = self.runner.generation_snapshots()
+        return {
+            "running": sum(s.num_running for s in snaps),
+            "waiting": sum(s.num_waiting for s in snaps),
+            "kv_blocks_used": sum(s.kv_blocks_used for s in snaps),
+            "kv_blocks_total": sum(s.kv_blocks_total or s.config.num_kv_blocks for s in snaps),
+        }
+
     def push(self) -> None:
         """Send this replica's snapshots to the board (fire and forget)."""
         self._board.put.remote(
