@@ -282,8 +282,8 @@ class RayApp:
 
         Through Ray's proxy at ``proxy_url`` (default: :meth:`url`, Serve's default port
         8000): the merged snapshot of ``/stats``, live changes with the token, load through
-        the proxy. The per-replica views are :meth:`replica_generation_snapshots` (the
-        dashboard has no row per replica yet).
+        the proxy, and each replica's own snapshot (``/stats``'s ``replicas``: the
+        dashboard's row per replica).
         """
         base = proxy_url or self.url()
         model = self.runner if len(self.generators) == 1 else None
