@@ -125,6 +125,7 @@ def deploy(
         max_body_bytes=max_body_bytes,
         allow_hosts=host_names(allow_hosts),
         allow_origins=origin_names(allow_origin),
+        generation={m: c.as_dict() for m, c in generation.items()},
     )
     plan = Plan(
         spec=spec,

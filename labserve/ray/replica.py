@@ -107,7 +107,9 @@ class Replica:
         # Ray Serve builds the replica on the loop that runs its requests: the drivers too.
         self._host = _HostLoop(f"labserve-ray-{spec.runner}")
         self._closing: asyncio.Task[None] | None = None
-        self.runner = Runner(spec.make(), name=spec.runner, loop=self._host)
+        self.runner = Runner(
+            spec.make(), name=spec.runner, loop=self._host, method_configs=spec.generation
+        )
         for m in self.runner.methods.values():
             if m.batchable:
                 m.start()  # the loop and drivers now, not in the first request's latency
