@@ -97,7 +97,9 @@ def deploy(
             (``labserve.generation.routing``): ``round_robin``, ``power_of_two``,
             ``least_kv``, ``prefix`` or ``prefix_affinity``; None: Ray Serve's own (power
             of two choices on queue lengths it probes). ``labserve.ray.router`` says what
-            each sees of a request and how fresh.
+            each sees of a request and how fresh. A process's handles keep the router
+            they were made with for a deployment (Serve 2.60 builds it once): to try
+            another in the same process, deploy under another ``name``.
         router_options: the router's options (``make_router``'s); a prefix router's
             ``block_size`` defaults to the generative method's.
         **batching: BatchingConfig settings for every batchable method, and
