@@ -136,6 +136,10 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=60.0)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--routers", default="power_of_two,prefix,round_robin,least_kv,prefix_affinity")
+    p.add_argument("--cases", default="uniform,hot_tenant", help="which workloads to run")
+    p.add_argument(
+        "--capacity-rps", type=float, help="skip the capacity run: use this (a run's figure)"
+    )
     p.add_argument("--json")
     args = p.parse_args()
     out: dict[str, Any] = {
@@ -147,7 +151,7 @@ def main() -> None:
         "duration_s": args.duration, "warmup_s": args.warmup, "seeds": args.seeds,
         "config": repr(CONFIG), "cost": repr(COST), "hot_zipf_exponent": HOT_EXPONENT,
     }  # fmt: skip
-    cap = capacity()
+    cap = capacity() if args.capacity_rps is None else {"capacity_rps": args.capacity_rps}
     out["capacity"] = cap
     rate = 0.8 * cap["capacity_rps"]
     out["rate_rps"] = rate
@@ -155,6 +159,7 @@ def main() -> None:
     jobs = [("uniform", r) for r in args.routers.split(",")[:2]]  # the targets first
     jobs += [("hot_tenant", r) for r in ("prefix_affinity", "prefix", "power_of_two")]
     jobs += [("uniform", r) for r in args.routers.split(",")[2:]]
+    jobs = [(case, router) for case, router in jobs if case in args.cases.split(",")]
     for case, router in jobs:
         rows = [
             run(router, rate, args, seed, hot=case == "hot_tenant") for seed in range(args.seeds)

@@ -36,14 +36,10 @@ def _text(title: str, notes: list[str], body: str) -> str:
 
 
 def _memory_note(router: PrefixRouter, unit: str) -> str:
-    size = (
-        f"{router.cache_blocks} keys (cache_blocks)"
-        if router.cache_blocks
-        else "as many keys as the replica reports KV blocks"
-    )
+    size = str(router.cache_blocks) if router.cache_blocks else "as many as the replica has KV"
     return (
-        f"labserve remembers, per replica, {size} of {router.block_size}-token blocks, an"
-        f" LRU evicted as keys arrive; here the bound counts {unit}."
+        f"labserve remembers up to {size} block keys per replica ({router.block_size} tokens"
+        f" a block), an LRU evicted as keys arrive; here the bound counts {unit}."
     )
 
 
