@@ -275,11 +275,12 @@ class PrefixRouter(Router):
         seed: the random draws (ties, power of two).
 
     # Differs: SGLang's cache_aware matches characters of the text in a radix tree per
-    # worker (defaults: cache_threshold 0.5, balance_abs_threshold 32, balance_rel 1.0001),
-    # routes an imbalanced fleet to the shortest queue rather than power of two, and trims
-    # its trees on a timer to max_tree_size. Ray's PrefixCacheAffinityRouter matches
-    # characters too, compares queue lengths only (imbalanced_threshold, default inf: it
-    # never falls back unless set), match_rate_threshold 0.1, and evicts nothing by default.
+    # worker (cache_threshold 0.5 by default; the balance thresholds' defaults vary by
+    # version, abs 32-64, rel 1.0001-1.5), routes an imbalanced fleet to the shortest queue
+    # rather than power of two, and trims its trees on a timer to max_tree_size. Ray's
+    # PrefixCacheAffinityRouter matches characters too (one tree actor for all routers),
+    # compares queue lengths only (imbalanced_threshold, default inf: it never falls back
+    # unless set), match_rate_threshold 0.1, and evicts nothing unless do_eviction is set.
     # Keys here are whole blocks: a shared prefix shorter than a block matches nothing, as
     # it hits nothing in the cache.
     """
