@@ -38,11 +38,11 @@ def init(**kwargs: Any) -> None:
         except Exception as e:  # Ray raises a bare Exception for this one
             if kwargs.get("address") or "timed out during startup" not in str(e):
                 raise
-            ray.shutdown()
             # The failed node's processes (its GCS, dashboard, log monitor) are not Ray's
-            # to stop any more (ray.shutdown() knows no node): end them here, while the
+            # to stop any more (ray.shutdown() knows no node): end them first, while the
             # error still holds their Popen objects, or they outlive the program.
             _end(_children() - ours)
+            ray.shutdown()
             if attempt == INIT_ATTEMPTS:
                 raise
             _log.warning("Ray's node timed out at start-up (attempt %d): starting again", attempt)
