@@ -135,20 +135,26 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=600.0)
     p.add_argument("--warmup", type=float, default=60.0)
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seed-from", type=int, default=0, help="seeds seed-from .. + seeds - 1")
     p.add_argument("--routers", default="power_of_two,prefix,round_robin,least_kv,prefix_affinity")
     p.add_argument("--cases", default="uniform,hot_tenant", help="which workloads to run")
     p.add_argument(
         "--capacity-rps", type=float, help="skip the capacity run: use this (a run's figure)"
     )
     p.add_argument("--json")
+    p.add_argument("--merge", nargs="+", help="combine these runs' JSON files into --json")
     args = p.parse_args()
+    if args.merge:
+        merge(args.merge, args.json)
+        return
     out: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip(),
         "loadavg_before": os.getloadavg(),
-        "duration_s": args.duration, "warmup_s": args.warmup, "seeds": args.seeds,
+        "duration_s": args.duration, "warmup_s": args.warmup,
+        "seeds": list(range(args.seed_from, args.seed_from + args.seeds)),
         "config": repr(CONFIG), "cost": repr(COST), "hot_zipf_exponent": HOT_EXPONENT,
     }  # fmt: skip
     cap = capacity() if args.capacity_rps is None else {"capacity_rps": args.capacity_rps}
@@ -162,7 +168,8 @@ def main() -> None:
     jobs = [(case, router) for case, router in jobs if case in args.cases.split(",")]
     for case, router in jobs:
         rows = [
-            run(router, rate, args, seed, hot=case == "hot_tenant") for seed in range(args.seeds)
+            run(router, rate, args, seed, hot=case == "hot_tenant")
+            for seed in range(args.seed_from, args.seed_from + args.seeds)
         ]
         out.setdefault(case, {})[router] = {"median": median_over(rows), "runs": rows}
         m = out[case][router]["median"]
@@ -178,6 +185,27 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)
     print(json.dumps(out.get("targets"), indent=1))
+
+
+def merge(paths: list[str], into: str) -> None:
+    """One JSON from runs made apart (seeds or routers in parallel processes): medians again."""
+    out: dict[str, Any] = {"merged_from": paths, "parts": {}}
+    for path in paths:
+        with open(path) as f:
+            part = json.load(f)
+        out["parts"][path] = {k: v for k, v in part.items() if k not in ("uniform", "hot_tenant")}
+        out.setdefault("rate_rps", part["rate_rps"])
+        for case in ("uniform", "hot_tenant"):
+            for router, got in part.get(case, {}).items():
+                runs = out.setdefault(case, {}).setdefault(router, {"runs": []})["runs"]
+                runs += got["runs"]
+    for case in ("uniform", "hot_tenant"):
+        for got in out.get(case, {}).values():
+            got["median"] = median_over(got["runs"])
+    targets(out)
+    print(json.dumps(out.get("targets"), indent=1))
+    with open(into, "w") as f:
+        json.dump(out, f, indent=1)
 
 
 def targets(out: dict[str, Any]) -> None:
