@@ -28,6 +28,7 @@ from labserve.base.errors import (
     MethodNotAllowedError,
     ModelError,
     ModelStuckError,
+    NoReplicaError,
     NotFoundError,
     OriginError,
     OutputError,
@@ -56,6 +57,7 @@ from labserve.config.generation import (
 )
 from labserve.generation.api import Completion, Finish, GenerateRequest
 from labserve.generation.batch import SeqBatch
+from labserve.generation.routing import ReplicaView, Router, make_router
 from labserve.generation.sampling import SamplingParams
 from labserve.generation.stats import GenerationSnapshot
 from labserve.generation.workload import SharedPrefixWorkload
@@ -120,6 +122,7 @@ from labserve.runtime.runner import Runner, RunnerMethod
 from labserve.runtime.session import stop_all, track
 from labserve.server import Server, serve
 from labserve.sim import LinearCost, simulate
+from labserve.sim.fleet import FleetResult, simulate_fleet
 from labserve.sim.generation import (
     StepCost,
     WorkloadSimResult,
@@ -154,6 +157,7 @@ __all__ = [
     "CostCurve",
     "CostFitView",
     "Finish",
+    "FleetResult",
     "GenerateRequest",
     "GenerationConfig",
     "GenerationFidelity",
@@ -181,6 +185,7 @@ __all__ = [
     "ModelError",
     "ModelStuckError",
     "MonotonicClock",
+    "NoReplicaError",
     "NotFoundError",
     "OriginError",
     "OutputError",
@@ -194,7 +199,9 @@ __all__ = [
     "QueueFullError",
     "RampArrivals",
     "RemoteError",
+    "ReplicaView",
     "RequestTimeoutError",
+    "Router",
     "RunResult",
     "Runnable",
     "Runner",
@@ -233,6 +240,7 @@ __all__ = [
     "generation_sources",
     "load_config_file",
     "load_test",
+    "make_router",
     "method",
     "method_sources",
     "parse_length",
@@ -244,6 +252,7 @@ __all__ = [
     "search_generation",
     "serve",
     "simulate",
+    "simulate_fleet",
     "simulate_generation",
     "simulate_workload",
     "snapshot_from_dict",

@@ -65,6 +65,10 @@ def test_cli_demo_prints_a_row_per_rate(capsys):
         (["sweep", "--rates", "100", "--duration", "0"], "durations must be > 0"),
         (["profile", "--model", "nowhere:Model.predict"], "cannot load 'nowhere:Model.predict'"),
         (["load", "ftp://example/"], "URL must start with http://"),
+        (
+            ["serve", "labserve.lab.demo:TinyLM", "--ray", "--router", "fastest"],
+            "--router: router must be one of 'round_robin'",
+        ),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message_not_a_traceback(argv, message, capsys):

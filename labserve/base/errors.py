@@ -24,6 +24,7 @@ __all__ = [
     "MethodNotAllowedError",
     "ModelError",
     "ModelStuckError",
+    "NoReplicaError",
     "NotFoundError",
     "OriginError",
     "OutputError",
@@ -339,6 +340,16 @@ class ConfigError(LabServeError, ValueError):
         self.value = value
         self.rule = rule
         self.source = source
+
+
+class NoReplicaError(LabServeError):
+    """Raised when a router is asked to choose among no replicas (a fleet with none up)."""
+
+    status = 503
+
+    def __init__(self, router: str) -> None:
+        super().__init__(f"router {router!r} has no replica to choose from")
+        self.router = router
 
 
 # Errors the HTTP server answers with on its own (no runner involved). Their class name is

@@ -69,6 +69,11 @@ def add_command(sub: Subcommands) -> None:
     srv.add_argument(
         "--ray-address", help="with --ray: join this cluster (default: start a local Ray)"
     )
+    srv.add_argument(
+        "--router",
+        help="with --ray: which replica takes each request: round_robin, power_of_two,"
+        " least_kv, prefix or prefix_affinity (default: Ray Serve's own power of two)",
+    )
     srv.set_defaults(run=run)
 
 
@@ -214,7 +219,20 @@ class _StopSignals:
         print(f"stopping ({self._got[0]})", flush=True)
 
 
+def _check_router(name: str) -> None:
+    """A usage error for an unknown --router, before Ray starts (seconds of start-up)."""
+    from labserve.base.errors import ConfigError
+    from labserve.generation.routing import make_router
+
+    try:
+        make_router(name)
+    except ConfigError as exc:
+        raise UsageError(f"--router: {exc}") from None
+
+
 def _serve_on_ray(cls: type[Any], args: argparse.Namespace) -> None:
+    if args.router is not None:
+        _check_router(args.router)
     try:
         # Optional: the `ray` extra. Imported only when asked for (--ray).
         import labserve.ray
@@ -234,10 +252,12 @@ def _serve_on_ray(cls: type[Any], args: argparse.Namespace) -> None:
                 num_replicas=args.replicas,
                 token=args.token,
                 token_everywhere=args.host not in ("127.0.0.1", "localhost", "::1"),
+                router=args.router,
             )
             print(
                 f"serving {app.runner} on Ray Serve ({args.replicas} replicas) at "
-                f"{app.url(args.host, args.port)}  (token {app.token}); Ctrl-C stops",
+                f"{app.url(args.host, args.port)}  (token {app.token}, router "
+                f"{app.router or 'Serve default'}); Ctrl-C stops",
                 flush=True,
             )
             signals.wait()

@@ -1,7 +1,9 @@
 """Export a method's batching settings for deployment: labserve YAML, Ray, Triton, TF Serving.
 
 A generative method's scheduler knobs (a GenerationConfig) go to the engines' own flags:
-vLLM, SGLang, TGI and TensorRT-LLM (:mod:`labserve.lab.engines`).
+vLLM, SGLang, TGI and TensorRT-LLM (:mod:`labserve.lab.engines`); a fleet's router (a
+:class:`~labserve.generation.routing.Router`) to SGLang's router, Ray Serve LLM and llm-d
+(:mod:`labserve.lab.generation.routers`).
 
 The caps carry over; the semantics do not always. Each snippet starts with a comment that
 says where its target counts differently, so nobody deploys a tuned number with a silently
@@ -17,7 +19,9 @@ import yaml
 
 from labserve.config.batching import BatchingConfig
 from labserve.config.generation import GenerationConfig
+from labserve.generation.routing import Router
 from labserve.lab.engines import ENGINE_FORMATS, export_engine
+from labserve.lab.generation.routers import ROUTER_FORMATS, export_router
 from labserve.runtime.generation.method import GenerativeMethod
 from labserve.runtime.runner import RunnerMethod
 
@@ -26,9 +30,10 @@ __all__ = ["BATCHING_FORMATS", "FORMATS", "export_config"]
 BATCHING_FORMATS: tuple[str, ...] = ("labserve", "ray", "triton", "tfserving")
 """The formats for a request-batching method's BatchingConfig."""
 
-FORMATS: tuple[str, ...] = BATCHING_FORMATS + ENGINE_FORMATS
+FORMATS: tuple[str, ...] = BATCHING_FORMATS + ENGINE_FORMATS + ROUTER_FORMATS
 """The formats :func:`export_config` writes: BATCHING_FORMATS for a batchable method,
-ENGINE_FORMATS (vLLM, SGLang, TGI, TensorRT-LLM) for a generative one."""
+ENGINE_FORMATS (vLLM, SGLang, TGI, TensorRT-LLM) for a generative one, ROUTER_FORMATS
+(SGLang's router, Ray Serve LLM, llm-d) for a router."""
 
 _LABSERVE_ONLY = (
     "strategy",
@@ -299,8 +304,16 @@ def _number(value: float) -> str:
     return text + "0" if text.endswith(".") else text
 
 
+def _router(source: object, fmt: str) -> str:
+    if not isinstance(source, Router):
+        raise TypeError(f"{fmt!r} takes a router (make_router(...)), got {type(source).__name__}")
+    if fmt not in ROUTER_FORMATS:
+        raise TypeError(f"a router's settings export to {', '.join(ROUTER_FORMATS)}, not {fmt!r}")
+    return export_router(source, fmt)
+
+
 def export_config(
-    source: RunnerMethod | GenerativeMethod | BatchingConfig | GenerationConfig,
+    source: RunnerMethod | GenerativeMethod | BatchingConfig | GenerationConfig | Router,
     fmt: str = "labserve",
     *,
     runner: str | None = None,
@@ -312,13 +325,14 @@ def export_config(
         source: a batchable runner method (``runner.predict``: its current config, with
             live changes), a :class:`BatchingConfig`, or a generative method's
             :class:`GenerationConfig`, or a generative runner method (``runner.generate``:
-            its current GenerationConfig).
+            its current GenerationConfig), or a fleet's router (``make_router(...)``).
         fmt: for batching, ``"labserve"`` (a YAML file that :func:`labserve.load_config_file`
             and ``Runner(config=...)`` read, in BentoML's shape), ``"ray"`` (an
             ``@serve.batch`` decorator), ``"triton"`` (a ``config.pbtxt`` fragment) or
             ``"tfserving"`` (a ``batching_parameters`` file); for generation, ``"vllm"``,
             ``"sglang"``, ``"tgi"`` (each a command line) or ``"tensorrt-llm"`` (a YAML of
-            LLM API options).
+            LLM API options); for a router, ``"sglang-router"``, ``"ray-serve-llm"`` or
+            ``"llm-d"``.
         runner: the runner name to write; defaults to the method's runner. With a
             BatchingConfig and no runner, the YAML is the global ``runners.batching`` section.
         method: the method name for the snippet; defaults to the method's own.
@@ -338,6 +352,8 @@ def export_config(
         raise ValueError(f"fmt must be one of {', '.join(map(repr, FORMATS))}, got {fmt!r}")
     if method is not None and not method.isidentifier():
         raise ValueError(f"method must be a Python identifier, got {method!r}")
+    if isinstance(source, Router) or fmt in ROUTER_FORMATS:
+        return _router(source, fmt)
     generation = source if isinstance(source, GenerationConfig) else None
     if isinstance(source, GenerativeMethod):
         generation = source.config

@@ -31,6 +31,7 @@ from labserve.metrics.snapshot import Snapshot
 from labserve.ray.board import StatsBoard
 from labserve.ray.generation.calls import GenerativeCaller, in_event_loop
 from labserve.ray.plan import Plan
+from labserve.ray.router import router_config
 from labserve.ray.source import RaySource
 from labserve.ray.spec import (
     BOARD_NAMESPACE,
@@ -64,6 +65,8 @@ def deploy(
     allow_origin: str | Iterable[str] = (),
     ray_actor_options: Mapping[str, Any] | None = None,
     deployment_options: Mapping[str, Any] | None = None,
+    router: str | None = None,
+    router_options: Mapping[str, Any] | None = None,
     **batching: Any,
 ) -> RayApp:
     """Deploy ``runnable`` on the running Ray cluster (``ray.init()`` first) as an application.
@@ -90,11 +93,24 @@ def deploy(
         allow_origin: origins of pages allowed to call the routes ("*": any).
         ray_actor_options: more of Ray's actor options for each replica.
         deployment_options: any other ``serve.deployment`` option, passed through.
+        router: which replica takes each request, by labserve's router
+            (``labserve.generation.routing``): ``round_robin``, ``power_of_two``,
+            ``least_kv``, ``prefix`` or ``prefix_affinity``; None: Ray Serve's own (power
+            of two choices on queue lengths it probes). ``labserve.ray.router`` says what
+            each sees of a request and how fresh. A process's handles keep the router
+            they were made with for a deployment (Serve 2.60 builds it once): to try
+            another in the same process, deploy under another ``name``.
+        router_options: the router's options (``make_router``'s); a prefix router's
+            ``block_size`` defaults to the generative method's.
         **batching: BatchingConfig settings for every batchable method, and
             GenerationConfig ones (``max_num_seqs``, ...) for every generative one (as
             Runner's).
 
     Returns once every replica runs. Blocking; call from the driver, not a replica.
+
+    Raises:
+        ConfigError: a bad setting, or an unknown router or router option (before
+            anything is deployed).
     """
     if not ray.is_initialized():
         raise RuntimeError("labserve.ray.deploy() needs a running Ray: call ray.init() first")
@@ -111,6 +127,7 @@ def deploy(
         max_body_bytes=max_body_bytes,
         allow_hosts=host_names(allow_hosts),
         allow_origins=origin_names(allow_origin),
+        generation={m: c.as_dict() for m, c in generation.items()},
     )
     plan = Plan(
         spec=spec,
@@ -124,7 +141,11 @@ def deploy(
         ray_actor_options=dict(ray_actor_options or {}),
         options=dict(deployment_options or {}),
         generation=generation,
+        router=router,
+        router_options=_router_options(router, router_options, generation),
     )
+    if router is not None:
+        router_config(router, plan.router_options, tuple(generation))  # ConfigError now
     board: Any = (
         ray.remote(StatsBoard)
         .options(name=board_name(spec.app), namespace=BOARD_NAMESPACE, num_cpus=0)
@@ -138,6 +159,18 @@ def deploy(
     return RayApp(plan, board)
 
 
+def _router_options(
+    router: str | None,
+    options: Mapping[str, Any] | None,
+    generation: Mapping[str, GenerationConfig],
+) -> dict[str, Any]:
+    """The router's options, a prefix router's block size the generative method's."""
+    chosen = dict(options or {})
+    if router in ("prefix", "prefix_affinity") and generation and "block_size" not in chosen:
+        chosen["block_size"] = next(iter(generation.values())).block_size
+    return chosen
+
+
 class RayApp:
     """A deployed labserve application: its handle, live config, merged stats, and stop.
 
@@ -149,6 +182,8 @@ class RayApp:
         self.runner = plan.spec.runner
         self.token = plan.spec.token
         self.route_prefix = plan.route_prefix
+        self.router = plan.router
+        """labserve's request router by name; None: Ray Serve's own."""
         self.methods: tuple[str, ...] = plan.spec.methods
         """The served methods: ``app.<method>(*args)`` calls one through the handle."""
         self.batchable: tuple[str, ...] = tuple(plan.configs)
@@ -250,8 +285,8 @@ class RayApp:
 
         Through Ray's proxy at ``proxy_url`` (default: :meth:`url`, Serve's default port
         8000): the merged snapshot of ``/stats``, live changes with the token, load through
-        the proxy. The per-replica views are :meth:`replica_generation_snapshots` (the
-        dashboard has no row per replica yet).
+        the proxy, and each replica's own snapshot (``/stats``'s ``replicas``: the
+        dashboard's row per replica).
         """
         base = proxy_url or self.url()
         model = self.runner if len(self.generators) == 1 else None

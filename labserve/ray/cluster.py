@@ -6,6 +6,7 @@ and ``serve.start()`` itself. Not thread-safe: call from the driver's main threa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -30,16 +31,49 @@ def init(**kwargs: Any) -> None:
     times; every other error, and a join of a running cluster (``address``), raise at once.
     """
     for attempt in range(1, INIT_ATTEMPTS + 1):
+        ours = _children()
         try:
             ray.init(**kwargs)
             return
         except Exception as e:  # Ray raises a bare Exception for this one
             if kwargs.get("address") or "timed out during startup" not in str(e):
                 raise
+            # The failed node's processes (its GCS, dashboard, log monitor) are not Ray's
+            # to stop any more (ray.shutdown() knows no node): end them first, while the
+            # error still holds their Popen objects, or they outlive the program.
+            _end(_children() - ours)
             ray.shutdown()
             if attempt == INIT_ATTEMPTS:
                 raise
             _log.warning("Ray's node timed out at start-up (attempt %d): starting again", attempt)
+
+
+def _children() -> set[int]:
+    """The ids of this process's child processes, and theirs."""
+    # Ray ships psutil (ray/thirdparty_files, on the path once ray is imported).
+    import psutil  # type: ignore[import-untyped]
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _end(pids: set[int], wait_s: float = 5.0) -> None:
+    """Terminate these processes (this one's children), then kill what is left after ``wait_s``."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=wait_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=wait_s)
 
 
 def start(

@@ -19,6 +19,7 @@ from labserve.base.errors import ConfigError
 from labserve.config.batching import BatchingConfig
 from labserve.config.generation import PAGED_START_SETTINGS, GenerationConfig
 from labserve.ray.replica import replica_class
+from labserve.ray.router import router_config
 from labserve.ray.spec import ReplicaSpec, generation_ongoing, max_ongoing_requests
 
 __all__ = ["Plan"]
@@ -46,6 +47,10 @@ class Plan:
     """Bumped to reset every replica's counts (a replica seeing a new epoch resets)."""
     generation: Mapping[str, GenerationConfig] = field(default_factory=dict)
     """Every generative method's config (continuous batching on each replica)."""
+    router: str | None = None
+    """labserve's request router by name (``labserve.ray.router``); None: Serve's own."""
+    router_options: Mapping[str, Any] = field(default_factory=dict)
+    """The router's options (``make_router``'s)."""
 
     def user_config(self) -> dict[str, Any]:
         """What every replica's ``reconfigure`` receives: each method's whole config."""
@@ -85,6 +90,10 @@ class Plan:
             if self.autoscaling_config is not None
             else {"num_replicas": self.num_replicas}
         )
+        if self.router is not None:  # else Serve's own (power of two on probed queues)
+            scaling["request_router_config"] = router_config(
+                self.router, self.router_options, tuple(self.generation)
+            )
         deployment: Any = serve.deployment(
             replica_class(self.spec.methods),
             name=self.spec.runner,

@@ -107,7 +107,9 @@ class Replica:
         # Ray Serve builds the replica on the loop that runs its requests: the drivers too.
         self._host = _HostLoop(f"labserve-ray-{spec.runner}")
         self._closing: asyncio.Task[None] | None = None
-        self.runner = Runner(spec.make(), name=spec.runner, loop=self._host)
+        self.runner = Runner(
+            spec.make(), name=spec.runner, loop=self._host, method_configs=spec.generation
+        )
         for m in self.runner.methods.values():
             if m.batchable:
                 m.start()  # the loop and drivers now, not in the first request's latency
@@ -173,6 +175,20 @@ class Replica:
     def snapshots(self) -> list[Snapshot]:
         """This replica's snapshots, one per batchable method."""
         return self.runner.snapshots()
+
+    def record_routing_stats(self) -> dict[str, int]:
+        """Serve's routing stats (polled every second by a labserve router): load and KV.
+
+        The sums over the generative methods of running and waiting sequences and KV
+        blocks used and held (``labserve.ray.router`` reads them).
+        """
+        snaps = self.runner.generation_snapshots()
+        return {
+            "running": sum(s.num_running for s in snaps),
+            "waiting": sum(s.num_waiting for s in snaps),
+            "kv_blocks_used": sum(s.kv_blocks_used for s in snaps),
+            "kv_blocks_total": sum(s.kv_blocks_total or s.config.num_kv_blocks for s in snaps),
+        }
 
     def push(self) -> None:
         """Send this replica's snapshots to the board (fire and forget)."""

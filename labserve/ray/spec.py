@@ -84,6 +84,10 @@ class ReplicaSpec:
     push_interval_s: float = 0.25
     """How often each replica sends its snapshots to the stats board."""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    generation: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Each generative method's config as deployed: the replica's Runner starts with it,
+    since its start-time settings (``num_kv_blocks``, ...) size the KV pool at start and a
+    later ``reconfigure`` may not change them."""
 
 
 def _constant(obj: Runnable) -> Callable[[], Runnable]:

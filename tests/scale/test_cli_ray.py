@@ -31,19 +31,32 @@ def test_serve_ray_replicas_from_the_command_line(ray_cluster):
         str(ray_cluster.port),
         "--name",
         "shell",
+        "--router",
+        "round_robin",  # labserve's router, through Serve's RequestRouter, from the shell
     ]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # no hang if it never says
             line = pool.submit(proc.stdout.readline).result(timeout=120)
         assert "serving shell on Ray Serve (2 replicas)" in line, line
+        assert "router round_robin" in line, line
         request = urllib.request.Request(
             ray_cluster.url("/runners/shell/predict"),
             data=json.dumps([[1, 2, 3]]).encode(),
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            assert json.loads(reply.read()) == [[6]]
+        for _ in range(4):  # in turns: each replica takes two
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                assert json.loads(reply.read()) == [[6]]
+        deadline = time.monotonic() + 20
+        while True:  # the replicas report every 0.25 s
+            with urllib.request.urlopen(ray_cluster.url("/stats"), timeout=30) as reply:
+                views = json.loads(reply.read())["replicas"].values()
+            served = sorted(v["shell"]["predict"]["served"] for v in views)
+            if served == [2, 2] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert served == [2, 2]
         assert serve.status().applications["shell"].deployments["shell"].status == "HEALTHY"
     finally:
         proc.send_signal(signal.SIGINT)

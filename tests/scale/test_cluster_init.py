@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -60,3 +62,19 @@ def test_other_errors_and_joins_raise_at_once(attempts, kwargs, error):
     with pytest.raises(type(error)):
         labserve.ray.init(**kwargs)
     assert calls == [kwargs]
+
+
+def test_a_timed_out_starts_processes_end_with_it(monkeypatch):
+    # As Ray's node does: it starts its GCS and dashboard, then times out waiting for the
+    # raylet and raises, holding the Popen objects; ray.shutdown() knows no node to stop.
+    started: list[subprocess.Popen[bytes]] = []
+
+    def init(**kwargs: Any) -> None:
+        if not started:
+            started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+            raise TIMED_OUT
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    labserve.ray.init(num_cpus=2)
+    assert started[0].poll() is not None, "the failed start's process outlived it"

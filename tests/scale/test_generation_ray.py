@@ -185,3 +185,54 @@ def test_a_dashboards_source_of_the_app_sees_the_merged_method_and_tunes_every_r
     assert source.configure(max_num_seqs=6).max_num_seqs == 6
     assert app.generation_configs()["generate"].max_num_seqs == 6
     app.configure("generate", max_num_seqs=8)
+
+
+def test_the_dashboards_source_has_a_row_per_replica_and_one_change_reaches_both(both):
+    app = both["app"]
+    [source] = app.generation_sources(proxy_url=f"http://127.0.0.1:{both['ray']}")
+    source.configure(max_num_seqs=7)
+    deadline = time.monotonic() + 20
+    while True:  # each replica takes the change at its next step and reports within 0.25 s
+        view = source.view()
+        if len(view.replicas) == 2 and {s.config.max_num_seqs for s in view.replicas.values()} == {
+            7
+        }:
+            break
+        assert time.monotonic() < deadline, {r: s.config for r, s in view.replicas.items()}
+        time.sleep(0.1)
+    assert view.stale == frozenset()
+    assert (
+        sum(s.outcomes["served"] for s in view.replicas.values())
+        == view.snapshot.outcomes["served"]
+    )
+    app.configure("generate", max_num_seqs=8)
+
+
+def test_a_prefix_router_keeps_each_tenant_on_one_replica_through_a_handle(deploy):
+    app = deploy(
+        TinyLM,
+        name="routed",
+        num_replicas=2,
+        route_prefix=None,
+        router="prefix",
+        max_num_seqs=8,
+        num_kv_blocks=96,  # a start-time setting: each replica's pool starts at this size
+    )
+    assert app.router == "prefix"
+    tenants = [f"tenant {t}: " + "a long shared system prompt " * 3 for t in range(4)]
+    for i in range(12):  # one at a time: each replica's load stays even, affinity decides
+        app.generate(tenants[i % 4] + f"question {i}", max_tokens=2, temperature=0)
+    deadline = time.monotonic() + 20
+    while True:
+        views = app.replica_generation_snapshots()
+        served = sorted(v[0].outcomes["served"] for v in views.values())
+        if sum(served) == 12:
+            break
+        assert time.monotonic() < deadline, served
+        time.sleep(0.1)
+    # Each tenant's first prompt misses, its next two hit on the replica that took it:
+    # 8 of 12 requests hit their prefix, which a router blind to it does only by chance.
+    assert all(n % 3 == 0 for n in served), served
+    assert {v[0].kv_blocks_total for v in views.values()} == {96}
+    merged = app.generation_snapshots()[0]
+    assert merged.prefix_cache_hits >= 8 * 16 * 5, merged.prefix_cache_hits

@@ -76,10 +76,15 @@ class GenerationDashboard(DashboardBase[labserve.GenerationSource]):
         self.errors: dict[str, w.HTML] = {**self.scheduling.errors, "load": self.load.error}
         """Where each group's refusals show."""
         self.panel = w.HBox([self.scheduling.box, self.load.box])
+        self.replicas = w.HTML(value="", layout=w.Layout(display="none", margin="0 0 4px 0"))
+        """A row per replica, beside the merged status line (shown when it runs on several)."""
         pump = GenerationPump(self.charts, self.doc, lambda: self.method, hz=hz,
                               alive=self._alive, on_tick=self._on_tick, start=False)  # fmt: skip
         self._start(pump, labserve.RunnerGenerationSource)
         self.pump: GenerationPump
+
+    def _view_rows(self) -> list[w.Widget]:
+        return [self.panel, self.status, self.replicas]
 
     def _alive(self) -> bool:
         """On the pump thread: whether to go on; if not, the status line says why."""
@@ -107,6 +112,10 @@ class GenerationDashboard(DashboardBase[labserve.GenerationSource]):
             parts.append(html.escape(load))
         numbers = "" if snap is None else _numbers(snap, self.pump.series.preempted_recent)
         self._show_status(numbers, parts, now)
+        table = "" if view is None else replica_table(view)
+        if table != self.replicas.value:
+            self.replicas.value = table
+            self.replicas.layout.display = None if table else "none"
 
 
 def _is_method_of_runner(target: Any) -> bool:
@@ -172,3 +181,50 @@ def _settings(snap: labserve.GenerationSnapshot, asked: labserve.GenerationConfi
     if asked is not None and asked != snap.config:
         text += " <i>(from the next step)</i>"
     return text
+
+
+_REPLICA_COLUMNS = ("replica", "", "running", "waiting", "KV blocks", "prefix hit rate",
+                    "served", "tokens/s", "TTFT p50 ms", "max_num_seqs")  # fmt: skip
+
+
+def _replica_row(rid: str, snap: labserve.GenerationSnapshot, stale: bool) -> tuple[str, ...]:
+    hit = snap.prefix_cache_hit_rate if snap.config.enable_prefix_caching else math.nan
+    total = snap.kv_blocks_total or snap.config.num_kv_blocks
+    return (
+        html.escape(rid[-8:]),
+        "<span style='color:#b60'>stale</span>" if stale else "live",
+        f"{snap.num_running}",
+        f"{snap.num_waiting}",
+        f"{snap.kv_blocks_used}" + (f" of {total}" if total else ""),
+        _fmt(100 * hit, ".0f", "%"),
+        f"{snap.outcomes.get('served', 0):,}",
+        _fmt(snap.output_tokens_per_s, ",.0f"),
+        _fmt(snap.percentiles_ms["ttft"]["p50"], ".0f"),
+        f"{snap.config.max_num_seqs}",
+    )
+
+
+def replica_table(view: labserve.GenerationView) -> str:
+    """Each replica's own numbers, a row each ('' for a method in one process).
+
+    Running, waiting and KV blocks are now; hit rate, tokens/s and TTFT cover each replica's
+    window; served counts since its start. The last column is the config the replica runs:
+    a knob turned once shows on every row once each has taken it.
+    """
+    if not view.replicas:
+        return ""
+    cell = "padding:0 8px;text-align:right"
+    head = "".join(f"<th style='{cell}'>{h}</th>" for h in _REPLICA_COLUMNS)
+    rows = [
+        "<tr>"
+        + "".join(f"<td style='{cell}'>{v}</td>" for v in _replica_row(rid, s, rid in view.stale))
+        + "</tr>"
+        for rid, s in sorted(view.replicas.items())
+    ]
+    live = len(view.replicas) - len(view.stale)
+    return (
+        f"<code>{live} of {len(view.replicas)} replicas reporting <i>(running, waiting, KV: "
+        f"now; hit rate, tokens/s, TTFT: last {view.snapshot.window_s:g} s; served: since "
+        "start)</i></code>"
+        f"<table style='font-family:monospace;font-size:90%'><tr>{head}</tr>{''.join(rows)}</table>"
+    )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -61,6 +61,10 @@ class GenerationView:
     config: GenerationConfig
     """The config asked for: a live change shows here at once, in the snapshot's config once
     the driver took it (at the next step)."""
+    replicas: Mapping[str, GenerationSnapshot] = field(default_factory=dict)
+    """Each replica's own snapshot, by replica id (empty for a method in one process)."""
+    stale: frozenset[str] = frozenset()
+    """Replicas that stopped reporting (their gauges read 0; their counts stay merged)."""
 
 
 @runtime_checkable
@@ -195,7 +199,16 @@ class HttpGenerationSource(HttpMethodBase[GenerationConfig]):
         """``GET /stats`` and ``GET /config``."""
         stats = self._get("/stats")
         config = self.config
-        return GenerationView(generation_snapshot_from_dict(self._entry(stats)), config)
+        snap = generation_snapshot_from_dict(self._entry(stats))
+        replicas: dict[str, GenerationSnapshot] = {}
+        stale = set()
+        for rid, rview in dict(stats.get("replicas") or {}).items():  # Ray's proxy: each one's
+            own = (rview.get(self.runner) or {}).get(self.method)
+            if own is not None:
+                replicas[rid] = generation_snapshot_from_dict(own)
+                if rview.get("stale"):
+                    stale.add(rid)
+        return GenerationView(snap, config, replicas, frozenset(stale))
 
     def start_load(
         self,

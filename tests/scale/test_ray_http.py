@@ -1,0 +1,75 @@
+"""The Ray adapter's streamed reply: events ready together go as one chunk, nothing else changes.
+
+No cluster: the adapter's chunk generator is driven as Starlette drives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from labserve.ray.http import _response
+from labserve.server.exchange import Reply
+
+
+class Events:
+    """An SSE-like stream: ``burst`` events at once, then one per loop turn; records closing."""
+
+    def __init__(self, n: int, burst: int, fail: bool = False) -> None:
+        self.n, self.burst, self.fail = n, burst, fail
+        self.closed = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._gen()
+
+    async def _gen(self) -> AsyncIterator[bytes]:
+        try:
+            for i in range(self.n):
+                if i >= self.burst:
+                    await asyncio.sleep(0)
+                yield f"data: {i}\n\n".encode()
+            if self.fail:
+                raise RuntimeError("the model failed mid-stream")
+        finally:
+            self.closed = True
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def chunks_of(reply: Reply, take: int | None = None) -> list[bytes]:
+    async def main() -> list[bytes]:
+        response = _response(reply)
+        got: list[bytes] = []
+        iterator = response.body_iterator
+        async for chunk in iterator:
+            got.append(bytes(chunk))
+            if take is not None and len(got) == take:
+                await iterator.aclose()  # type: ignore[attr-defined]
+                break
+        return got
+
+    return asyncio.run(main())
+
+
+def test_events_ready_together_go_as_one_chunk_and_the_bytes_are_the_same():
+    events = Events(6, burst=4)
+    got = chunks_of(Reply(200, b"head\n", {}, events))
+    expected = b"head\n" + b"".join(f"data: {i}\n\n".encode() for i in range(6))
+    assert b"".join(got) == expected
+    assert len(got) < 1 + 6  # some events shared a chunk
+    assert events.closed
+
+
+def test_a_stream_error_still_ends_the_reply_with_it():
+    events = Events(3, burst=0, fail=True)
+    with pytest.raises(RuntimeError, match="mid-stream"):
+        chunks_of(Reply(200, b"", {}, events))
+
+
+def test_a_client_that_goes_away_closes_the_stream():
+    events = Events(1000, burst=0)
+    got = chunks_of(Reply(200, b"", {}, events), take=2)
+    assert len(got) == 2 and events.closed
