@@ -59,22 +59,22 @@ def test_the_prompts_are_not_in_the_training_text():
     assert not [p for p in PROMPTS if p in text]
 
 
-def test_greedy_continuations_are_mostly_words_from_the_training_text(continuations):
-    # Issue 36 asks more: 70% of each continuation's distinct words in the training text.
-    # These weights (about 16 minutes of one core) reach it on 3-4 of the 10 prompts; they
-    # misspell rarer words ("conteration"). Counted by occurrence, 76% are the docs' words
-    # (benchmarks/RESULTS.md, "TinyLM's trained weights"); seeded weights write none.
-    vocabulary = {w.lower() for w in WORD.findall("".join(topics.topics.values()))}
-    said = []
-    for out in continuations:
-        text = out.decode("latin-1")
-        letters = sum(c.isascii() and (c.isalpha() or c == " ") for c in text)
-        words = [w.lower() for w in WORD.findall(text)]
-        assert letters >= 0.6 * len(text), text
-        assert len(set(words)) >= 5, text
-        said += words
-    known = [w for w in said if w in vocabulary]
-    assert len(known) >= 0.7 * len(said), sorted(set(said) - vocabulary)
+@pytest.fixture(scope="module")
+def vocabulary():
+    return {w.lower() for w in WORD.findall("".join(topics.topics.values()))}
+
+
+@pytest.mark.parametrize("i", range(len(PROMPTS)), ids=PROMPTS)
+def test_each_greedy_continuation_is_words_from_the_training_text(continuations, vocabulary, i):
+    # Issue 36's bar, per continuation of 64 bytes: 60% letters and spaces, 5 distinct
+    # words of 2+ letters, 70% of those words in the training text. Seeded weights write
+    # none; the weights before these met it on 3 of the 10 ("conteration").
+    text = continuations[i].decode("latin-1")
+    letters = sum(c.isascii() and (c.isalpha() or c == " ") for c in text)
+    words = {w.lower() for w in WORD.findall(text)}
+    assert letters >= 0.6 * len(text), text
+    assert len(words) >= 5, text
+    assert len(words & vocabulary) >= 0.7 * len(words), (text, sorted(words - vocabulary))
 
 
 def test_the_weights_end_texts_with_their_eos_byte(lm):
