@@ -25,7 +25,7 @@ import labserve
 
 from .charts import Charts
 from .controls import BatchingControls
-from .dashboard_base import DashboardBase
+from .dashboard_base import DashboardBase, rows_per_replica
 from .loadpanel import LoadControls
 from .pump import Pump
 from .series import Recent
@@ -116,17 +116,12 @@ class Dashboard(DashboardBase[labserve.MethodSource]):
             **token_errors,
         }
         """Where each group's refusals show."""
-        self.replicas = w.HTML(value="", layout=w.Layout(display="none", margin="0 0 4px 0"))
-        """Each replica's numbers (shown when the method runs on several)."""
         self.panel = w.VBox([w.HBox([w.VBox([self.batching.box, token_box]), self.load.box]),
                              self.batching.export])  # fmt: skip
         pump = Pump(self.charts, self.doc, lambda: self.method, hz=hz, alive=self._alive,
                     on_tick=self._on_tick, start=False)  # fmt: skip
         self._start(pump, labserve.RunnerSource)
         self.pump: Pump
-
-    def _view_rows(self) -> list[w.Widget]:
-        return [self.panel, self.status, self.replicas]
 
     def save_html(self, path: str) -> None:
         """Write the charts as they are now to a standalone HTML file (BokehJS inline)."""
@@ -176,10 +171,7 @@ class Dashboard(DashboardBase[labserve.MethodSource]):
         if behind:
             parts.append(f"<span style='color:#b60'>{behind}</span>")
         self._show_status(numbers, parts, now)
-        table = "" if view is None else _replica_table(view)
-        if table != self.replicas.value:
-            self.replicas.value = table
-            self.replicas.layout.display = None if table else "none"
+        self._show_replicas("" if view is None else _replica_table(view))
 
 
 def _flow_note_text(updates: int, merged: int, span_s: float) -> str:
@@ -246,36 +238,26 @@ def _settings(snap: labserve.Snapshot) -> str:
     )
 
 
+_REPLICA_COLUMNS = ("served", "req/s", "mean batch", "largest", "queue", "p99 ms",
+                    "max_batch_size", "max_latency_ms")  # fmt: skip
+
+
+def _replica_row(s: labserve.Snapshot) -> tuple[str, ...]:
+    return (
+        f"{s.served:,}",
+        _fmt(s.served_rate, ",.0f"),
+        _fmt(s.mean_batch_size, ".1f"),
+        f"{s.max_batch_size_seen}",
+        f"{s.queue_requests}",
+        _fmt(s.latency_ms_window.p99, ".1f"),
+        f"{s.config.max_batch_size}",
+        f"{s.config.max_latency_ms:g}",
+    )
+
+
 def _replica_table(view: labserve.SourceView) -> str:
     """Each replica's own numbers, one row each ('' for a method in one process)."""
-    if not view.replicas:
-        return ""
-    cell = "padding:0 8px;text-align:right"
-    head = "".join(
-        f"<th style='{cell}'>{h}</th>"
-        for h in ("replica", "", "served", "req/s", "mean batch", "largest", "queue", "p99 ms",
-                  "max_batch_size", "max_latency_ms")
-    )  # fmt: skip
-    rows = []
-    for rid, s in view.replicas.items():
-        stale = rid in view.stale
-        values = (
-            html.escape(rid[-8:]),
-            "<span style='color:#b60'>stale</span>" if stale else "live",
-            f"{s.served:,}",
-            _fmt(s.served_rate, ",.0f"),
-            _fmt(s.mean_batch_size, ".1f"),
-            f"{s.max_batch_size_seen}",
-            f"{s.queue_requests}",
-            _fmt(s.latency_ms_window.p99, ".1f"),
-            f"{s.config.max_batch_size}",
-            f"{s.config.max_latency_ms:g}",
-        )
-        rows.append("<tr>" + "".join(f"<td style='{cell}'>{v}</td>" for v in values) + "</tr>")
-    live = len(view.replicas) - len(view.stale)
-    return (
-        f"<code>{live} of {len(view.replicas)} replicas reporting "
-        f"<i>(mean batch, req/s, p99: last {view.snapshot.window_s:g} s; served, largest: "
-        "since start)</i></code>"
-        f"<table style='font-family:monospace;font-size:90%'><tr>{head}</tr>{''.join(rows)}</table>"
+    note = (
+        f"mean batch, req/s, p99: last {view.snapshot.window_s:g} s; served, largest: since start"
     )
+    return rows_per_replica(view, _REPLICA_COLUMNS, _replica_row, note)

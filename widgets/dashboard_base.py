@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import ipywidgets as w
@@ -27,7 +28,7 @@ from .controls_base import ControlsBase, Tunable
 from .loadpanel_base import LoadPanelBase
 from .pump_base import PumpBase
 
-__all__ = ["DashboardBase"]
+__all__ = ["DashboardBase", "rows_per_replica"]
 
 
 class _Source(Tunable[Any], Protocol):
@@ -73,6 +74,8 @@ class DashboardBase(Generic[S]):
         )
         self.panel: w.Box = w.VBox()
         """The settings and the load, above the status line."""
+        self.replicas = w.HTML(value="", layout=w.Layout(display="none", margin="0 0 4px 0"))
+        """Each replica's numbers, a row each (shown when the method runs on several)."""
         self._form: ControlsBase[S, Any]
         self.load: LoadPanelBase[Any]
         self.pump: PumpBase[Any, Any]
@@ -109,7 +112,7 @@ class DashboardBase(Generic[S]):
 
     def _view_rows(self) -> list[w.Widget]:
         """What a view shows above its charts."""
-        return [self.panel, self.status]
+        return [self.panel, self.status, self.replicas]
 
     def view(self) -> w.VBox:
         """A new view: the controls and a chart widget rendered from the data as it is now."""
@@ -179,9 +182,39 @@ class DashboardBase(Generic[S]):
             f"{html.escape(str(error))})</span>"
         )
 
+    def _show_replicas(self, table: str) -> None:
+        """Show ``table`` (:func:`rows_per_replica`) under the status line; hide it when ''."""
+        if table != self.replicas.value:
+            self.replicas.value = table
+            self.replicas.layout.display = None if table else "none"
+
     def _show_status(self, numbers: str, parts: list[str], now: float) -> None:
         """Write the status line: the numbers, then the parts and any pump error."""
         error = self._pump_error(now)
         if error is not None:
             parts.append(error)
         self.status.value = f"<code>{numbers}<br>{' · '.join(parts)}</code>"
+
+
+def rows_per_replica(
+    view: Any, columns: tuple[str, ...], row: Callable[[Any], tuple[str, ...]], note: str
+) -> str:
+    """A row per replica of ``view`` (a view with ``replicas`` and ``stale``), '' for none.
+
+    Each row is the replica's id, whether it reports, then ``row(its snapshot)``, under
+    ``columns`` (the two first, then one per value); ``note`` says over what each figure runs.
+    """
+    if not view.replicas:
+        return ""
+    cell = "padding:0 8px;text-align:right"
+    head = "".join(f"<th style='{cell}'>{h}</th>" for h in ("replica", "", *columns))
+    rows = []
+    for rid, snap in sorted(view.replicas.items()):
+        stale = "<span style='color:#b60'>stale</span>" if rid in view.stale else "live"
+        values = (html.escape(rid[-8:]), stale, *row(snap))
+        rows.append("<tr>" + "".join(f"<td style='{cell}'>{v}</td>" for v in values) + "</tr>")
+    live = len(view.replicas) - len(view.stale)
+    return (
+        f"<code>{live} of {len(view.replicas)} replicas reporting <i>({note})</i></code>"
+        f"<table style='font-family:monospace;font-size:90%'><tr>{head}</tr>{''.join(rows)}</table>"
+    )

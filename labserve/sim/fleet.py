@@ -39,7 +39,7 @@ from labserve.generation.routing import PrefixRouter, ReplicaView, Router, make_
 from labserve.generation.scheduler import Scheduler
 from labserve.generation.sequence import Finished, StepPlan, StepRecord
 from labserve.generation.workload import SharedPrefixWorkload
-from labserve.sim.generation import StepCost, WorkloadSimResult
+from labserve.sim.generation import StepCost, WorkloadSimResult, session_arrivals
 
 __all__ = ["FleetResult", "ReplicaSummary", "simulate_fleet"]
 
@@ -417,9 +417,7 @@ def simulate_fleet(
         ValueError: the times are not finite and in order, or ``replicas`` < 1.
         ConfigError: an unknown router, or a prefix router keyed on another block size.
     """
-    arrivals = np.asarray(arrival_s, dtype=np.float64)
-    if arrivals.ndim != 1 or not np.isfinite(arrivals).all() or (np.diff(arrivals) < 0).any():
-        raise ValueError("arrival_s must be finite times in seconds, in non-decreasing order")
+    arrivals = session_arrivals(arrival_s)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
     chosen = _router_for(router, config)

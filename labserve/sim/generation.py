@@ -534,6 +534,17 @@ class _SessionSim:
             now = self.step(now)
 
 
+def session_arrivals(arrival_s: Sequence[float] | np.ndarray) -> np.ndarray:
+    """The sessions' first arrivals as a float array, checked.
+
+    Raises ValueError unless they are 1-D, finite and in non-decreasing order.
+    """
+    arrivals = np.asarray(arrival_s, dtype=np.float64)
+    if arrivals.ndim != 1 or not np.isfinite(arrivals).all() or (np.diff(arrivals) < 0).any():
+        raise ValueError("arrival_s must be finite times in seconds, in non-decreasing order")
+    return arrivals
+
+
 def simulate_workload(
     config: GenerationConfig,
     cost: StepCost,
@@ -560,9 +571,7 @@ def simulate_workload(
     >>> [len(p) for p in r.prompts], r.turn.tolist()
     ([12, 18], [0, 1])
     """
-    arrivals = np.asarray(arrival_s, dtype=np.float64)
-    if arrivals.ndim != 1 or not np.isfinite(arrivals).all() or (np.diff(arrivals) < 0).any():
-        raise ValueError("arrival_s must be finite times in seconds, in non-decreasing order")
+    arrivals = session_arrivals(arrival_s)
     sim = _SessionSim(config, cost, workload, max_model_len, seed)
     for k, at in enumerate(arrivals.tolist()):
         sim.arrive(at, k, 0)

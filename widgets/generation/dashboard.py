@@ -24,7 +24,7 @@ import ipywidgets as w
 
 import labserve
 
-from ..dashboard_base import DashboardBase
+from ..dashboard_base import DashboardBase, rows_per_replica
 from .charts import GenerationCharts
 from .controls import GenerationControls
 from .loadpanel import GenerationLoadControls
@@ -76,15 +76,10 @@ class GenerationDashboard(DashboardBase[labserve.GenerationSource]):
         self.errors: dict[str, w.HTML] = {**self.scheduling.errors, "load": self.load.error}
         """Where each group's refusals show."""
         self.panel = w.HBox([self.scheduling.box, self.load.box])
-        self.replicas = w.HTML(value="", layout=w.Layout(display="none", margin="0 0 4px 0"))
-        """A row per replica, beside the merged status line (shown when it runs on several)."""
         pump = GenerationPump(self.charts, self.doc, lambda: self.method, hz=hz,
                               alive=self._alive, on_tick=self._on_tick, start=False)  # fmt: skip
         self._start(pump, labserve.RunnerGenerationSource)
         self.pump: GenerationPump
-
-    def _view_rows(self) -> list[w.Widget]:
-        return [self.panel, self.status, self.replicas]
 
     def _alive(self) -> bool:
         """On the pump thread: whether to go on; if not, the status line says why."""
@@ -112,10 +107,7 @@ class GenerationDashboard(DashboardBase[labserve.GenerationSource]):
             parts.append(html.escape(load))
         numbers = "" if snap is None else _numbers(snap, self.pump.series.preempted_recent)
         self._show_status(numbers, parts, now)
-        table = "" if view is None else replica_table(view)
-        if table != self.replicas.value:
-            self.replicas.value = table
-            self.replicas.layout.display = None if table else "none"
+        self._show_replicas("" if view is None else replica_table(view))
 
 
 def _is_method_of_runner(target: Any) -> bool:
@@ -183,16 +175,14 @@ def _settings(snap: labserve.GenerationSnapshot, asked: labserve.GenerationConfi
     return text
 
 
-_REPLICA_COLUMNS = ("replica", "", "running", "waiting", "KV blocks", "prefix hit rate",
-                    "served", "tokens/s", "TTFT p50 ms", "max_num_seqs")  # fmt: skip
+_REPLICA_COLUMNS = ("running", "waiting", "KV blocks", "prefix hit rate", "served",
+                    "tokens/s", "TTFT p50 ms", "max_num_seqs")  # fmt: skip
 
 
-def _replica_row(rid: str, snap: labserve.GenerationSnapshot, stale: bool) -> tuple[str, ...]:
+def _replica_row(snap: labserve.GenerationSnapshot) -> tuple[str, ...]:
     hit = snap.prefix_cache_hit_rate if snap.config.enable_prefix_caching else math.nan
     total = snap.kv_blocks_total or snap.config.num_kv_blocks
     return (
-        html.escape(rid[-8:]),
-        "<span style='color:#b60'>stale</span>" if stale else "live",
         f"{snap.num_running}",
         f"{snap.num_waiting}",
         f"{snap.kv_blocks_used}" + (f" of {total}" if total else ""),
@@ -211,20 +201,8 @@ def replica_table(view: labserve.GenerationView) -> str:
     window; served counts since its start. The last column is the config the replica runs:
     a knob turned once shows on every row once each has taken it.
     """
-    if not view.replicas:
-        return ""
-    cell = "padding:0 8px;text-align:right"
-    head = "".join(f"<th style='{cell}'>{h}</th>" for h in _REPLICA_COLUMNS)
-    rows = [
-        "<tr>"
-        + "".join(f"<td style='{cell}'>{v}</td>" for v in _replica_row(rid, s, rid in view.stale))
-        + "</tr>"
-        for rid, s in sorted(view.replicas.items())
-    ]
-    live = len(view.replicas) - len(view.stale)
-    return (
-        f"<code>{live} of {len(view.replicas)} replicas reporting <i>(running, waiting, KV: "
-        f"now; hit rate, tokens/s, TTFT: last {view.snapshot.window_s:g} s; served: since "
-        "start)</i></code>"
-        f"<table style='font-family:monospace;font-size:90%'><tr>{head}</tr>{''.join(rows)}</table>"
+    note = (
+        f"running, waiting, KV: now; hit rate, tokens/s, TTFT: last "
+        f"{view.snapshot.window_s:g} s; served: since start"
     )
+    return rows_per_replica(view, _REPLICA_COLUMNS, _replica_row, note)
