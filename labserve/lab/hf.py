@@ -86,6 +86,10 @@ class HFDecoder(Runnable):
         self._dtype = model.dtype
         self._cache: Any = None  # the PagedKVCache, from allocate_kv
         self._own: OwnBlocks | None = None  # tables the decoder keeps when none are handed
+        from labserve.lab.generation.paged_kv import FORWARD_TOKENS
+
+        self.forward_tokens = FORWARD_TOKENS
+        """A forward's own cost in tokens' worth of work (when a step runs as two forwards)."""
 
     # -- text: what labserve asks of the model when prompts are strings ------------------------
 
@@ -146,27 +150,41 @@ class HFDecoder(Runnable):
 
     @method(generative=True, max_num_seqs=16, max_num_batched_tokens=512)
     def generate(self, batch: SeqBatch) -> np.ndarray:
-        """One forward over the step's sequences; the next-token logits of each sampler."""
+        """The next-token logits of each sequence that samples, in the batch's order.
+
+        One forward, or two when the step's decodes and chunks are cheaper apart
+        (:func:`~labserve.lab.generation.paged_kv.step_groups`).
+        """
         if not len(batch):
             return np.zeros((0, self.vocab_size), dtype=np.float32)
         tables, block_size = batch.block_tables, batch.block_size
         if not tables:
             tables, block_size = self._own_tables(batch)
-        from labserve.lab.generation.paged_kv import plan_step
+        from labserve.lab.generation.paged_kv import plan_step, step_groups
 
-        plan = plan_step(
-            batch.tokens,
-            batch.starts,
-            batch.samples,
-            tables,
-            block_size,
-            hidden_size=self._hidden,
-            dtype=self._dtype,
+        groups = step_groups(
+            batch.tokens, batch.starts, hidden_size=self._hidden, forward_tokens=self.forward_tokens
         )
-        logits = self._forward(plan)
+        parts = []
+        for rows in groups:
+            plan = plan_step(
+                [batch.tokens[i] for i in rows],
+                [batch.starts[i] for i in rows],
+                [batch.samples[i] for i in rows],
+                [tables[i] for i in rows],
+                block_size,
+                hidden_size=self._hidden,
+                dtype=self._dtype,
+            )
+            parts.append(self._forward(plan))
         if self._own is not None and not batch.block_tables:
             self._own.ran(batch)
-        return logits
+        if len(parts) == 1:
+            return parts[0]
+        # Each group's rows are its sampling sequences in step order: put them back in place.
+        order = [i for rows in groups for i in rows if batch.samples[i]]
+        picked: np.ndarray = np.concatenate(parts)[np.argsort(order)]
+        return picked
 
     def _forward(self, plan: Any) -> np.ndarray:
         """Run the model on ``plan``; the sampled rows' logits as float32."""

@@ -99,6 +99,8 @@ def test_each_sequences_logits_in_a_batched_step_are_its_logits_alone(model, dat
     rng = np.random.default_rng(seed)
     block_size = data.draw(st.sampled_from([1, 4, 16]), label="block_size")
     decoder = HFDecoder(model)
+    # Mixed steps as one forward, or as two (decodes apart) whenever that is less work.
+    decoder.forward_tokens = data.draw(st.sampled_from([0, 10**9]), label="forward_tokens")
     decoder.allocate_kv(256 // block_size + 8, block_size)
     blocks = Blocks(256 // block_size + 8, block_size, seed)
     lengths = data.draw(st.lists(st.integers(1, 40), min_size=1, max_size=6), label="lengths")

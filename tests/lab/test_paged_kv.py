@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from labserve.lab.generation.paged_kv import PagedKVCache, plan_step  # noqa: E402
+from labserve.lab.generation.paged_kv import PagedKVCache, plan_step, step_groups  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,20 @@ def test_decodes_pad_and_a_chunk_beside_decodes_packs():
         mixed, [0] + [127] * 31, [True] * 32, tables, 2, hidden_size=256, dtype=torch.float32
     )
     assert plan.packed and plan.input_ids.shape == (1, 95)
+
+
+def test_a_chunk_beside_many_decodes_runs_apart_from_them_when_that_is_less_work():
+    decodes, starts = [np.array([1])] * 31, [100] * 31
+    mixed = [*decodes[:15], np.arange(64), *decodes[15:]]
+    groups = step_groups(mixed, [*starts[:15], 0, *starts[15:]], hidden_size=256)
+    assert groups == [[*range(15), *range(16, 32)], [15]]  # decodes in step order, the chunk
+    assert step_groups(decodes, starts, hidden_size=256) == [list(range(31))]
+    assert step_groups([np.arange(64)] * 2, [0, 64], hidden_size=256) == [[0, 1]]
+    # One decode beside the chunk: a second forward's own cost is more than it saves.
+    assert step_groups([np.arange(64), np.array([1])], [0, 100], hidden_size=256) == [[0, 1]]
+    assert step_groups(
+        [np.arange(64), np.array([1])], [0, 100], hidden_size=256, forward_tokens=0
+    ) == [[1], [0]]
 
 
 def test_a_model_whose_layers_skip_the_cache_is_named():
