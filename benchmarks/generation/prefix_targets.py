@@ -13,11 +13,14 @@ Where benchmarks/generation/prefix_cache.py sends (a)'s requests one at a time (
 this one sends them as the issue asks: Poisson, so requests overlap and queue.
 
     .venv/bin/python benchmarks/generation/prefix_targets.py --rounds 5 --json out.json
+    cd benchmarks/generation && LABSERVE_HF_FOLDER=/tmp/vs_tf/gpt2 ../../.venv/bin/python \
+        prefix_targets.py --model hf_folder:FolderLM --targets a     # (a) on the HF model
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -103,25 +106,38 @@ def target_c(lm: Any, rounds: int) -> dict[str, Any]:
     }
 
 
+def model_class(spec: str) -> Any:
+    """TinyLM, or the class ``module:Class`` names."""
+    if spec == "tinylm":
+        return TinyLM
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=float, default=20.0, help="(a)'s seconds per run")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument(
+        "--model",
+        default="tinylm",
+        help="tinylm, or module:Class of another generative model (hf_folder:FolderLM: the"
+        " batched HF decoder on the folder LABSERVE_HF_FOLDER names; run from this folder)",
+    )
+    parser.add_argument("--targets", default="a,c", help="which: a, c or both")
     args = parser.parse_args()
-    lm = labserve.Runner(TinyLM, name="tinylm")
+    lm = labserve.Runner(model_class(args.model), name="lm")
+    which = set(args.targets.split(","))
     try:
         load_before = os.getloadavg()
-        cap = capacity(lm)
-        a = target_a(lm, 0.25 * cap, args.duration)
-        c = target_c(lm, args.rounds)
-        out = {
-            "capacity_rps": cap,
-            "a": a,
-            "c": c,
-            "loadavg_before": load_before,
-            "loadavg_after": os.getloadavg(),
-        }
+        out: dict[str, Any] = {"model": args.model}
+        if "a" in which:
+            cap = capacity(lm)
+            out |= {"capacity_rps": cap, "a": target_a(lm, 0.25 * cap, args.duration)}
+        if "c" in which:
+            out["c"] = target_c(lm, args.rounds)
+        out |= {"loadavg_before": load_before, "loadavg_after": os.getloadavg()}
     finally:
         lm.stop()
     print(json.dumps(out, indent=1))
