@@ -91,8 +91,15 @@ def tokens_per_s(lm: Any, caching: bool, seed: int) -> float:
     return sum(len(r.reply) for r in rows) / took
 
 
-def target_c(lm: Any, rounds: int) -> dict[str, Any]:
-    """On/off tokens/s per round (alternating which goes first), the ratio of medians."""
+def target_c(lm: Any, rounds: int, warmup: int) -> dict[str, Any]:
+    """On/off tokens/s per round (alternating which goes first), the ratio of medians.
+
+    ``warmup`` bursts first, not counted: a fresh process's tokens/s rose from 260-510 to
+    1,250-1,360 over its first 16 bursts (2026-12-04), which alternation alone leaves in
+    the figures (the second run of each pair was the faster, whichever it was).
+    """
+    for k in range(warmup):
+        tokens_per_s(lm, k % 2 == 0, seed=10_000 + k)
     on: list[float] = []
     off: list[float] = []
     for k in range(rounds):
@@ -126,6 +133,7 @@ def main() -> None:
         " batched HF decoder on the folder LABSERVE_HF_FOLDER names; run from this folder)",
     )
     parser.add_argument("--targets", default="a,c", help="which: a, c or both")
+    parser.add_argument("--warmup", type=int, default=20, help="(c)'s uncounted bursts first")
     args = parser.parse_args()
     lm = labserve.Runner(model_class(args.model), name="lm")
     which = set(args.targets.split(","))
@@ -136,7 +144,7 @@ def main() -> None:
             cap = capacity(lm)
             out |= {"capacity_rps": cap, "a": target_a(lm, 0.25 * cap, args.duration)}
         if "c" in which:
-            out["c"] = target_c(lm, args.rounds)
+            out["c"] = target_c(lm, args.rounds, args.warmup)
         out |= {"loadavg_before": load_before, "loadavg_after": os.getloadavg()}
     finally:
         lm.stop()
