@@ -97,9 +97,12 @@ def deploy(
             (``labserve.generation.routing``): ``round_robin``, ``power_of_two``,
             ``least_kv``, ``prefix`` or ``prefix_affinity``; None: Ray Serve's own (power
             of two choices on queue lengths it probes). ``labserve.ray.router`` says what
-            each sees of a request and how fresh. A process's handles keep the router
-            they were made with for a deployment (Serve 2.60 builds it once): to try
-            another in the same process, deploy under another ``name``.
+            each sees of a request and how fresh. The prefix routers put an ingress
+            (a second Serve application, ``<app>-ingress`` at ``<route_prefix>/v1``) in
+            front of the OpenAI routes, so that they see an HTTP request's prompt. A
+            process's handles keep the router they were made with for a deployment
+            (Serve 2.60 builds it once): to try another in the same process, deploy
+            under another ``name``.
         router_options: the router's options (``make_router``'s); a prefix router's
             ``block_size`` defaults to the generative method's.
         **batching: BatchingConfig settings for every batchable method, and
@@ -184,6 +187,9 @@ class RayApp:
         self.route_prefix = plan.route_prefix
         self.router = plan.router
         """labserve's request router by name; None: Ray Serve's own."""
+        self.ingress = plan.ingress
+        """The Serve application in front of the OpenAI routes (``/v1``) when the router
+        reads the prompt (``labserve.ray.generation.ingress``); None: no second hop."""
         self.methods: tuple[str, ...] = plan.spec.methods
         """The served methods: ``app.<method>(*args)`` calls one through the handle."""
         self.batchable: tuple[str, ...] = tuple(plan.configs)
@@ -323,6 +329,8 @@ class RayApp:
             return
         self._stopped = True
         try:
+            if self.ingress is not None:
+                serve.delete(self.ingress)
             serve.delete(self.name)
         finally:
             ray.kill(self._board)

@@ -71,10 +71,16 @@ class BoardBackend(Backend):
 
 
 class Routes:
-    """The HTTP routes of one replica: Starlette's request in, Starlette's response out."""
+    """The HTTP routes of one replica: Starlette's request in, Starlette's response out.
 
-    def __init__(self, core: HttpCore) -> None:
+    ``mount``: the routes' own prefix where the deployment's route prefix is not the
+    application's root (the ingress, under ``/v1``): the path routed is ``mount`` plus
+    what follows Serve's ``root_path`` (the deployment's route prefix).
+    """
+
+    def __init__(self, core: HttpCore, *, mount: str = "") -> None:
         self.core = core
+        self.mount = mount
 
     async def __call__(self, request: Request) -> Response:
         """Answer one HTTP request; every refusal is a typed JSON error."""
@@ -82,7 +88,11 @@ class Routes:
         # and re-parses a whole URL, a visible share of this adapter's time per request.
         scope = request.scope
         query = scope.get("query_string", b"").decode("latin-1")
-        head = Head(request.method, scope["path"], request.headers, query)
+        path: str = scope["path"]
+        root: str = scope.get("root_path", "")
+        if self.mount and path.startswith(root):
+            path = self.mount + path[len(root) :]
+        head = Head(request.method, path, request.headers, query)
         exchange = self.core.begin(head)
         if exchange.reads_body and not exchange.answer_now:
             async for chunk in request.stream():

@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from labserve.base.errors import LabServeError, ServerError
+from labserve.generation.api import GenerateRequest
 from labserve.metrics.snapshot import Snapshot
 from labserve.ray.http import BoardBackend, Routes
 from labserve.ray.spec import BOARD_NAMESPACE, ReplicaSpec, board_name
@@ -251,8 +252,14 @@ class Replica:
 
         For ``handle.options(stream=True).stream.remote(...)``; a refusal or a later error
         is raised by the iteration (typed). Closing the stream early cancels the sequence.
+        ``prompt`` may be an OpenAI route's checked GenerateRequest (from the ingress,
+        ``params`` then empty): it goes in by the door the kernel server's routes use.
         """
-        stream = self.runner.generators[method].astream(prompt, **params)
+        generator = self.runner.generators[method]
+        if isinstance(prompt, GenerateRequest):
+            stream = generator.start(prompt)
+        else:
+            stream = generator.astream(prompt, **params)
         try:
             async for piece in stream:
                 yield piece
