@@ -73,9 +73,9 @@ class BoardBackend(Backend):
 class Routes:
     """The HTTP routes of one replica: Starlette's request in, Starlette's response out.
 
-    ``mount``: the routes' own prefix where the deployment's route prefix is not the
-    application's root (the ingress, under ``/v1``): the path routed is ``mount`` plus
-    what follows Serve's ``root_path`` (the deployment's route prefix).
+    The path routed is what follows Serve's ``root_path`` (the application's route prefix:
+    Serve's proxy passes the whole path), after ``mount``, the routes' own prefix when the
+    application serves only them (the ingress, at ``<route prefix>/v1``).
     """
 
     def __init__(self, core: HttpCore, *, mount: str = "") -> None:
@@ -90,8 +90,8 @@ class Routes:
         query = scope.get("query_string", b"").decode("latin-1")
         path: str = scope["path"]
         root: str = scope.get("root_path", "")
-        if self.mount and path.startswith(root):
-            path = self.mount + path[len(root) :]
+        if root and path.startswith(root):
+            path = self.mount + path[len(root) :] or "/"
         head = Head(request.method, path, request.headers, query)
         exchange = self.core.begin(head)
         if exchange.reads_body and not exchange.answer_now:
