@@ -2,14 +2,20 @@
 
 Issue 34's target: through the proxy, one replica, at least 0.8x the kernel server's output
 tokens/s at the same load: the proxy's per-chunk cost (each SSE event crosses the replica,
-Serve's streaming protocol and the proxy). Both servers are ``labserve serve
-labserve.lab.demo:TinyLM`` in their own process (one with ``--ray --replicas 1`` and its own
-local Ray), both up for the whole run so each round sees the same background; rounds
-alternate, and each drives one server with labserve's generation load generator (closed
-loop, streaming, prompts of 32 bytes, ``ignore_eos`` outputs). A figure is output tokens
-over the run's span, as the load generator's summary counts it.
+Serve's streaming protocol and the proxy). Three servers, all up for the whole run so each
+round sees the same background: the kernel server (``labserve serve
+labserve.lab.demo:TinyLM`` in its own process), and on one local Ray (this process is its
+driver) two applications of one TinyLM replica each: ``direct`` (Serve's own router: the
+proxy's single hop to the replica) and ``ingress`` (``router="prefix"``: the OpenAI routes
+through the ingress, a second hop per chunk). Rounds alternate; each drives one server with
+labserve's generation load generator (closed loop, streaming, prompts of 32 bytes,
+``ignore_eos`` outputs). A figure is output tokens over the run's span, as the load
+generator's summary counts it, and the server side's CPU seconds per output token (the
+kernel server's process; every process of the Ray session: replicas, proxy, ingress,
+controller, raylet), which the machine's other load and nice do not move as they move
+wall time.
 
-    .venv/bin/python benchmarks/generation/ray_proxy.py --rounds 3 --seconds 20 --streams 16
+    .venv/bin/python benchmarks/generation/ray_proxy.py --rounds 3 --seconds 15 --streams 16
 """
 
 from __future__ import annotations
@@ -22,11 +28,19 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import psutil
+import ray
+from ray import serve
 
 import labserve
+import labserve.ray
+from labserve.lab.demo import TinyLM
 
 
 def _free_port() -> int:
@@ -36,8 +50,10 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(*extra: str, attempts: int = 1) -> Iterator[str]:
+def served(*extra: str, attempts: int = 1) -> Iterator[tuple[str, int]]:
     """``labserve serve labserve.lab.demo:TinyLM [extra]`` until the block ends (Ctrl-C).
+
+    Yields its URL and its process id.
 
     ``attempts``: starts tried. Ray's driver waits a fixed 30 s for its raylet, which waits
     for its metrics agent: at load 10-15 on these two cores most local starts failed so
@@ -46,9 +62,9 @@ def served(*extra: str, attempts: int = 1) -> Iterator[str]:
     for attempt in range(attempts):
         started = False
         try:
-            with _served(*extra) as base:
+            with _served(*extra) as found:
                 started = True
-                yield base
+                yield found
                 return
         except RuntimeError as exc:
             if started:  # the measure's own error, not the start's
@@ -58,7 +74,7 @@ def served(*extra: str, attempts: int = 1) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _served(*extra: str) -> Iterator[str]:
+def _served(*extra: str) -> Iterator[tuple[str, int]]:
     port = _free_port()
     argv = [sys.executable, "-m", "labserve.cli", "serve", "labserve.lab.demo:TinyLM"]
     argv += ["--port", str(port), *extra]
@@ -74,7 +90,7 @@ def _served(*extra: str) -> Iterator[str]:
         line = server.stdout.readline()  # "serving tinylm ...": it listens
         if "serving" not in line:
             raise RuntimeError(f"{' '.join(argv)} did not start: {line!r}")
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", server.pid
     finally:
         server.send_signal(signal.SIGINT)  # as a user's Ctrl-C: Ray's processes go too
         server.wait(120)
@@ -89,35 +105,93 @@ def tokens_per_s(base: str, seconds: float, streams: int, output: int) -> dict[s
         output_len=output,
     )
     s = result.summary()
-    return {k: float(s[k]) for k in ("output_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms") if k in s}
+    keys = ("output_tokens_per_s", "output_tokens", "ttft_p50_ms", "tpot_p50_ms")
+    return {k: float(s[k]) for k in keys if k in s}
+
+
+def cpu_s(procs: list[psutil.Process]) -> float:
+    """User + system CPU seconds of ``procs`` so far (those that exited count nothing)."""
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def ray_processes(kernel_pid: int) -> list[psutil.Process]:
+    """This driver's local Ray: every process under this one but the kernel server's.
+
+    Taken once the servers are warm (Serve starts its replicas', proxy's and ingress's
+    workers by then): the raylet, GCS, controller, proxy, replicas and ingress.
+    """
+    return [p for p in psutil.Process().children(recursive=True) if p.pid != kernel_pid]
+
+
+def measured(base: str, procs: list[psutil.Process], args: argparse.Namespace) -> dict[str, float]:
+    """One round against ``base``: its figures and the server side's CPU ms per output token."""
+    before = cpu_s(procs)
+    got = tokens_per_s(base, args.seconds, args.streams, args.output)
+    got["server_cpu_s"] = cpu_s(procs) - before
+    got["cpu_ms_per_token"] = 1000.0 * got["server_cpu_s"] / max(1.0, got["output_tokens"])
+    return got
+
+
+@contextlib.contextmanager
+def ray_apps(port: int) -> Iterator[dict[str, str]]:
+    """One local Ray serving TinyLM twice, one replica each: straight, and through the ingress."""
+    temp = tempfile.mkdtemp(prefix="lsrp", dir="/tmp")  # short: Ray's sockets live under it
+    labserve.ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        for name, router in (("direct", None), ("ingress", "prefix")):
+            labserve.ray.deploy(
+                TinyLM, name=name, num_replicas=1, route_prefix=f"/{name}", router=router
+            )
+        yield {n: f"http://127.0.0.1:{port}/{n}" for n in ("direct", "ingress")}
+    finally:
+        serve.shutdown()
+        ray.shutdown()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--output", type=int, default=64)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     rows = []
-    with served() as kernel, served("--ray", "--replicas", "1", attempts=6) as ray:
-        tokens_per_s(kernel, 3, args.streams, args.output)  # warm both outside the measure
-        tokens_per_s(ray, 3, args.streams, args.output)
+    with served() as (kernel, pid), ray_apps(_free_port()) as apps:
+        bases = {"kernel": kernel, "direct": apps["direct"], "ingress": apps["ingress"]}
+        for base in bases.values():  # warm every server outside the measure
+            tokens_per_s(base, 3, args.streams, args.output)
+        ray_procs = ray_processes(pid)
+        procs = {"kernel": [psutil.Process(pid)], "direct": ray_procs, "ingress": ray_procs}
         for r in range(args.rounds):
-            load = os.getloadavg()[0]
-            here = tokens_per_s(kernel, args.seconds, args.streams, args.output)
-            proxy = tokens_per_s(ray, args.seconds, args.streams, args.output)
-            ratio = proxy["output_tokens_per_s"] / here["output_tokens_per_s"]
-            rows.append({"round": r, "kernel": here, "ray": proxy, "ratio": ratio, "load": load})
+            row: dict[str, Any] = {"round": r, "load": os.getloadavg()[0]}
+            for name, base in bases.items():
+                row[name] = measured(base, procs[name], args)
+                time.sleep(1)
+            for name in ("direct", "ingress"):
+                row[f"{name}_ratio"] = (
+                    row[name]["output_tokens_per_s"] / row["kernel"]["output_tokens_per_s"]
+                )
+            rows.append(row)
             print(
-                f"round {r}: kernel {here['output_tokens_per_s']:,.0f} tokens/s, through Ray's "
-                f"proxy {proxy['output_tokens_per_s']:,.0f}, ratio {ratio:.2f} (load {load:.1f})",
+                f"round {r} (load {row['load']:.1f}): "
+                + ", ".join(
+                    f"{n} {row[n]['output_tokens_per_s']:,.0f} tokens/s "
+                    f"({row[n]['cpu_ms_per_token']:.2f} CPU ms/token)"
+                    for n in bases
+                )
+                + f"; ratios direct {row['direct_ratio']:.2f}, ingress {row['ingress_ratio']:.2f}",
                 flush=True,
             )
-            time.sleep(1)
-    ratios = sorted(row["ratio"] for row in rows)
-    print(f"median ratio {ratios[len(ratios) // 2]:.2f}")
+    for name in ("direct_ratio", "ingress_ratio"):
+        ratios = sorted(row[name] for row in rows)
+        print(f"median {name} {ratios[len(ratios) // 2]:.2f}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

@@ -10,8 +10,9 @@ replica's event loop; every function here is loop-only.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -22,7 +23,9 @@ from labserve.server.core import HttpCore
 from labserve.server.exchange import Backend, Head, Reply
 from labserve.server.state import ServerState
 
-__all__ = ["BoardBackend", "Routes"]
+__all__ = ["BoardBackend", "Routes", "ready_together"]
+
+T = TypeVar("T")
 
 
 class BoardBackend(Backend):
@@ -111,38 +114,45 @@ def _response(reply: Reply) -> Response:
 
 
 async def _chunks(reply: Reply) -> AsyncIterator[bytes]:
-    """The reply's chunks, those ready together sent as one.
-
-    Each chunk Serve streams to its proxy costs the replica an object and a message, on
-    the loop the generations run on: at 16 streams of TinyLM that cost kept the replica
-    at 81% CPU for 0.32x the kernel server's tokens/s (benchmarks/RESULTS.md). A stream
-    that falls behind has several events ready; they go as one chunk. A stream that keeps
-    up sends each event at once, as before.
-    """
+    """The reply's chunks, those ready together sent as one (see :func:`ready_together`)."""
     stream = reply.stream
     assert stream is not None
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue()  # None: the stream ended
+    if reply.body:
+        yield reply.body
+    async with contextlib.aclosing(ready_together(stream)) as batches:  # closed at once
+        async for parts in batches:
+            yield b"".join(parts)
+
+
+async def ready_together(stream: AsyncIterator[T]) -> AsyncGenerator[list[T], None]:
+    """``stream``'s items, those ready together as one list; closes ``stream`` at the end.
+
+    Each item Serve streams between two processes costs the sender an object and a
+    message, on the loop the generations run on: at 16 streams of TinyLM that cost kept a
+    replica at 81% CPU for 0.32x the kernel server's tokens/s (benchmarks/RESULTS.md). A
+    stream that falls behind has several items ready; they go as one. A stream that keeps
+    up sends each item at once. The stream's own error is raised here.
+    """
+    queue: asyncio.Queue[tuple[T] | None] = asyncio.Queue()  # None: the stream ended
 
     async def pump() -> None:
         try:
-            async for chunk in stream:
-                queue.put_nowait(chunk)
+            async for item in stream:
+                queue.put_nowait((item,))
         finally:
             queue.put_nowait(None)
 
     task = asyncio.ensure_future(pump())
     try:
-        if reply.body:
-            yield reply.body
         ended = False
         while not ended:
             parts = [await queue.get()]
             while not queue.empty():
                 parts.append(queue.get_nowait())
             ended = parts[-1] is None
-            data = b"".join(p for p in parts if p is not None)
-            if data:
-                yield data
+            items = [p[0] for p in parts if p is not None]
+            if items:
+                yield items
         task.result()  # the stream's own error, raised here
     finally:
         task.cancel()

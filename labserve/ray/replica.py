@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -30,9 +31,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from labserve.base.errors import LabServeError, ServerError
-from labserve.generation.api import GenerateRequest
+from labserve.generation.api import Finish, GenerateRequest
 from labserve.metrics.snapshot import Snapshot
-from labserve.ray.http import BoardBackend, Routes
+from labserve.ray.http import BoardBackend, Routes, ready_together
 from labserve.ray.spec import BOARD_NAMESPACE, ReplicaSpec, board_name
 from labserve.runtime.loop import BackgroundLoop
 from labserve.runtime.runner import Runner
@@ -252,20 +253,33 @@ class Replica:
 
         For ``handle.options(stream=True).stream.remote(...)``; a refusal or a later error
         is raised by the iteration (typed). Closing the stream early cancels the sequence.
-        ``prompt`` may be an OpenAI route's checked GenerateRequest (from the ingress,
-        ``params`` then empty): it goes in by the door the kernel server's routes use.
         """
-        generator = self.runner.generators[method]
-        if isinstance(prompt, GenerateRequest):
-            stream = generator.start(prompt)
-        else:
-            stream = generator.astream(prompt, **params)
+        stream = self.runner.generators[method].astream(prompt, **params)
         try:
             async for piece in stream:
                 yield piece
             yield stream.finish
         finally:
             await stream.aclose()
+
+    async def stream_request(
+        self, method: str, request: GenerateRequest
+    ) -> AsyncIterator[list[str] | Finish]:
+        """One OpenAI route's generation, for the ingress: lists of text pieces, then the Finish.
+
+        ``request`` is the route's checked request; it goes in by the door the kernel
+        server's routes use (``start``), so answers and refusals are the kernel server's.
+        The pieces ready together go as one list: each item Serve streams to the ingress
+        costs this loop an object and a message (see :func:`ready_together`).
+        """
+        stream = self.runner.generators[method].start(request)
+        async with contextlib.aclosing(ready_together(stream)) as batches:
+            async for pieces in batches:
+                yield pieces
+        finish = stream.finish
+        if finish is None:
+            raise ServerError("the generation ended without saying how it ended")
+        yield finish
 
     async def __call__(self, request: Request) -> Response:
         """An HTTP request from Ray Serve's proxy."""

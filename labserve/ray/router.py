@@ -60,6 +60,9 @@ __all__ = [
 STATS_PERIOD_S = 1.0
 """How often Serve asks each replica for its routing stats (seconds)."""
 
+_STREAMS = ("stream", "stream_request")
+"""The replica's streaming calls: the method's name first, then the prompt."""
+
 STATS_KEYS = ("running", "waiting", "kv_blocks_used", "kv_blocks_total")
 """What a replica's ``record_routing_stats`` reports (its generative methods' sums)."""
 
@@ -95,15 +98,16 @@ def router_config(
 def prompt_ids(pending: PendingRequest | None, generators: Sequence[str]) -> list[int]:
     """The prompt's ids as the router keys them ([] when the request carries none).
 
-    A generative method's call has the prompt first; a stream (the replica's ``stream``)
-    has the method's name first, then the prompt (the ingress's: an OpenAI route's
-    GenerateRequest). Text is keyed by its UTF-8 bytes, a chat by its template's text.
+    A generative method's call has the prompt first; a stream (the replica's ``stream``,
+    and the ingress's ``stream_request``) has the method's name first, then the prompt
+    (the ingress's: an OpenAI route's GenerateRequest). Text is keyed by its UTF-8 bytes,
+    a chat by its template's text.
     """
     if pending is None:
         return []
     method = pending.metadata.call_method
     args = pending.args
-    if method == "stream" and len(args) >= 2 and args[0] in generators:
+    if method in _STREAMS and len(args) >= 2 and args[0] in generators:
         prompt = args[1]
     elif method in generators and args:
         prompt = args[0]

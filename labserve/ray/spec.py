@@ -54,6 +54,7 @@ RESERVED = frozenset(
         "snapshots",
         "spec",
         "stream",
+        "stream_request",
         # ...and the methods Ray Serve looks for on a deployment.
         "check_health",
         "reconfigure",

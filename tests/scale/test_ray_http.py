@@ -1,4 +1,4 @@
-"""The Ray adapter's streamed reply: events ready together go as one chunk, nothing else changes.
+"""The Ray adapter: events ready together go as one chunk, and the path it routes.
 
 No cluster: the adapter's chunk generator is driven as Starlette drives it.
 """
@@ -9,9 +9,10 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from starlette.requests import Request
 
-from labserve.ray.http import _response
-from labserve.server.exchange import Reply
+from labserve.ray.http import Routes, _response
+from labserve.server.exchange import Head, Reply
 
 
 class Events:
@@ -73,3 +74,31 @@ def test_a_client_that_goes_away_closes_the_stream():
     events = Events(1000, burst=0)
     got = chunks_of(Reply(200, b"", {}, events), take=2)
     assert len(got) == 2 and events.closed
+
+
+class Seen(Exception):
+    """Raised by :class:`PathCore` with the head the adapter built."""
+
+
+class PathCore:
+    """A stand-in HTTP core that only records the path it is asked to route."""
+
+    def begin(self, head: Head):
+        raise Seen(head.path)
+
+
+@pytest.mark.parametrize(
+    ("mount", "root", "path", "routed"),
+    [
+        ("", "", "/v1/models", "/v1/models"),  # an application at "/"
+        ("", "/lm", "/lm/healthz", "/healthz"),  # Serve passes the whole path
+        ("", "/lm", "/lm", "/"),
+        ("/v1", "/v1", "/v1/completions", "/v1/completions"),  # the ingress at /v1
+        ("/v1", "/lm/v1", "/lm/v1/chat/completions", "/v1/chat/completions"),
+    ],
+)
+def test_the_routes_read_the_path_after_the_route_prefix(mount, root, path, routed):
+    scope = {"type": "http", "method": "GET", "path": path, "root_path": root, "headers": []}
+    with pytest.raises(Seen) as seen:
+        asyncio.run(Routes(PathCore(), mount=mount)(Request(scope)))  # type: ignore[arg-type]
+    assert seen.value.args == (routed,)

@@ -15,6 +15,7 @@ runs on the ingress replica's event loop.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ray import serve
@@ -30,7 +31,14 @@ from labserve.server.core import HttpCore
 from labserve.server.exchange import Backend, model_names
 from labserve.server.state import ServerState
 
-__all__ = ["MOUNT", "Ingress", "RemoteGenerator", "ingress_app", "ingress_route"]
+__all__ = [
+    "MOUNT",
+    "Ingress",
+    "PiecesStream",
+    "RemoteGenerator",
+    "ingress_app",
+    "ingress_route",
+]
 
 MOUNT = "/v1"
 """Where under the application's route prefix the ingress serves (the OpenAI routes)."""
@@ -49,20 +57,29 @@ def ingress_route(route_prefix: str) -> str:
 class RemoteGenerator:
     """A generative method of the deployment behind ``handle``, as the OpenAI routes drive it.
 
-    Each request is one streaming call of the replica's ``stream`` with the checked
-    GenerateRequest as its argument (the router keys its prompt); the replica admits it by
-    the kernel server's door (``GenerativeMethod.start``), so answers and refusals are the
-    kernel server's. Errors come back typed.
+    Each request is one streaming call of the replica's ``stream_request`` with the
+    checked GenerateRequest as its argument (the router keys its prompt); the replica
+    admits it by the kernel server's door (``GenerativeMethod.start``), so answers and
+    refusals are the kernel server's. Errors come back typed.
     """
 
     def __init__(self, handle: DeploymentHandle[Any], method: str) -> None:
         self._handle = handle
         self.method = method
 
-    def start(self, request: GenerateRequest) -> AsyncRayStream:
+    def start(self, request: GenerateRequest) -> PiecesStream:
         """Admit one generation on the replica the router picks; its text as it comes."""
-        call = self._handle.options(stream=True).stream.remote(self.method, request, {})
-        return AsyncRayStream(call)
+        call = self._handle.options(stream=True).stream_request.remote(self.method, request)
+        return PiecesStream(call)
+
+
+class PiecesStream(AsyncRayStream):
+    """The text pieces of a replica's ``stream_request`` (which sends them in lists)."""
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        async for pieces in self._items():
+            for piece in pieces:
+                yield piece
 
 
 class Ingress:
