@@ -2,18 +2,19 @@
 
 Issue 34's target: through the proxy, one replica, at least 0.8x the kernel server's output
 tokens/s at the same load: the proxy's per-chunk cost (each SSE event crosses the replica,
-Serve's streaming protocol and the proxy). Three servers, all up for the whole run so each
+Serve's streaming protocol and the proxy). Five servers, all up for the whole run so each
 round sees the same background: the kernel server (``labserve serve
 labserve.lab.demo:TinyLM`` in its own process), and on one local Ray (this process is its
-driver) two applications of one TinyLM replica each: ``direct`` (Serve's own router: the
-proxy's single hop to the replica) and ``ingress`` (``router="prefix"``: the OpenAI routes
-through the ingress, a second hop per chunk). Rounds alternate; each drives one server with
-labserve's generation load generator (closed loop, streaming, prompts of 32 bytes,
-``ignore_eos`` outputs). A figure is output tokens over the run's span, as the load
-generator's summary counts it, and the server side's CPU seconds per output token (the
-kernel server's process; every process of the Ray session: replicas, proxy, ingress,
-controller, raylet), which the machine's other load and nice do not move as they move
-wall time.
+driver) four applications of one TinyLM replica each: ``direct`` (Serve's own router: the
+proxy's single hop to the replica), ``ingress`` (``router="prefix"``: the OpenAI routes
+through the ingress, a second hop per chunk), and both again with ``stream_interval_ms``
+(``--interval-ms``: a stream's text leaves the replica at most once per interval). Rounds
+alternate; each drives one server with labserve's generation load generator (closed loop,
+streaming, prompts of 32 bytes, ``ignore_eos`` outputs). A figure is output tokens over the
+run's span, as the load generator's summary counts it, and the server side's CPU ms per
+output token (the kernel server's process; every process of the Ray session: replicas,
+proxy, ingress, controller, raylet), which the machine's other load and nice do not move as
+they move wall time.
 
     .venv/bin/python benchmarks/generation/ray_proxy.py --rounds 3 --seconds 15 --streams 16
 """
@@ -138,17 +139,30 @@ def measured(base: str, procs: list[psutil.Process], args: argparse.Namespace) -
 
 
 @contextlib.contextmanager
-def ray_apps(port: int) -> Iterator[dict[str, str]]:
-    """One local Ray serving TinyLM twice, one replica each: straight, and through the ingress."""
+def ray_apps(port: int, interval_ms: float) -> Iterator[dict[str, str]]:
+    """One local Ray serving TinyLM, one replica per application: straight, through the
+    ingress, and both again with ``stream_interval_ms=interval_ms``."""
     temp = tempfile.mkdtemp(prefix="lsrp", dir="/tmp")  # short: Ray's sockets live under it
     labserve.ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
+    apps = {
+        "direct": (None, 0.0),
+        "ingress": ("prefix", 0.0),
+        "direct_interval": (None, interval_ms),
+        "ingress_interval": ("prefix", interval_ms),
+    }
     try:
-        for name, router in (("direct", None), ("ingress", "prefix")):
+        for name, (router, interval) in apps.items():
             labserve.ray.deploy(
-                TinyLM, name=name, num_replicas=1, route_prefix=f"/{name}", router=router
+                TinyLM,
+                name=name,
+                num_replicas=1,
+                route_prefix=f"/{name}",
+                router=router,
+                stream_interval_ms=interval,
+                num_cpus=0.25,  # four applications' replicas on two CPUs
             )
-        yield {n: f"http://127.0.0.1:{port}/{n}" for n in ("direct", "ingress")}
+        yield {n: f"http://127.0.0.1:{port}/{n}" for n in apps}
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -160,21 +174,22 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--output", type=int, default=64)
+    parser.add_argument("--interval-ms", type=float, default=20.0, help="stream_interval_ms")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     rows = []
-    with served() as (kernel, pid), ray_apps(_free_port()) as apps:
-        bases = {"kernel": kernel, "direct": apps["direct"], "ingress": apps["ingress"]}
+    with served() as (kernel, pid), ray_apps(_free_port(), args.interval_ms) as apps:
+        bases = {"kernel": kernel, **apps}
         for base in bases.values():  # warm every server outside the measure
             tokens_per_s(base, 3, args.streams, args.output)
         ray_procs = ray_processes(pid)
-        procs = {"kernel": [psutil.Process(pid)], "direct": ray_procs, "ingress": ray_procs}
+        procs = {"kernel": [psutil.Process(pid)]} | {n: ray_procs for n in apps}
         for r in range(args.rounds):
             row: dict[str, Any] = {"round": r, "load": os.getloadavg()[0]}
             for name, base in bases.items():
                 row[name] = measured(base, procs[name], args)
                 time.sleep(1)
-            for name in ("direct", "ingress"):
+            for name in apps:
                 row[f"{name}_ratio"] = (
                     row[name]["output_tokens_per_s"] / row["kernel"]["output_tokens_per_s"]
                 )
@@ -186,12 +201,17 @@ def main() -> None:
                     f"({row[n]['cpu_ms_per_token']:.2f} CPU ms/token)"
                     for n in bases
                 )
-                + f"; ratios direct {row['direct_ratio']:.2f}, ingress {row['ingress_ratio']:.2f}",
+                + "; ratios "
+                + ", ".join(f"{n} {row[n + '_ratio']:.2f}" for n in apps),
                 flush=True,
             )
-    for name in ("direct_ratio", "ingress_ratio"):
+    for name in [k for k in rows[0] if k.endswith("_ratio")]:
         ratios = sorted(row[name] for row in rows)
-        print(f"median {name} {ratios[len(ratios) // 2]:.2f}")
+        cpu = sorted(row[name[: -len("_ratio")]]["cpu_ms_per_token"] for row in rows)
+        print(
+            f"median {name} {ratios[len(ratios) // 2]:.2f}, CPU ms per token "
+            f"{cpu[len(cpu) // 2]:.2f}"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

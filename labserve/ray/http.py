@@ -81,9 +81,11 @@ class Routes:
     application serves only them (the ingress, at ``<route prefix>/v1``).
     """
 
-    def __init__(self, core: HttpCore, *, mount: str = "") -> None:
+    def __init__(self, core: HttpCore, *, mount: str = "", interval_s: float = 0.0) -> None:
         self.core = core
         self.mount = mount
+        self.interval_s = interval_s
+        """A stream's chunks go at most once per this many seconds (see ready_together)."""
 
     async def __call__(self, request: Request) -> Response:
         """Answer one HTTP request; every refusal is a typed JSON error."""
@@ -104,34 +106,39 @@ class Routes:
         reply = await exchange.respond()
         if reply is None:  # the client went away
             return Response(status_code=499)
-        return _response(reply)
+        return _response(reply, self.interval_s)
 
 
-def _response(reply: Reply) -> Response:
+def _response(reply: Reply, interval_s: float = 0.0) -> Response:
     if reply.stream is None:
         return Response(reply.body, reply.status, dict(reply.headers))
-    return StreamingResponse(_chunks(reply), reply.status, dict(reply.headers))
+    return StreamingResponse(_chunks(reply, interval_s), reply.status, dict(reply.headers))
 
 
-async def _chunks(reply: Reply) -> AsyncIterator[bytes]:
+async def _chunks(reply: Reply, interval_s: float) -> AsyncIterator[bytes]:
     """The reply's chunks, those ready together sent as one (see :func:`ready_together`)."""
     stream = reply.stream
     assert stream is not None
     if reply.body:
         yield reply.body
-    async with contextlib.aclosing(ready_together(stream)) as batches:  # closed at once
+    async with contextlib.aclosing(ready_together(stream, interval_s)) as batches:
         async for parts in batches:
             yield b"".join(parts)
 
 
-async def ready_together(stream: AsyncIterator[T]) -> AsyncGenerator[list[T], None]:
+async def ready_together(
+    stream: AsyncIterator[T], interval_s: float = 0.0
+) -> AsyncGenerator[list[T], None]:
     """``stream``'s items, those ready together as one list; closes ``stream`` at the end.
 
     Each item Serve streams between two processes costs the sender an object and a
     message, on the loop the generations run on: at 16 streams of TinyLM that cost kept a
     replica at 81% CPU for 0.32x the kernel server's tokens/s (benchmarks/RESULTS.md). A
     stream that falls behind has several items ready; they go as one. A stream that keeps
-    up sends each item at once. The stream's own error is raised here.
+    up sends each item at once, or with ``interval_s`` at most one list per interval (the
+    first at once: the time to the first item is not delayed), as Ray Serve LLM's
+    ``stream_batching_interval_ms`` does (50 ms by default, its first batch included).
+    The stream's own error is raised here.
     """
     queue: asyncio.Queue[tuple[T] | None] = asyncio.Queue()  # None: the stream ended
 
@@ -143,16 +150,22 @@ async def ready_together(stream: AsyncIterator[T]) -> AsyncGenerator[list[T], No
             queue.put_nowait(None)
 
     task = asyncio.ensure_future(pump())
+    loop = asyncio.get_running_loop()
     try:
         ended = False
+        due = 0.0  # when the next list may go (the loop's time)
         while not ended:
             parts = [await queue.get()]
+            wait = due - loop.time()
+            if wait > 0 and parts[0] is not None:
+                await asyncio.sleep(wait)  # what comes meanwhile joins this list
             while not queue.empty():
                 parts.append(queue.get_nowait())
             ended = parts[-1] is None
             items = [p[0] for p in parts if p is not None]
             if items:
                 yield items
+                due = loop.time() + interval_s
         task.result()  # the stream's own error, raised here
     finally:
         task.cancel()

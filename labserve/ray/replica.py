@@ -134,7 +134,8 @@ class Replica:
             configure=self._configure,
             merged_generation=self._merged_generation,
         )
-        self.http = Routes(HttpCore(state, backend))
+        self._interval_s = spec.stream_interval_ms / 1000.0
+        self.http = Routes(HttpCore(state, backend), interval_s=self._interval_s)
         self._stop = threading.Event()
         self._reporting = False
         self._reset_epoch: int | None = None
@@ -273,7 +274,7 @@ class Replica:
         costs this loop an object and a message (see :func:`ready_together`).
         """
         stream = self.runner.generators[method].start(request)
-        async with contextlib.aclosing(ready_together(stream)) as batches:
+        async with contextlib.aclosing(ready_together(stream, self._interval_s)) as batches:
             async for pieces in batches:
                 yield pieces
         finish = stream.finish

@@ -40,9 +40,9 @@ class Events:
         self.closed = True
 
 
-def chunks_of(reply: Reply, take: int | None = None) -> list[bytes]:
+def chunks_of(reply: Reply, take: int | None = None, interval_s: float = 0.0) -> list[bytes]:
     async def main() -> list[bytes]:
-        response = _response(reply)
+        response = _response(reply, interval_s)
         got: list[bytes] = []
         iterator = response.body_iterator
         async for chunk in iterator:
@@ -68,6 +68,26 @@ def test_a_stream_error_still_ends_the_reply_with_it():
     events = Events(3, burst=0, fail=True)
     with pytest.raises(RuntimeError, match="mid-stream"):
         chunks_of(Reply(200, b"", {}, events))
+
+
+def test_with_an_interval_the_first_event_goes_at_once_and_the_rest_together(monkeypatch):
+    # No clock: the adapter's wait is recorded, and lets the stream run a few loop turns.
+    real_sleep = asyncio.sleep
+    waits: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        if delay > 0:
+            waits.append(delay)
+            for _ in range(20):
+                await real_sleep(0)
+        else:
+            await real_sleep(0)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    got = chunks_of(Reply(200, b"", {}, Events(6, burst=0)), interval_s=3600.0)
+    assert got[0] == b"data: 0\n\n"  # at once: the time to the first token is not delayed
+    assert got[1] == b"".join(f"data: {i}\n\n".encode() for i in range(1, 6))
+    assert len(waits) == 1 and 3500 < waits[0] <= 3600
 
 
 def test_a_client_that_goes_away_closes_the_stream():
