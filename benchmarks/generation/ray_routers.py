@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import ray
 from ray import serve
 
@@ -108,10 +109,13 @@ def live(router: str, args: argparse.Namespace, times: np.ndarray) -> dict[str, 
         app.generate("warm", max_tokens=2)
         app.reset_stats()
         load = os.getloadavg()[0]
+        ray_procs = psutil.Process().children(recursive=True)  # this driver's local Ray
+        cpu_before = cpu_s(ray_procs)
         if args.over == "http":
             ttft = over_http(app.url(port=args.port), work, args)
         else:
             ttft = asyncio.run(drive(app, work, times))
+        ray_cpu_s = cpu_s(ray_procs) - cpu_before
         time.sleep(1.0)  # the replicas report every 0.25 s
         views = {rid: s[0] for rid, s in app.replica_generation_snapshots().items()}
     finally:
@@ -124,8 +128,23 @@ def live(router: str, args: argparse.Namespace, times: np.ndarray) -> dict[str, 
         "served_per_replica": sorted(served),
         "load_avg": load,
         "ingress": app.ingress is not None,
+        # Every Ray process's CPU (replicas, proxy, ingress, controller, raylet) over the
+        # run: what nice and the machine's other load do not move as they move wall time.
+        "ray_cpu_s": ray_cpu_s,
         **ttft,
     }
+
+
+def cpu_s(procs: list[psutil.Process]) -> float:
+    """User + system CPU seconds of ``procs`` so far (those that exited count nothing)."""
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        total += t.user + t.system
+    return total
 
 
 def over_http(url: str, work: labserve.SharedPrefixWorkload, args: argparse.Namespace) -> Any:
@@ -207,7 +226,7 @@ def main() -> None:
                 f"{router:>13}: live hit rate {got['hit_rate']:.3f}, TTFT p50 "
                 f"{got['ttft_p50_ms']:.0f} ms, p99 {got['ttft_p99_ms']:.0f} ms, served "
                 f"{got['served_per_replica']} (load {got['load_avg']:.1f}, ingress "
-                f"{got['ingress']}) | simulated hit "
+                f"{got['ingress']}, Ray CPU {got['ray_cpu_s']:.1f} s) | simulated hit "
                 f"rate {sim['hit_rate']:.3f}, TTFT p50 {sim['ttft_p50_ms']:.0f} ms",
                 flush=True,
             )
