@@ -129,12 +129,41 @@ def ray_processes(kernel_pid: int) -> list[psutil.Process]:
     return [p for p in psutil.Process().children(recursive=True) if p.pid != kernel_pid]
 
 
-def measured(base: str, procs: list[psutil.Process], args: argparse.Namespace) -> dict[str, float]:
-    """One round against ``base``: its figures and the server side's CPU ms per output token."""
-    before = cpu_s(procs)
+def role(proc: psutil.Process, app: str) -> str:
+    """What ``proc`` is to application ``app``: its replica, its ingress, the proxy, other."""
+    try:
+        title = " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "other"
+    if title.startswith(f"ray::ServeReplica:{app}-ingress:"):
+        return "ingress"
+    if title.startswith(f"ray::ServeReplica:{app}:"):
+        return "replica"
+    if title.startswith("ray::ProxyActor"):
+        return "proxy"
+    return "other"  # the kernel server, or Ray's own (controller, raylet, other replicas)
+
+
+ROLES = ("replica", "ingress", "proxy", "other")
+
+
+def measured(
+    name: str, base: str, procs: list[psutil.Process], args: argparse.Namespace
+) -> dict[str, float]:
+    """One round against ``base``: its figures and the server side's CPU ms per output token.
+
+    For a Ray application also each part's CPU ms per output token (its replica, its
+    ingress, the proxy, the rest of Ray).
+    """
+    parts = {r: [p for p in procs if role(p, name) == r] for r in ROLES}
+    before = {r: cpu_s(ps) for r, ps in parts.items()}
     got = tokens_per_s(base, args.seconds, args.streams, args.output)
-    got["server_cpu_s"] = cpu_s(procs) - before
-    got["cpu_ms_per_token"] = 1000.0 * got["server_cpu_s"] / max(1.0, got["output_tokens"])
+    tokens = max(1.0, got["output_tokens"])
+    spent = {r: cpu_s(ps) - before[r] for r, ps in parts.items()}
+    got["server_cpu_s"] = sum(spent.values())
+    got["cpu_ms_per_token"] = 1000.0 * got["server_cpu_s"] / tokens
+    if name != "kernel":
+        got |= {f"{r}_cpu_ms_per_token": 1000.0 * spent[r] / tokens for r in ROLES}
     return got
 
 
@@ -187,7 +216,7 @@ def main() -> None:
         for r in range(args.rounds):
             row: dict[str, Any] = {"round": r, "load": os.getloadavg()[0]}
             for name, base in bases.items():
-                row[name] = measured(base, procs[name], args)
+                row[name] = measured(name, base, procs[name], args)
                 time.sleep(1)
             for name in apps:
                 row[f"{name}_ratio"] = (
@@ -207,10 +236,15 @@ def main() -> None:
             )
     for name in [k for k in rows[0] if k.endswith("_ratio")]:
         ratios = sorted(row[name] for row in rows)
-        cpu = sorted(row[name[: -len("_ratio")]]["cpu_ms_per_token"] for row in rows)
+        app = name[: -len("_ratio")]
+        cpu = {
+            r: sorted(row[app][f"{r}cpu_ms_per_token"] for row in rows)[len(rows) // 2]
+            for r in ("", *(f"{r}_" for r in ROLES))
+        }
         print(
             f"median {name} {ratios[len(ratios) // 2]:.2f}, CPU ms per token "
-            f"{cpu[len(cpu) // 2]:.2f}"
+            f"{cpu['']:.2f} (replica {cpu['replica_']:.2f}, ingress {cpu['ingress_']:.2f}, "
+            f"proxy {cpu['proxy_']:.2f}, rest of Ray {cpu['other_']:.2f})"
         )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
