@@ -257,7 +257,9 @@ def _serve_on_ray(cls: type[Any], args: argparse.Namespace) -> None:
             print(
                 f"serving {app.runner} on Ray Serve ({args.replicas} replicas) at "
                 f"{app.url(args.host, args.port)}  (token {app.token}, router "
-                f"{app.router or 'Serve default'}); Ctrl-C stops",
+                f"{app.router or 'Serve default'}"
+                f"{'; /v1 through an ingress, so it sees prompts' if app.ingress else ''}); "
+                "Ctrl-C stops",
                 flush=True,
             )
             signals.wait()

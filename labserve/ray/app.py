@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import os
 import secrets
 import uuid
@@ -22,7 +23,7 @@ from ray import serve
 from ray.exceptions import RayTaskError
 from ray.serve.handle import DeploymentHandle
 
-from labserve.base.errors import LabServeError
+from labserve.base.errors import ConfigError, LabServeError
 from labserve.config.batching import BatchingConfig
 from labserve.config.generation import GenerationConfig
 from labserve.generation.stats import GenerationSnapshot
@@ -67,6 +68,7 @@ def deploy(
     deployment_options: Mapping[str, Any] | None = None,
     router: str | None = None,
     router_options: Mapping[str, Any] | None = None,
+    stream_interval_ms: float = 0.0,
     **batching: Any,
 ) -> RayApp:
     """Deploy ``runnable`` on the running Ray cluster (``ray.init()`` first) as an application.
@@ -97,11 +99,19 @@ def deploy(
             (``labserve.generation.routing``): ``round_robin``, ``power_of_two``,
             ``least_kv``, ``prefix`` or ``prefix_affinity``; None: Ray Serve's own (power
             of two choices on queue lengths it probes). ``labserve.ray.router`` says what
-            each sees of a request and how fresh. A process's handles keep the router
-            they were made with for a deployment (Serve 2.60 builds it once): to try
-            another in the same process, deploy under another ``name``.
+            each sees of a request and how fresh. The prefix routers put an ingress
+            (a second Serve application, ``<app>-ingress`` at ``<route_prefix>/v1``) in
+            front of the OpenAI routes, so that they see an HTTP request's prompt. A
+            process's handles keep the router they were made with for a deployment
+            (Serve 2.60 builds it once): to try another in the same process, deploy
+            under another ``name``.
         router_options: the router's options (``make_router``'s); a prefix router's
             ``block_size`` defaults to the generative method's.
+        stream_interval_ms: a streamed generation's text leaves its replica at most once
+            per this many ms (its first piece at once), several pieces as one item: each
+            item Serve carries costs CPU on the replica, the ingress and the proxy (Ray
+            Serve LLM's ``stream_batching_interval_ms``, 50 by default). 0: each piece
+            as soon as it is made (those ready together as one).
         **batching: BatchingConfig settings for every batchable method, and
             GenerationConfig ones (``max_num_seqs``, ...) for every generative one (as
             Runner's).
@@ -114,6 +124,12 @@ def deploy(
     """
     if not ray.is_initialized():
         raise RuntimeError("labserve.ray.deploy() needs a running Ray: call ray.init() first")
+    if (
+        isinstance(stream_interval_ms, bool)
+        or not isinstance(stream_interval_ms, (int, float))
+        or not 0 <= stream_interval_ms < math.inf
+    ):
+        raise ConfigError("stream_interval_ms", stream_interval_ms, "a number >= 0 (ms)")
     batching, generating = split_settings(batching)
     runner, make, configs, methods = resolve(runnable, name=name, config=config, batching=batching)
     generation = generation_configs(runnable, name=runner, config=config, settings=generating)
@@ -128,6 +144,7 @@ def deploy(
         allow_hosts=host_names(allow_hosts),
         allow_origins=origin_names(allow_origin),
         generation={m: c.as_dict() for m, c in generation.items()},
+        stream_interval_ms=float(stream_interval_ms),
     )
     plan = Plan(
         spec=spec,
@@ -184,6 +201,9 @@ class RayApp:
         self.route_prefix = plan.route_prefix
         self.router = plan.router
         """labserve's request router by name; None: Ray Serve's own."""
+        self.ingress = plan.ingress
+        """The Serve application in front of the OpenAI routes (``/v1``) when the router
+        reads the prompt (``labserve.ray.generation.ingress``); None: no second hop."""
         self.methods: tuple[str, ...] = plan.spec.methods
         """The served methods: ``app.<method>(*args)`` calls one through the handle."""
         self.batchable: tuple[str, ...] = tuple(plan.configs)
@@ -323,6 +343,8 @@ class RayApp:
             return
         self._stopped = True
         try:
+            if self.ingress is not None:
+                serve.delete(self.ingress)
             serve.delete(self.name)
         finally:
             ray.kill(self._board)

@@ -10,8 +10,9 @@ replica's event loop; every function here is loop-only.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -22,7 +23,9 @@ from labserve.server.core import HttpCore
 from labserve.server.exchange import Backend, Head, Reply
 from labserve.server.state import ServerState
 
-__all__ = ["BoardBackend", "Routes"]
+__all__ = ["BoardBackend", "Routes", "ready_together"]
+
+T = TypeVar("T")
 
 
 class BoardBackend(Backend):
@@ -71,10 +74,18 @@ class BoardBackend(Backend):
 
 
 class Routes:
-    """The HTTP routes of one replica: Starlette's request in, Starlette's response out."""
+    """The HTTP routes of one replica: Starlette's request in, Starlette's response out.
 
-    def __init__(self, core: HttpCore) -> None:
+    The path routed is what follows Serve's ``root_path`` (the application's route prefix:
+    Serve's proxy passes the whole path), after ``mount``, the routes' own prefix when the
+    application serves only them (the ingress, at ``<route prefix>/v1``).
+    """
+
+    def __init__(self, core: HttpCore, *, mount: str = "", interval_s: float = 0.0) -> None:
         self.core = core
+        self.mount = mount
+        self.interval_s = interval_s
+        """A stream's chunks go at most once per this many seconds (see ready_together)."""
 
     async def __call__(self, request: Request) -> Response:
         """Answer one HTTP request; every refusal is a typed JSON error."""
@@ -82,7 +93,11 @@ class Routes:
         # and re-parses a whole URL, a visible share of this adapter's time per request.
         scope = request.scope
         query = scope.get("query_string", b"").decode("latin-1")
-        head = Head(request.method, scope["path"], request.headers, query)
+        path: str = scope["path"]
+        root: str = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = self.mount + path[len(root) :] or "/"
+        head = Head(request.method, path, request.headers, query)
         exchange = self.core.begin(head)
         if exchange.reads_body and not exchange.answer_now:
             async for chunk in request.stream():
@@ -91,48 +106,66 @@ class Routes:
         reply = await exchange.respond()
         if reply is None:  # the client went away
             return Response(status_code=499)
-        return _response(reply)
+        return _response(reply, self.interval_s)
 
 
-def _response(reply: Reply) -> Response:
+def _response(reply: Reply, interval_s: float = 0.0) -> Response:
     if reply.stream is None:
         return Response(reply.body, reply.status, dict(reply.headers))
-    return StreamingResponse(_chunks(reply), reply.status, dict(reply.headers))
+    return StreamingResponse(_chunks(reply, interval_s), reply.status, dict(reply.headers))
 
 
-async def _chunks(reply: Reply) -> AsyncIterator[bytes]:
-    """The reply's chunks, those ready together sent as one.
-
-    Each chunk Serve streams to its proxy costs the replica an object and a message, on
-    the loop the generations run on: at 16 streams of TinyLM that cost kept the replica
-    at 81% CPU for 0.32x the kernel server's tokens/s (benchmarks/RESULTS.md). A stream
-    that falls behind has several events ready; they go as one chunk. A stream that keeps
-    up sends each event at once, as before.
-    """
+async def _chunks(reply: Reply, interval_s: float) -> AsyncIterator[bytes]:
+    """The reply's chunks, those ready together sent as one (see :func:`ready_together`)."""
     stream = reply.stream
     assert stream is not None
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue()  # None: the stream ended
+    if reply.body:
+        yield reply.body
+    async with contextlib.aclosing(ready_together(stream, interval_s)) as batches:
+        async for parts in batches:
+            yield b"".join(parts)
+
+
+async def ready_together(
+    stream: AsyncIterator[T], interval_s: float = 0.0
+) -> AsyncGenerator[list[T], None]:
+    """``stream``'s items, those ready together as one list; closes ``stream`` at the end.
+
+    Each item Serve streams between two processes costs the sender an object and a
+    message, on the loop the generations run on: at 16 streams of TinyLM that cost kept a
+    replica at 81% CPU for 0.32x the kernel server's tokens/s (benchmarks/RESULTS.md). A
+    stream that falls behind has several items ready; they go as one. A stream that keeps
+    up sends each item at once, or with ``interval_s`` at most one list per interval (the
+    first at once: the time to the first item is not delayed), as Ray Serve LLM's
+    ``stream_batching_interval_ms`` does (50 ms by default, its first batch included).
+    The stream's own error is raised here.
+    """
+    queue: asyncio.Queue[tuple[T] | None] = asyncio.Queue()  # None: the stream ended
 
     async def pump() -> None:
         try:
-            async for chunk in stream:
-                queue.put_nowait(chunk)
+            async for item in stream:
+                queue.put_nowait((item,))
         finally:
             queue.put_nowait(None)
 
     task = asyncio.ensure_future(pump())
+    loop = asyncio.get_running_loop()
     try:
-        if reply.body:
-            yield reply.body
         ended = False
+        due = 0.0  # when the next list may go (the loop's time)
         while not ended:
             parts = [await queue.get()]
+            wait = due - loop.time()
+            if wait > 0 and parts[0] is not None:
+                await asyncio.sleep(wait)  # what comes meanwhile joins this list
             while not queue.empty():
                 parts.append(queue.get_nowait())
             ended = parts[-1] is None
-            data = b"".join(p for p in parts if p is not None)
-            if data:
-                yield data
+            items = [p[0] for p in parts if p is not None]
+            if items:
+                yield items
+                due = loop.time() + interval_s
         task.result()  # the stream's own error, raised here
     finally:
         task.cancel()

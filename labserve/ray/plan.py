@@ -18,8 +18,9 @@ from ray.serve.handle import DeploymentHandle
 from labserve.base.errors import ConfigError
 from labserve.config.batching import BatchingConfig
 from labserve.config.generation import PAGED_START_SETTINGS, GenerationConfig
+from labserve.ray.generation.ingress import Ingress, ingress_app, ingress_route
 from labserve.ray.replica import replica_class
-from labserve.ray.router import router_config
+from labserve.ray.router import reads_prompt, router_config
 from labserve.ray.spec import ReplicaSpec, generation_ongoing, max_ongoing_requests
 
 __all__ = ["Plan"]
@@ -69,6 +70,19 @@ class Plan:
         batching = max_ongoing_requests(self.configs) if self.configs else 0
         return batching + generation_ongoing(self.generation)
 
+    @property
+    def ingress(self) -> str | None:
+        """The ingress application's name, when the OpenAI routes go through one; else None.
+
+        Only a router that scores the prompt needs it (a request straight from Ray's proxy
+        is routed before its body is read). The others keep the proxy's single hop: the
+        ingress costs every streamed chunk a second hop through Serve (an object and a
+        message each way; benchmarks/RESULTS.md, "Generation through Ray's proxy").
+        """
+        if not (reads_prompt(self.router) and self.generation and self.route_prefix is not None):
+            return None
+        return ingress_app(self.spec.app)
+
     def with_change(self, method: str, changes: Mapping[str, Any]) -> Plan:
         """This plan with ``method``'s config changed (validated: ConfigError changes nothing)."""
         if method in self.generation:
@@ -109,9 +123,36 @@ class Plan:
         # (ray 2.60, pinned by labserve[ray]); tests/ray checks that a live change keeps
         # the replicas it reached.
         deployment = deployment.options(version=self.version, _internal=True)
-        return serve.run(
+        handle = serve.run(
             deployment.bind(self.spec), name=self.spec.app, route_prefix=self.route_prefix
         )
+        if self.ingress is not None and self.route_prefix is not None:
+            self._run_ingress(self.ingress, self.route_prefix)
+        return handle
+
+    def _run_ingress(self, name: str, route_prefix: str) -> None:
+        """Deploy (or keep, as the version is fixed) the ingress at ``<route_prefix>/v1``."""
+        ingress: Any = serve.deployment(Ingress)
+        ingress = ingress.options(
+            name="ingress",
+            num_replicas=1,
+            # Every replica's streams pass through it at once (Serve's default, 5, would
+            # cap the application at 5 streams).
+            max_ongoing_requests=self.ongoing() * max(1, _most_replicas(self)),
+            # No CPU reserved, as Serve's own proxy reserves none: it is the proxy's
+            # second half, and replicas sized to fill the machine must still fit.
+            ray_actor_options={"num_cpus": 0},
+            version=self.version,
+            _internal=True,
+        )
+        serve.run(ingress.bind(self.spec), name=name, route_prefix=ingress_route(route_prefix))
+
+
+def _most_replicas(plan: Plan) -> int:
+    """The most replicas the plan may run (the autoscaler's maximum when it scales)."""
+    if plan.autoscaling_config is not None:
+        return int(plan.autoscaling_config.get("max_replicas", 1))
+    return plan.num_replicas if isinstance(plan.num_replicas, int) else 1
 
 
 def _live(old: GenerationConfig, changes: Mapping[str, Any]) -> GenerationConfig:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -30,8 +31,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from labserve.base.errors import LabServeError, ServerError
+from labserve.generation.api import Finish, GenerateRequest
 from labserve.metrics.snapshot import Snapshot
-from labserve.ray.http import BoardBackend, Routes
+from labserve.ray.http import BoardBackend, Routes, ready_together
 from labserve.ray.spec import BOARD_NAMESPACE, ReplicaSpec, board_name
 from labserve.runtime.loop import BackgroundLoop
 from labserve.runtime.runner import Runner
@@ -132,7 +134,8 @@ class Replica:
             configure=self._configure,
             merged_generation=self._merged_generation,
         )
-        self.http = Routes(HttpCore(state, backend))
+        self._interval_s = spec.stream_interval_ms / 1000.0
+        self.http = Routes(HttpCore(state, backend), interval_s=self._interval_s)
         self._stop = threading.Event()
         self._reporting = False
         self._reset_epoch: int | None = None
@@ -259,6 +262,25 @@ class Replica:
             yield stream.finish
         finally:
             await stream.aclose()
+
+    async def stream_request(
+        self, method: str, request: GenerateRequest
+    ) -> AsyncIterator[list[str] | Finish]:
+        """One OpenAI route's generation, for the ingress: lists of text pieces, then the Finish.
+
+        ``request`` is the route's checked request; it goes in by the door the kernel
+        server's routes use (``start``), so answers and refusals are the kernel server's.
+        The pieces ready together go as one list: each item Serve streams to the ingress
+        costs this loop an object and a message (see :func:`ready_together`).
+        """
+        stream = self.runner.generators[method].start(request)
+        async with contextlib.aclosing(ready_together(stream, self._interval_s)) as batches:
+            async for pieces in batches:
+                yield pieces
+        finish = stream.finish
+        if finish is None:
+            raise ServerError("the generation ended without saying how it ended")
+        yield finish
 
     async def __call__(self, request: Request) -> Response:
         """An HTTP request from Ray Serve's proxy."""

@@ -18,14 +18,17 @@ How fresh each replica's view is:
   block keys as it routes them), so it needs no cache digest from the replica.
 
 What the router sees of a request: a handle call of a generative method
-(``app.generate(prompt)``, its streams) carries the prompt, so prefix routing works on
-it. A request through Ray's HTTP proxy is routed before its body is read (Serve sends the
-replica the ASGI scope; the replica pulls the body): the router sees no prompt, so every
-router then decides on load alone, and ``prefix`` ranks replicas by the fewest remembered
-keys. A text prompt is keyed by its UTF-8 bytes (TinyLM's tokens exactly; for another
-tokenizer the keys are consistent between requests, which is all affinity needs, but the
-cache size counts bytes as tokens). Each handle (the proxy's, a notebook's) has its own
-router and history.
+(``app.generate(prompt)``, its streams) carries the prompt, and so does a call from the
+application's ingress (:mod:`labserve.ray.generation.ingress`: the OpenAI routes' request,
+read and checked, is the call's argument), so prefix routing works on both. A request that
+goes straight from Ray's HTTP proxy to a replica is routed before its body is read (Serve
+sends the replica the ASGI scope; the replica pulls the body): the router sees no prompt,
+so a router that needs one (:func:`reads_prompt`) gets the ingress in front of the
+generation routes, and the others keep that single hop. A text prompt is keyed by its
+UTF-8 bytes (TinyLM's tokens exactly; for another tokenizer the keys are consistent
+between requests, which is all affinity needs, but the cache size counts bytes as tokens);
+a chat by labserve's template of it. Each handle (the proxy's, the ingress's, a
+notebook's) has its own router and history.
 """
 
 from __future__ import annotations
@@ -42,15 +45,32 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from labserve.generation.routing import ReplicaView, Router, make_router
+from labserve.generation.api import ChatPrompt, GenerateRequest
+from labserve.generation.routing import ROUTERS, PrefixRouter, ReplicaView, Router, make_router
 
-__all__ = ["STATS_PERIOD_S", "LabServeRouter", "prompt_ids", "router_config", "view_of"]
+__all__ = [
+    "STATS_PERIOD_S",
+    "LabServeRouter",
+    "prompt_ids",
+    "reads_prompt",
+    "router_config",
+    "view_of",
+]
 
 STATS_PERIOD_S = 1.0
 """How often Serve asks each replica for its routing stats (seconds)."""
 
+_STREAMS = ("stream", "stream_request")
+"""The replica's streaming calls: the method's name first, then the prompt."""
+
 STATS_KEYS = ("running", "waiting", "kv_blocks_used", "kv_blocks_total")
 """What a replica's ``record_routing_stats`` reports (its generative methods' sums)."""
+
+
+def reads_prompt(name: str | None) -> bool:
+    """True for a router that scores the prompt (the prefix routers), by name."""
+    cls = ROUTERS.get(name or "")
+    return cls is not None and issubclass(cls, PrefixRouter)
 
 
 def router_config(
@@ -78,19 +98,23 @@ def router_config(
 def prompt_ids(pending: PendingRequest | None, generators: Sequence[str]) -> list[int]:
     """The prompt's ids as the router keys them ([] when the request carries none).
 
-    A generative method's call has the prompt first; a stream (the replica's ``stream``)
-    has the method's name first, then the prompt. Text is keyed by its UTF-8 bytes.
+    A generative method's call has the prompt first; a stream (the replica's ``stream``,
+    and the ingress's ``stream_request``) has the method's name first, then the prompt
+    (the ingress's: an OpenAI route's GenerateRequest). Text is keyed by its UTF-8 bytes,
+    a chat by its template's text.
     """
     if pending is None:
         return []
     method = pending.metadata.call_method
     args = pending.args
-    if method == "stream" and len(args) >= 2 and args[0] in generators:
+    if method in _STREAMS and len(args) >= 2 and args[0] in generators:
         prompt = args[1]
     elif method in generators and args:
         prompt = args[0]
     else:
         return []
+    if isinstance(prompt, (GenerateRequest, ChatPrompt)):
+        prompt = prompt.prompt if isinstance(prompt, GenerateRequest) else prompt.text
     if isinstance(prompt, str):
         return list(prompt.encode("utf-8"))
     if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):

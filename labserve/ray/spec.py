@@ -54,6 +54,7 @@ RESERVED = frozenset(
         "snapshots",
         "spec",
         "stream",
+        "stream_request",
         # ...and the methods Ray Serve looks for on a deployment.
         "check_health",
         "reconfigure",
@@ -81,6 +82,9 @@ class ReplicaSpec:
     max_body_bytes: int = 64 * 1024 * 1024
     allow_hosts: frozenset[str] = frozenset()
     allow_origins: frozenset[str] = frozenset()
+    stream_interval_ms: float = 0.0
+    """A stream's text goes to the proxy (or the ingress) at most once per this many ms
+    (0: each piece at once, or the pieces ready together): fewer items for Serve to carry."""
     push_interval_s: float = 0.25
     """How often each replica sends its snapshots to the stats board."""
     extra: Mapping[str, Any] = field(default_factory=dict)

@@ -19,7 +19,7 @@ import hmac
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qs
@@ -62,6 +62,7 @@ __all__ = [
     "generator_names",
     "json_reply",
     "log",
+    "model_names",
     "typed_call",
 ]
 
@@ -183,9 +184,17 @@ def generator_names(runners: Mapping[str, Runner]) -> dict[str, Generator]:
     served: dict[str, Generator] = {}
     for name, runner in runners.items():
         gens = runner.generators
-        for method, gen in gens.items():
-            served[name if len(gens) == 1 else f"{name}.{method}"] = gen
+        for method, model in model_names(name, tuple(gens)).items():
+            served[model] = gens[method]
     return served
+
+
+def model_names(runner: str, methods: Sequence[str]) -> dict[str, str]:
+    """The OpenAI model name of each of ``runner``'s generative ``methods``, by method.
+
+    The runner's name when it has one generative method, ``runner.method`` when several.
+    """
+    return {m: runner if len(methods) == 1 else f"{runner}.{m}" for m in methods}
 
 
 class Backend:

@@ -32,6 +32,10 @@ JSON_TYPE = {"Content-Type": "application/json"}
 PROMPTS = [f"ray {i} " + "ab" * (i % 4) for i in range(8)]
 
 
+ROUTED = "/routed"
+"""Where the prefix-routed application serves (its OpenAI routes through its ingress)."""
+
+
 @pytest.fixture(scope="module")
 def both(ray_cluster):
     app = labserve.ray.deploy(TinyLM, name="lm", num_replicas=2, **SETTINGS)
@@ -41,6 +45,33 @@ def both(ray_cluster):
     server.stop()
     runner.stop()
     app.stop()
+
+
+@pytest.fixture(scope="module")
+def routed(both):
+    # The same runner name ("lm": the same model name in every answer) in its own
+    # application, under its own route prefix beside the first one.
+    app = labserve.ray.deploy(
+        TinyLM,
+        name="lm",
+        app_name="routed",
+        num_replicas=2,
+        route_prefix=ROUTED,
+        router="prefix",
+        num_kv_blocks=96,  # a start-time setting: each replica's pool starts at this size
+        **SETTINGS,
+    )
+    yield app
+    app.stop()
+
+
+@pytest.fixture(params=["direct", "ingress"])
+def through(request, both):
+    """Where a request goes through Ray's proxy: the path prefix to put before a route."""
+    if request.param == "ingress":
+        request.getfixturevalue("routed")
+        return ROUTED
+    return ""
 
 
 def body(**fields):
@@ -91,23 +122,24 @@ def answer(raw_http, port, method, path, data, headers):
     ids=[c[0] for c in CASES],
 )
 def test_the_openai_routes_answer_alike_through_rays_proxy(
-    both, raw_http, method, path, data, headers, status
+    both, through, raw_http, method, path, data, headers, status
 ):
+    # "ingress": a prefix router's application, whose OpenAI routes go through its ingress.
     kernel = answer(raw_http, both["tornado"], method, path, data, headers)
-    through_ray = answer(raw_http, both["ray"], method, path, data, headers)
+    through_ray = answer(raw_http, both["ray"], method, through + path, data, headers)
     assert kernel[0] == status, kernel
     assert through_ray == kernel
 
 
-def client(port):
+def client(port, through=""):
     return openai.OpenAI(
-        base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60
+        base_url=f"http://127.0.0.1:{port}{through}/v1", api_key="x", max_retries=0, timeout=60
     )
 
 
-def test_the_openai_client_streams_every_prompt_through_the_proxy_as_the_kernel_does(both):
-    def one(port, prompt):
-        with client(port) as c:
+def test_the_openai_client_streams_every_prompt_through_the_proxy_as_the_kernel_does(both, through):
+    def one(port, prompt, through=""):
+        with client(port, through) as c:
             chunks = list(
                 c.completions.create(
                     model="lm", prompt=prompt, max_tokens=12, temperature=0, stream=True,
@@ -119,10 +151,10 @@ def test_the_openai_client_streams_every_prompt_through_the_proxy_as_the_kernel_
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         kernel = list(pool.map(lambda p: one(both["tornado"], p), PROMPTS))
-        through_ray = list(pool.map(lambda p: one(both["ray"], p), PROMPTS))
+        through_ray = list(pool.map(lambda p: one(both["ray"], p, through), PROMPTS))
     assert through_ray == kernel
     assert all(u.completion_tokens == 12 for _, u in through_ray)
-    with client(both["ray"]) as c:
+    with client(both["ray"], through) as c:
         assert [m.id for m in c.models.list()] == ["lm"]
         with pytest.raises(openai.BadRequestError, match="max_model_len"):
             c.completions.create(model="lm", prompt="z" * 1020, max_tokens=10)
@@ -208,31 +240,55 @@ def test_the_dashboards_source_has_a_row_per_replica_and_one_change_reaches_both
     app.configure("generate", max_num_seqs=8)
 
 
-def test_a_prefix_router_keeps_each_tenant_on_one_replica_through_a_handle(deploy):
-    app = deploy(
-        TinyLM,
-        name="routed",
-        num_replicas=2,
-        route_prefix=None,
-        router="prefix",
-        max_num_seqs=8,
-        num_kv_blocks=96,  # a start-time setting: each replica's pool starts at this size
-    )
-    assert app.router == "prefix"
-    tenants = [f"tenant {t}: " + "a long shared system prompt " * 3 for t in range(4)]
-    for i in range(12):  # one at a time: each replica's load stays even, affinity decides
-        app.generate(tenants[i % 4] + f"question {i}", max_tokens=2, temperature=0)
+def served_by_replica(app, total):
+    """Each replica's served count, once the replicas' reports add up to ``total``."""
     deadline = time.monotonic() + 20
-    while True:
+    while True:  # the replicas report every 0.25 s
         views = app.replica_generation_snapshots()
-        served = sorted(v[0].outcomes["served"] for v in views.values())
-        if sum(served) == 12:
-            break
+        served = sorted(v[0].outcomes.get("served", 0) for v in views.values())
+        if sum(served) == total:
+            return served, views
         assert time.monotonic() < deadline, served
         time.sleep(0.1)
+
+
+def tenants(name, n):
+    """``n`` prompts' shared prefixes, each five blocks of 16 tokens or more."""
+    return [f"{name} {t}: " + "a long shared system prompt " * 3 for t in range(n)]
+
+
+def test_a_prefix_router_keeps_each_tenant_on_one_replica_through_a_handle(routed):
+    app = routed
+    assert app.router == "prefix" and app.ingress == "routed-ingress"
+    app.reset_stats()
+    prompts = tenants("handle tenant", 4)
+    for i in range(12):  # one at a time: each replica's load stays even, affinity decides
+        app.generate(prompts[i % 4] + f"question {i}", max_tokens=2, temperature=0)
+    served, views = served_by_replica(app, 12)
     # Each tenant's first prompt misses, its next two hit on the replica that took it:
     # 8 of 12 requests hit their prefix, which a router blind to it does only by chance.
     assert all(n % 3 == 0 for n in served), served
     assert {v[0].kv_blocks_total for v in views.values()} == {96}
     merged = app.generation_snapshots()[0]
     assert merged.prefix_cache_hits >= 8 * 16 * 5, merged.prefix_cache_hits
+
+
+def test_a_prefix_router_keeps_each_chat_tenant_on_one_replica_through_the_proxy(
+    routed, ray_cluster
+):
+    # Over HTTP the proxy routes before the body is read: only the ingress lets the
+    # router see the prompt (without it, "prefix" chose by load alone).
+    routed.reset_stats()
+    systems = tenants("http tenant", 2)
+    with client(ray_cluster.port, ROUTED) as c:
+        for i in range(6):  # one at a time, as above
+            messages = [
+                {"role": "system", "content": systems[i % 2]},
+                {"role": "user", "content": f"question {i}"},
+            ]
+            c.chat.completions.create(model="lm", messages=messages, max_tokens=2)
+    served, _ = served_by_replica(routed, 6)
+    assert served in ([0, 6], [3, 3]), served  # each tenant's three on one replica
+    merged = routed.generation_snapshots()[0]
+    # Two hits a tenant of the 7 blocks its chat shares: a tenant split 2 + 1 gets one.
+    assert merged.prefix_cache_hits >= 4 * 16 * 6, merged.prefix_cache_hits

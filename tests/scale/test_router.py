@@ -22,6 +22,7 @@ from ray.serve._private.common import (
 from ray.serve.request_router import PendingRequest
 
 from labserve.base.errors import ConfigError
+from labserve.generation.api import ChatPrompt, GenerateRequest
 from labserve.ray.router import LabServeRouter, prompt_ids, router_config, view_of
 
 DEPLOYMENT = DeploymentID(name="lm", app_name="lm")
@@ -67,6 +68,11 @@ def test_a_generation_through_a_handle_or_a_stream_is_keyed_by_its_prompt_an_htt
         assert prompt_ids(request("generate", "ab"), generators) == [97, 98]
         assert prompt_ids(request("stream", "generate", "ab", {}), generators) == [97, 98]
         assert prompt_ids(request("generate", [5, 6, 7]), generators) == [5, 6, 7]
+        # The ingress sends an OpenAI route's checked request: its prompt, a chat's template.
+        chat = GenerateRequest("lm", "user: hi\nassistant: ", messages=(("user", "hi"),))
+        sent = request("stream_request", "generate", chat)
+        assert prompt_ids(sent, generators) == list(b"user: hi\nassistant: ")
+        assert prompt_ids(request("generate", ChatPrompt((), "ab")), generators) == [97, 98]
         # Ray's proxy routes before the body is read: the replica gets the ASGI scope.
         assert prompt_ids(request("__call__", b"pickled scope"), generators) == []
         assert prompt_ids(request("stream", "predict", "ab", {}), generators) == []

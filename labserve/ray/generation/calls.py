@@ -124,6 +124,11 @@ class AsyncRayStream:
         self.finish: Finish | None = None
 
     async def __aiter__(self) -> AsyncIterator[str]:
+        async for item in self._items():
+            yield item
+
+    async def _items(self) -> AsyncIterator[Any]:
+        """The replica's items up to its Finish (kept as :attr:`finish`), errors typed."""
         while self.finish is None:
             try:
                 item = await self._gen.__anext__()
