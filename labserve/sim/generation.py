@@ -495,8 +495,10 @@ class _SessionSim:
         workload: SharedPrefixWorkload,
         max_model_len: int,
         seed: int,
+        step_by_step: bool = False,
     ) -> None:
         self.sched = Scheduler(config, max_model_len=max_model_len)
+        self.step_by_step = step_by_step
         self.cost = cost
         self.workload = workload
         self.spread = np.random.default_rng([seed, 35])
@@ -565,8 +567,24 @@ class _SessionSim:
         self.steps.add(self.sched.last_step, context)
         return now
 
+    def admit_next(self, now: float) -> float:
+        """Admit what arrived by ``now``; when the next turn arrives (for a decode run)."""
+        self.admit_due(now)
+        return self.pending[0][0] if self.pending else math.inf
+
+    def turned(self, done: Sequence[Finished]) -> bool:
+        """A decode run's ended sequences; True (end the run) when one sends a next turn.
+
+        The run then stops after that step, as the planned path would admit the turn at
+        its arrival, which the run's ``admit`` was not told of.
+        """
+        before = len(self.pending)
+        self.ended(list(done))
+        return len(self.pending) > before
+
     def run(self) -> None:
         now, wake = 0.0, self.cost.wake_ms / 1000.0
+        step_time = self.cost.timer(self.spread)
         while True:
             self.admit_due(now)
             if not self.sched.has_work:
@@ -574,6 +592,15 @@ class _SessionSim:
                     return
                 now = max(now, self.pending[0][0] + wake)  # an idle method wakes for it
                 continue
+            if not self.step_by_step:
+                # Steps that only decode, at once, as _run's (the same steps and records).
+                run = self.sched.run_decodes(
+                    now, step_time, admit=self.admit_next, outputs=self.reply_of, ended=self.turned
+                )
+                if run is not None:
+                    self.steps.add_run(run)
+                    now = run.end_s[-1]
+                    continue
             now = self.step(now)
 
 
@@ -596,6 +623,7 @@ def simulate_workload(
     arrival_s: Sequence[float] | np.ndarray,
     max_model_len: int = 0,
     seed: int = 0,
+    step_by_step: bool = False,
 ) -> WorkloadSimResult:
     """Run a shared-prefix workload's sessions through the scheduler on virtual time.
 
@@ -604,6 +632,8 @@ def simulate_workload(
     the reply the simulated model gave (the workload's seeded stand-in, handed to the
     scheduler token by token as a live model's would be). Every turn's prompt token ids go
     to the scheduler. A refused turn ends its session. Same seeds, same result.
+    ``step_by_step``: plan every step (the reference; by default runs of decode steps are
+    carried out at once, with the same result, as :func:`replay_generation` does).
 
     Raises:
         ValueError: the times are not finite and in order.
@@ -615,7 +645,7 @@ def simulate_workload(
     ([12, 18], [0, 1])
     """
     arrivals = session_arrivals(arrival_s)
-    sim = _SessionSim(config, cost, workload, max_model_len, seed)
+    sim = _SessionSim(config, cost, workload, max_model_len, seed, step_by_step)
     for k, at in enumerate(arrivals.tolist()):
         sim.arrive(at, k, 0)
     sim.run()
