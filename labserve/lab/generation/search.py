@@ -8,6 +8,14 @@ bisection on rate (:func:`~labserve.lab.bisection.highest_rate`), each point ``d
 simulated seconds of the real scheduler (:func:`~labserve.sim.generation.replay_generation`)
 with the first ``warmup_s`` left out. Seeded: the same call gives the same table.
 
+What makes 200 settings take seconds a setting rather than minutes (issue 35), each exact
+in the verdict it gives: a rate's run stops as soon as its misses decide that it fails
+(:class:`_Verdict`); a setting whose caps never bound a run reuses that run for every
+setting it runs alike with (:class:`_Memo`); rates lie on one lattice (powers of
+``1 + tolerance``), so settings that behave alike ask the same rates; and each setting's
+first guess is its neighbour's edge scaled by the step cost (:class:`_Scale`).
+``exact=True`` keeps the reference: a probe, then the full run, at every rate.
+
 A single target at an attainment is that target at a percentile: ``ttft:300`` at
 ``attainment=0.99`` is "TTFT p99 within 300 ms".
 
@@ -413,6 +421,7 @@ class GenerationSearch:
     ``rows`` follow the grid's order; ``max_rate`` is requests/s (0: not even the lowest
     rate met the targets). ``tokens_per_s`` is output tokens per second on the replica at
     that rate; ``tokens_per_s_per_user`` what one user sees, 1000 / TPOT p50.
+    ``evaluations``: the points simulated (a point reused from another setting is not).
     """
 
     rows: list[dict[str, Any]]
