@@ -32,6 +32,8 @@ from labserve.lab.generation.search import (
     _Judge,
     _longest_want,
     _Point,
+    _refine_ties,
+    _row,
     _Verdict,
     search_generation,
 )
@@ -228,3 +230,30 @@ def test_search_shortcuts_bracket_each_edge_by_full_runs(both):
 def test_search_shortcuts_simulate_fewer_points(both):
     exact, fast = both
     assert fast.evaluations < exact.evaluations / 2
+
+
+class EdgeJudge:
+    """A judge whose setting meets the targets up to ``edge`` req/s (a monotone verdict)."""
+
+    def __init__(self, config: GenerationConfig, edge: float) -> None:
+        self.config, self.edge = config, edge
+        self.points: dict[float, _Point] = {}
+        self.simulated = 0
+
+    def __call__(self, rate: float) -> bool:
+        self.simulated += 1
+        return rate <= self.edge
+
+
+def test_settings_tied_at_the_top_rate_are_ranked_on_a_finer_lattice():
+    """Edges 10.16 and 10.30 share the 2% lattice's point below them (10.14); 10.30 wins."""
+    judges = [EdgeJudge(GenerationConfig(max_num_seqs=s), e) for s, e in ((8, 10.16), (16, 10.30))]
+    top = highest_lattice_rate(judges[0], start=10.0).rate
+    assert top == highest_lattice_rate(judges[1], start=10.0).rate  # tied
+    rows = [_row(j.config, top, None) for j in judges] + [_row(GenerationConfig(), top / 2, None)]
+    judges.append(EdgeJudge(GenerationConfig(), top / 2))
+    extra = _refine_ties(rows, judges, 0.02)
+    assert extra > 0 and rows[2]["max_rate"] == top / 2  # not tied: left alone
+    assert rows[0]["max_rate"] <= 10.16 < rows[0]["max_rate"] * 1.005 * (1 + 1e-12)
+    assert rows[1]["max_rate"] <= 10.30 < rows[1]["max_rate"] * 1.005 * (1 + 1e-12)
+    assert max(rows, key=lambda r: r["max_rate"]) is rows[1]
