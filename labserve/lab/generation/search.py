@@ -537,7 +537,7 @@ def search_generation(
             fall monotonically with the rate (as PoissonWorkload's squeezed arrivals
             make them) the two ``max_rate`` lie within ``tolerance`` of each other, and
             the default's best setting has an edge within ``tolerance / 4`` of the
-            grid's highest (settings tied at the top rate are ranked on a finer lattice).
+            grid's highest (settings tied at the top rate are ranked on finer rates).
 
     Raises:
         ValueError: an unknown target or grid key, an empty grid list, attainment not in
@@ -589,23 +589,33 @@ def search_generation(
 
 
 def _refine_ties(rows: list[dict[str, Any]], judges: list[_Judge], tolerance: float) -> int:
-    """Rank the settings tied at the top lattice rate on a lattice 4x finer; points run.
+    """Rank the settings tied at the top lattice rate on finer rates; the points it ran.
 
     Settings whose edges lie within one lattice step share its rate: on lesson 10's grid 30
-    tied, where the reference's bisections happened to rank them by up to 2.8%. The finer
-    rates (their rows' ``max_rate`` from here) pick the best of them to within a quarter of
-    the tolerance; settings that run alike share the finer points too.
+    tied, where the reference's bisections happened to rank them by up to 2.8%. All tied
+    settings met the top rate and missed the next; two rounds ask each that is left the
+    rate halfway between (geometrically): those that meet it go on, with it as their row's
+    ``max_rate``, unless none does. The best is then within a quarter of the tolerance of
+    the highest edge; settings that run alike share the points (one rate for all).
     """
     top = max((r["max_rate"] for r in rows), default=0.0)
     tied = [i for i, r in enumerate(rows) if r["max_rate"] == top]
     if top <= 0 or len(tied) < 2:
         return 0
-    before = sum(judges[i].simulated for i in tied)
-    for i in tied:
-        judge = judges[i]
-        fine = highest_lattice_rate(judge, start=top, tolerance=tolerance / 4)
-        rows[i] = _row(judge.config, fine.rate, judge.points.get(fine.rate))
-    return sum(judges[i].simulated for i in tied) - before
+    before = sum(j.simulated for j in judges)
+    lo, hi = top, top * (1 + tolerance)
+    for _ in range(2):
+        mid = math.sqrt(lo * hi)
+        met = [i for i in tied if judges[i](mid)]
+        if not met:
+            hi = mid
+            continue
+        tied, lo = met, mid
+        for i in met:
+            rows[i] = _row(judges[i].config, mid, judges[i].points.get(mid))
+        if len(tied) < 2:
+            break
+    return sum(j.simulated for j in judges) - before
 
 
 @dataclass(frozen=True)
