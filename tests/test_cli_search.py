@@ -20,6 +20,17 @@ def test_search_prints_the_table_and_the_best_setting(capsys):
     assert any(line.strip() == "--max-num-seqs 8 \\" for line in out)
 
 
+def test_search_exact_runs_the_reference_and_agrees_within_the_tolerance(capsys):
+    argv = ["search", *TINY, "--targets", "ttft:60 tpot:5", "--max-num-seqs", "8"]
+    rates = []
+    for extra in ([], ["--exact"]):
+        assert main([*argv, "--cost", "2,0.2,0,0", *extra]) == 0
+        best = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("best: "))
+        rates.append(float(best.split()[1]))
+    assert rates[0] != rates[1]  # the reference bisects from a guess, not on the lattice
+    assert 1 / 1.02 <= rates[0] / rates[1] <= 1.02
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

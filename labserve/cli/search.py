@@ -57,6 +57,11 @@ def add_command(sub: Subcommands) -> None:
     search.add_argument("--tolerance", type=float, default=0.02, help="bisection's (0.02)")
     search.add_argument("--seed", type=int, default=0, help="the requests' seed (default 0)")
     search.add_argument(
+        "--exact",
+        action="store_true",
+        help="the reference search: every rate simulated in full, no shortcut (slower)",
+    )
+    search.add_argument(
         "--cost",
         type=_cost,
         help="fixed_ms,per_seq_ms,per_batched_token_ms,per_context_token_ms "
@@ -98,6 +103,7 @@ def run(args: argparse.Namespace) -> None:
             tolerance=args.tolerance,
             seed=args.seed,
             progress=progress,
+            exact=args.exact,
         )
     print(found.table())
     best = found.best

@@ -447,6 +447,7 @@ class Scheduler:
         *,
         admit: Callable[[float], float] | None = None,
         outputs: Callable[[int], Sequence[int]] | None = None,
+        ended: Callable[[Sequence[Finished]], bool] | None = None,
     ) -> DecodeRun | None:
         """Carry out, from ``now``, the steps in which every running sequence decodes.
 
@@ -470,6 +471,8 @@ class Scheduler:
                 never); not called again before that time.
             outputs: each sequence's output token ids by id (appended as :meth:`complete`
                 appends ``tokens``); None: counted only.
+            ended: called after each step that ended sequences, with those sequences;
+                True ends the run after that step (an owner that has seen enough).
 
         Returns:
             The steps carried out; None (nothing changed but what ``admit`` added) when
@@ -478,7 +481,7 @@ class Scheduler:
         if not self._decoding():
             return None
         run = DecodeRun(self._steps)
-        _DecodeSteps(self, outputs).carry_out(run, now, step_time, admit)
+        _DecodeSteps(self, outputs).carry_out(run, now, step_time, admit, ended)
         if not len(run):
             return None
         self._steps += len(run)
@@ -828,8 +831,9 @@ class _DecodeSteps:
         now: float,
         step_time: Callable[[int, int, int], float],
         admit: Callable[[float], float] | None,
+        ended: Callable[[Sequence[Finished]], bool] | None = None,
     ) -> None:
-        """Step after step, while the planned path is not needed."""
+        """Step after step, while the planned path is not needed (and ``ended`` allows)."""
         sched = self.sched
         for seq in sched._running:
             self.join(seq, 0)
@@ -847,10 +851,14 @@ class _DecodeSteps:
                 or len(self.active) > budget
             ):
                 break
+            seen = len(run.finished)
             end = self.step(run, j, start, step_time)
             if end is None:
                 break
-            start, j = self.coast(run, end, j + 1, arrival, step_time)
+            start, j = end, j + 1
+            if ended is not None and len(run.finished) > seen and ended(run.finished[seen:]):
+                break
+            start, j = self.coast(run, start, j, arrival, step_time)
         for i in self.active:
             self.catch_up(i, j)
 

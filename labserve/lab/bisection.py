@@ -11,6 +11,15 @@ and ``vllm bench sweep`` bisect alike. Pure; thread-safe.
 >>> found = highest_rate(lambda r: r <= 37.0, start=10.0, tolerance=0.02)
 >>> round(found.rate, 2), found.miss <= found.rate * 1.02, len(found.tried)
 (36.58, True, 10)
+
+:func:`highest_lattice_rate` asks only rates of one fixed lattice (powers of
+``1 + tolerance``): for a monotone ``meets`` its answer is the lattice's highest rate that
+meets, whatever the start, so two searches of settings that behave alike ask the same
+rates at the end, and a cache of what each rate gave serves the second.
+
+>>> found = highest_lattice_rate(lambda r: r <= 37.0, start=36.0, tolerance=0.02)
+>>> round(found.rate, 2), round(found.miss / found.rate, 6), len(found.tried)
+(36.75, 1.02, 4)
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["RateBracket", "highest_rate"]
+__all__ = ["RateBracket", "highest_lattice_rate", "highest_rate"]
 
 
 @dataclass(frozen=True)
@@ -99,3 +108,82 @@ def _bracket(
             return down, rate
         rate, factor = down, factor * factor
     return 0.0, rate
+
+
+def highest_lattice_rate(
+    meets: Callable[[float], bool],
+    *,
+    start: float,
+    tolerance: float = 0.02,
+    floor: float = 1e-3,
+    ceiling: float = 1e6,
+) -> RateBracket:
+    """The highest rate ``(1 + tolerance) ** k`` (k an integer) at which ``meets`` holds.
+
+    For a monotone ``meets`` the answer depends on the edge alone, not on ``start``: the
+    rate is the lattice point below the edge and ``miss`` the next one, so ``miss`` is
+    ``rate * (1 + tolerance)`` (the same guarantee as :func:`highest_rate`). From ``start``'s
+    lattice point it steps 1, 2, 4, ... points out until the edge is bracketed, then
+    halves the bracket in points. Limits and the returned bracket as
+    :func:`highest_rate`'s (``floor`` and ``ceiling`` rounded onto the lattice, inwards).
+
+    Raises:
+        ValueError: ``tolerance`` not > 0, or ``start`` outside ``[floor, ceiling]``.
+    """
+    if not tolerance > 0:
+        raise ValueError(f"tolerance must be > 0, got {tolerance!r}")
+    if not (0 < floor <= start <= ceiling):
+        raise ValueError(f"start must be within [{floor!r}, {ceiling!r}], got {start!r}")
+    q = 1.0 + tolerance
+    tried: list[float] = []
+    lowest, highest = _on_lattice(floor, q, math.ceil), _on_lattice(ceiling, q, math.floor)
+
+    def check(k: int) -> bool:
+        rate = q**k
+        tried.append(rate)
+        return meets(rate)
+
+    first = min(max(_on_lattice(start, q, math.floor), lowest), highest)
+    lo, hi = _lattice_bracket(check, first, lowest, highest)
+    while lo is not None and hi is not None and hi - lo > 1:
+        mid = (lo + hi) // 2
+        if check(mid):
+            lo = mid
+        else:
+            hi = mid
+    rate = 0.0 if lo is None else q**lo
+    return RateBracket(rate=rate, miss=math.inf if hi is None else q**hi, tried=tuple(tried))
+
+
+def _on_lattice(rate: float, q: float, rounding: Callable[[float], int]) -> int:
+    """The lattice index of ``rate``, rounded by ``rounding``.
+
+    A float's log is not exact: an index whose point lies past ``rate`` by rounding error
+    is stepped back.
+    """
+    k = rounding(math.log(rate) / math.log(q))
+    if rounding is math.floor and q**k > rate:
+        k -= 1
+    if rounding is math.ceil and q**k < rate:
+        k += 1
+    return k
+
+
+def _lattice_bracket(
+    check: Callable[[int], bool], first: int, lowest: int, highest: int
+) -> tuple[int | None, int | None]:
+    """Lattice indices that meet and miss around the edge (None past the limits)."""
+    k, step = first, 1
+    if check(k):
+        while k < highest:
+            up = min(k + step, highest)
+            if not check(up):
+                return k, up
+            k, step = up, step * 2
+        return k, None
+    while k > lowest:
+        down = max(k - step, lowest)
+        if check(down):
+            return down, k
+        k, step = down, step * 2
+    return None, k

@@ -114,3 +114,38 @@ def test_a_cost_with_a_spread_draws_the_same_factors():
     assert_same(simulate_generation(config, cost, step_by_step=True, **kw), fast)
     gaps = np.diff(fast.steps.start_s)
     assert len(np.unique(np.round(gaps, 9))) > 10  # the spread did vary the steps
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    configs(),
+    costs(),
+    st.integers(1, 8),
+    st.integers(1, 3),
+    st.sampled_from([0.0, 0.0, 0.05]),
+    st.lists(st.sampled_from([0.0, 0.002, 0.05]), min_size=1, max_size=6),
+    st.integers(0, 3),
+)
+def test_fast_path_equals_step_by_step_for_sessions(config, cost, prefix, turns, think, gaps, seed):
+    """Multi-turn sessions (a turn's history resent, the simulated reply token by token,
+    the next turn ``think`` after the last token): the same turns, steps and prompts."""
+    from labserve.generation.workload import SharedPrefixWorkload
+    from labserve.sim.generation import simulate_workload
+
+    work = SharedPrefixWorkload(
+        prefix_len=prefix,
+        num_prefixes=2,
+        input_len="uniform:1:12",
+        output_len="uniform:1:20",
+        turns=turns,
+        think_time_s=think,
+        seed=seed,
+    )
+    runs = [
+        simulate_workload(config, cost, work, arrival_s=np.cumsum(gaps), seed=seed, step_by_step=s)
+        for s in (True, False)
+    ]
+    assert_same(runs[0].generation, runs[1].generation)
+    assert runs[0].prompts == runs[1].prompts
+    np.testing.assert_array_equal(runs[0].turn, runs[1].turn)
+    np.testing.assert_array_equal(runs[0].session, runs[1].session)
