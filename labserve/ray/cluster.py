@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Any
 
 import ray
@@ -20,6 +21,12 @@ _log = logging.getLogger(__name__)
 INIT_ATTEMPTS = 3
 """How many times :func:`init` starts a local Ray before it gives up."""
 
+_SERVE_PROXY_WAITS = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",  # Ray 2.60's default: 5
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30",  # default: 10
+}
+"""How long Serve's controller waits for a proxy of a node :func:`init` starts."""
+
 
 def init(**kwargs: Any) -> None:
     """``ray.init(**kwargs)``, started again when the new node times out at start-up.
@@ -30,6 +37,13 @@ def init(**kwargs: Any) -> None:
     A local start that timed out is shut down and tried again, up to :data:`INIT_ATTEMPTS`
     times; every other error, and a join of a running cluster (``address``), raise at once.
     """
+    if not kwargs.get("address"):
+        # A node this starts reads its environment now: Serve's controller kills a proxy not
+        # ready within 5 s, and with both cores busy (two spinning processes beside the
+        # suite) every proxy in CI was killed so before it ran ("cancelled before it started
+        # running"), failing all 119 Ray tests. A user's own setting wins.
+        for name, seconds in _SERVE_PROXY_WAITS.items():
+            os.environ.setdefault(name, seconds)
     for attempt in range(1, INIT_ATTEMPTS + 1):
         ours = _children()
         try:
