@@ -26,23 +26,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from multiturn import TTFT_P99_MS, workload  # this folder's (the script's folder is on sys.path)
+from multiturn import ttft_p99 as worst_p99
+
 import labserve
 from labserve.lab.demo import TINYLM_STEP_COST, TinyLM
 from labserve.load.arrivals import PoissonArrivals
 from labserve.sim.generation import simulate_workload
-
-TTFT_P99_MS = 200.0
-
-
-def workload() -> labserve.SharedPrefixWorkload:
-    return labserve.SharedPrefixWorkload(
-        prefix_len=256, input_len=32, output_len=64, turns=4, think_time_s=1.0, seed=0
-    )
-
-
-def worst_p99(per_turn: dict[int, dict[str, float]]) -> float:
-    """The worst turn's TTFT p99 (ms); a probe with no session keeps the target."""
-    return max((v["p99"] for v in per_turn.values()), default=0.0)
 
 
 def bisect(probe: Callable[[float], dict[str, Any]], start: float, halvings: int) -> dict:
