@@ -69,6 +69,11 @@ def test_cli_demo_prints_a_row_per_rate(capsys):
             ["serve", "labserve.lab.demo:TinyLM", "--ray", "--router", "fastest"],
             "--router: router must be one of 'round_robin'",
         ),
+        (
+            ["serve", "labserve.lab.demo:TinyLM", "--ray", "--stream-interval-ms", "-5"],
+            "must be a number of milliseconds >= 0, got '-5'",
+        ),
+        (["serve", "m:C", "--drain-timeout", "soon"], "must be a number of seconds >= 0"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message_not_a_traceback(argv, message, capsys):

@@ -11,6 +11,7 @@ import math
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from labserve.base.errors import StopTimeoutError
@@ -58,7 +59,7 @@ def add_command(sub: Subcommands) -> None:
     )
     srv.add_argument(
         "--drain-timeout",
-        type=_seconds,
+        type=_nonnegative("seconds"),
         default=30.0,
         metavar="S",
         help="on SIGINT/SIGTERM, seconds for requests and generations in progress to finish;"
@@ -73,6 +74,15 @@ def add_command(sub: Subcommands) -> None:
         "--router",
         help="with --ray: which replica takes each request: round_robin, power_of_two,"
         " least_kv, prefix or prefix_affinity (default: Ray Serve's own power of two)",
+    )
+    srv.add_argument(
+        "--stream-interval-ms",
+        type=_nonnegative("milliseconds"),
+        default=0.0,
+        metavar="MS",
+        help="with --ray: a stream's text leaves its replica at most once per MS ms, the first"
+        " piece at once (each item Serve carries costs CPU at every hop; default 0: each piece"
+        " as soon as it is made)",
     )
     srv.set_defaults(run=run)
 
@@ -148,15 +158,19 @@ def _cannot_listen(host: str, port: int, exc: OSError) -> str:
     return said
 
 
-def _seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
-    return value
+def _nonnegative(unit: str) -> Callable[[str], float]:
+    """An argparse type: a finite number of ``unit`` >= 0."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 <= value < math.inf:
+            raise argparse.ArgumentTypeError(f"must be a number of {unit} >= 0, got {text!r}")
+        return value
+
+    return parse
 
 
 def _say_routes(runner: Any, server: Any) -> None:
@@ -230,6 +244,10 @@ def _check_router(name: str) -> None:
         raise UsageError(f"--router: {exc}") from None
 
 
+def _interval_note(interval_ms: float) -> str:
+    return f"; streams batched every {interval_ms:g} ms" if interval_ms else ""
+
+
 def _serve_on_ray(cls: type[Any], args: argparse.Namespace) -> None:
     if args.router is not None:
         _check_router(args.router)
@@ -253,12 +271,14 @@ def _serve_on_ray(cls: type[Any], args: argparse.Namespace) -> None:
                 token=args.token,
                 token_everywhere=args.host not in ("127.0.0.1", "localhost", "::1"),
                 router=args.router,
+                stream_interval_ms=args.stream_interval_ms,
             )
             print(
                 f"serving {app.runner} on Ray Serve ({args.replicas} replicas) at "
                 f"{app.url(args.host, args.port)}  (token {app.token}, router "
                 f"{app.router or 'Serve default'}"
-                f"{'; /v1 through an ingress, so it sees prompts' if app.ingress else ''}); "
+                f"{'; /v1 through an ingress, so it sees prompts' if app.ingress else ''}"
+                f"{_interval_note(args.stream_interval_ms)}); "
                 "Ctrl-C stops",
                 flush=True,
             )

@@ -33,6 +33,8 @@ def test_serve_ray_replicas_from_the_command_line(ray_cluster):
         "shell",
         "--router",
         "round_robin",  # labserve's router, through Serve's RequestRouter, from the shell
+        "--stream-interval-ms",
+        "20",
     ]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
@@ -40,6 +42,7 @@ def test_serve_ray_replicas_from_the_command_line(ray_cluster):
             line = pool.submit(proc.stdout.readline).result(timeout=120)
         assert "serving shell on Ray Serve (2 replicas)" in line, line
         assert "router round_robin" in line, line
+        assert "streams batched every 20 ms" in line, line
         request = urllib.request.Request(
             ray_cluster.url("/runners/shell/predict"),
             data=json.dumps([[1, 2, 3]]).encode(),
