@@ -55,12 +55,13 @@ def raw_http() -> Callable[..., RawReply]:
 # its tests stay on one worker, in order (a lesson's cells share one kernel; a module's
 # fixtures start once); and these folders are each one unit, one test after another: Ray
 # (one cluster at a time on a 2-core machine, ~1 GB each, its start-up waits on the raylet:
-# the Ray tests and the scale-out lesson share a worker and a cluster), and the browser
+# the Ray tests and the two lessons with Ray share a worker), and the browser
 # tests (a JupyterLab server and Chromium each). A scheduler, not xdist_group marks: under
 # pytest 9.2 and xdist 3.8 `--dist loadgroup` ignores the marks (each test went alone).
 _SHARED = {
     "tests/scale/": "ray",
     "notebooks/07-": "ray",
+    "notebooks/12-": "ray",
     "tests/browser/": "browser",
 }
 
