@@ -14,6 +14,9 @@ and every answered batch's budget feedback, so two trees' logs compare line by l
     PYTHONPATH=/work/bench-f698 .venv/bin/python scripts/target_decisions.py --out old.jsonl
     .venv/bin/python scripts/target_decisions.py --out new.jsonl
     .venv/bin/python scripts/target_decisions.py --compare old.jsonl new.jsonl
+
+``--tick-ms 1`` launches arrivals in bursts on whole milliseconds, as asyncio sleeps wake, and
+``--jitter 0.1`` varies each model call's cost (seeded), to cover more of the driver's paths.
 """
 
 from __future__ import annotations
@@ -76,8 +79,15 @@ def instrument(log: list[list[Any]]) -> None:
     LatencyBudget.answered = logged_answered  # type: ignore[method-assign]
 
 
-def run(rate: float, seconds: float, seed: int, timers: str) -> list[list[Any]]:
-    """Drive one trace through the imported labserve's driver on virtual time; the log."""
+def run(
+    rate: float, seconds: float, seed: int, timers: str, tick_s: float = 0.0, jitter: float = 0.0
+) -> list[list[Any]]:
+    """Drive one trace through the imported labserve's driver on virtual time; the log.
+
+    ``tick_s``: arrivals are launched at the next multiple of it, all of a tick in one loop
+    iteration (asyncio's sleeps wake on whole milliseconds); 0: each at its own time.
+    ``jitter``: each model call's cost is scaled by a seeded lognormal of this sigma.
+    """
     from labserve.batching.containers import Codec
     from labserve.batching.queue import BatchQueue
     from labserve.config.batching import BatchingConfig
@@ -95,6 +105,9 @@ def run(rate: float, seconds: float, seed: int, timers: str) -> list[list[Any]]:
     rng = np.random.default_rng([seed, int(rate)])
     times = np.cumsum(rng.exponential(1.0 / rate, int(rate * seconds * 1.2)))
     times = times[times < seconds]
+    if tick_s:
+        times = np.ceil(times / tick_s) * tick_s
+    noise = np.random.default_rng([seed, 7])
     row = np.zeros((1, 16), dtype=np.float32)
     ends: dict[int, tuple[float, Any]] = {}  # parked model call -> (its end, the call)
     futures = []
@@ -102,8 +115,10 @@ def run(rate: float, seconds: float, seed: int, timers: str) -> list[list[Any]]:
     while True:
         for call in host.parked:
             if id(call) not in ends:
-                items = len(call.args[0])
-                ends[id(call)] = (host.now() + COST_BASE_S + COST_PER_ITEM_S * items, call)
+                cost = COST_BASE_S + COST_PER_ITEM_S * len(call.args[0])
+                if jitter:
+                    cost *= float(noise.lognormal(0.0, jitter))
+                ends[id(call)] = (host.now() + cost, call)
         next_arrival = float(times[i]) if i < len(times) else math.inf
         next_end = min((end for end, _ in ends.values()), default=math.inf)
         live_timers = [when for when, _, h in host._timers if not h.cancelled]
@@ -117,11 +132,12 @@ def run(rate: float, seconds: float, seed: int, timers: str) -> list[list[Any]]:
             _, call = ends.pop(key)
             host.release(call, value=call.args[0] * 2)
         elif t == next_arrival:
-            future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            futures.append(future)
-            driver.submit(queue.new_request((row,), future))
+            while i < len(times) and times[i] == t:  # one loop iteration's arrivals
+                future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+                futures.append(future)
+                driver.submit(queue.new_request((row,), future))
+                i += 1
             host.settle()
-            i += 1
     answered = sum(f.done() and f.exception() is None for f in futures)
     log.append(["end", len(futures), answered])
     return log
@@ -151,6 +167,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timers", default="exact", choices=["exact", "late", "early"])
+    parser.add_argument("--tick-ms", type=float, default=0.0, help="launch on this tick")
+    parser.add_argument("--jitter", type=float, default=0.0, help="lognormal sigma of cost")
     parser.add_argument("--out", help="where to write the log (JSON lines)")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"))
     args = parser.parse_args()
@@ -158,7 +176,7 @@ def main() -> int:
         return compare(*args.compare)
     import labserve
 
-    log = run(args.rate, args.seconds, args.seed, args.timers)
+    log = run(args.rate, args.seconds, args.seed, args.timers, args.tick_ms / 1000, args.jitter)
     print(f"{labserve.__file__}: {len(log)} lines, {log[-1]}", file=sys.stderr)
     with open(args.out, "w") as out:
         for entry in log:

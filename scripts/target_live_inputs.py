@@ -23,6 +23,7 @@ import json
 import os
 import resource
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,20 @@ def instrument(log: Log) -> None:
         log.answered[batch.id] = (now, self._budget.budget_s)
 
     BatchQueue.answered = logged_answered  # type: ignore[method-assign]
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds each live thread has used, by name (ns resolution: its own CPU clock)."""
+    used: dict[str, float] = {}
+    for thread in threading.enumerate():
+        if thread.ident is None:
+            continue
+        try:
+            clock = time.pthread_getcpuclockid(thread.ident)
+            used[thread.name] = time.clock_gettime(clock)
+        except OSError:  # ended meanwhile
+            continue
+    return used
 
 
 def pct(values: Any) -> dict[str, float]:
@@ -218,13 +233,15 @@ def main() -> int:
     target = bench.build_target(f"labserve-target{bench.TARGET_MS}", model)
     trace = bench.poisson_trace(args.rate, args.warmup, args.duration, args.seed)
     load = os.getloadavg()[0]
+    threads0 = thread_cpu()
     cpu0, wall0 = time.process_time(), time.monotonic()
     try:
         bench.settle_heap()
         start, out = target.run(bench.run_open_loop(target.call, trace))
+        cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+        threads = {k: v - threads0.get(k, 0.0) for k, v in thread_cpu().items()}
     finally:
         target.close()
-    cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
     summary = bench.summarize(trace, start, out, model)
     w0 = start + trace.warmup
     report = {
@@ -233,6 +250,7 @@ def main() -> int:
         "load_after": os.getloadavg()[0],
         "cpu_s": round(cpu, 3),
         "wall_s": round(wall, 3),
+        "thread_cpu_s": {k: round(v, 4) for k, v in sorted(threads.items()) if v > 0.001},
         "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
         "bench": {k: summary[k] for k in ("served_rps", "p50_ms", "p99_ms", "mean_batch")},
         "inputs": inputs(log, w0, w0 + trace.duration),
