@@ -8,8 +8,11 @@ wrapped to log: every strategy decision (fit, item rate, budget, the answer), ev
 fire, release (the cost model's input) and answer times (the budget's feedback), and each
 request's admission. Prints, as JSON, the percentiles of each stage of a request's latency
 (intended send, launch, call, admission stamp, batch start, model start and end, release,
-answer on the loop, done in the caller), of the target's inputs, and the process's CPU
-seconds. Two trees' outputs compare stage by stage.
+answer on the loop, done in the caller), of the target's inputs, and the CPU seconds of the
+process and of each thread (its own CPU clock). Two trees' outputs compare stage by stage.
+The loop is asyncio unless ``--loop uvloop`` (the harness's default). ``--calls`` counts
+labserve's Python calls a request by function instead (a profile hook on every thread,
+which slows the run: its timings then mean nothing).
 
     PYTHONPATH=/work/bench-f698 .venv/bin/python scripts/target_live_inputs.py \
         --tree /work/bench-f698 --out old.json
@@ -19,6 +22,7 @@ seconds. Two trees' outputs compare stage by stage.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import resource
@@ -26,6 +30,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -94,6 +99,20 @@ def thread_cpu() -> dict[str, float]:
         except OSError:  # ended meanwhile
             continue
     return used
+
+
+def count_calls() -> collections.Counter[str]:
+    """Count labserve's Python calls by ``module:function`` on every thread from now on."""
+    counts: collections.Counter[str] = collections.Counter()
+
+    def hook(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and "labserve/" in frame.f_code.co_filename:
+            name = frame.f_code.co_filename.split("labserve/", 1)[1]
+            counts[f"{name}:{frame.f_code.co_name}"] += 1
+
+    threading.setprofile(hook)
+    sys.setprofile(hook)
+    return counts
 
 
 def pct(values: Any) -> dict[str, float]:
@@ -220,8 +239,13 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--duration", type=float, default=4.0)
     parser.add_argument("--seed", type=int, default=20240601)
+    parser.add_argument("--loop", default="asyncio", choices=["asyncio", "uvloop"])
+    parser.add_argument(
+        "--calls", action="store_true", help="count labserve's calls a request (slows the run)"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    os.environ["LABSERVE_LOOP"] = args.loop  # as batching_bench's worker sets it (default asyncio)
     sys.path.insert(0, str(Path(args.tree).resolve() / "benchmarks"))
     import batching_bench as bench
 
@@ -229,6 +253,7 @@ def main() -> int:
 
     log = Log()
     instrument(log)
+    calls = count_calls() if args.calls else None
     model = bench.Model()
     target = bench.build_target(f"labserve-target{bench.TARGET_MS}", model)
     trace = bench.poisson_trace(args.rate, args.warmup, args.duration, args.seed)
@@ -242,6 +267,9 @@ def main() -> int:
         threads = {k: v - threads0.get(k, 0.0) for k, v in thread_cpu().items()}
     finally:
         target.close()
+    if calls is not None:
+        sys.setprofile(None)
+        counted = dict(calls)  # the workers' hooks stay until they end: a copy, now
     summary = bench.summarize(trace, start, out, model)
     w0 = start + trace.warmup
     report = {
@@ -256,6 +284,11 @@ def main() -> int:
         "inputs": inputs(log, w0, w0 + trace.duration),
         "stages": stages(bench, trace, start, out, model, log),
     }
+    if calls is not None:
+        n = len(trace.offsets)
+        report["calls_a_request"] = round(sum(counted.values()) / n, 3)
+        top = sorted(counted.items(), key=lambda kv: -kv[1])[:40]
+        report["calls_a_request_by_function"] = {k: round(v / n, 3) for k, v in top}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(json.dumps({k: report[k] for k in ("labserve", "cpu_s", "load_before", "bench")}))
     return 0
