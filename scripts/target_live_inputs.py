@@ -44,6 +44,7 @@ class Log:
         self.requests: list[tuple[float, Any]] = []  # (made at, the Request)
         self.released: dict[int, tuple[float, float, int, float]] = {}  # id: start, end, n, oldest
         self.answered: dict[int, tuple[float, float]] = {}  # id: answered at, budget after
+        self.hold_ends: list[tuple[float, float]] = []  # (decided as of, now - the hold's end)
 
 
 def instrument(log: Log) -> None:
@@ -56,6 +57,8 @@ def instrument(log: Log) -> None:
     def logged_decide(view: Any, now: float, config: Any, fit: Any, rates: Any, budget_s: float):
         decision = decide(view, now, config, fit, rates, budget_s)
         until = getattr(decision, "until_s", None)
+        if until is None and view.hold_until_s is not None:  # a hold ends: how late, really
+            log.hold_ends.append((now, time.monotonic() - view.hold_until_s))
         log.decisions.append(
             (now, view.items, view.oldest_arrival_s, fit.a_s, fit.b_s, rates[1], budget_s, until)
         )
@@ -211,6 +214,7 @@ def inputs(log: Log, w0: float, w1: float) -> dict[str, Any]:
     budgets = [log.answered[b][1] for b in log.answered if w0 <= log.answered[b][0] < w1]
     return {
         "decisions": len(d),
+        "hold_end_late_ms": pct([late for at, late in log.hold_ends if w0 <= at < w1]),
         "fit_a_ms": pct(d[:, 3]) if len(d) else {},
         "fit_b_ms": pct(d[:, 4]) if len(d) else {},
         "item_rate_per_s": (
