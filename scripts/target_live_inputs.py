@@ -8,9 +8,12 @@ wrapped to log: every strategy decision (fit, item rate, budget, the answer), ev
 fire, release (the cost model's input) and answer times (the budget's feedback), and each
 request's admission. Prints, as JSON, the percentiles of each stage of a request's latency
 (intended send, launch, call, admission stamp, batch start, model start and end, release,
-answer on the loop, done in the caller), of the target's inputs, and the CPU seconds of the
-process and of each thread (its own CPU clock). Two trees' outputs compare stage by stage.
-The loop is asyncio unless ``--loop uvloop`` (the harness's default). ``--calls`` counts
+answer on the loop, done in the caller), of the target's inputs, the garbage collections and
+their pauses, and the CPU seconds of the process and of each thread (its own CPU clock). Two
+trees' outputs compare stage by stage. The loop is asyncio, the harness's default, unless
+``--loop uvloop``. The log keeps every request, so a run holds more long-lived objects than
+the harness alone (longer gen-2 pauses): compare trees with it, not its p99 with the
+harness's. ``--calls`` counts
 labserve's Python calls a request by function instead (a profile hook on every thread,
 which slows the run: its timings then mean nothing).
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import os
 import resource
@@ -116,6 +120,21 @@ def count_calls() -> collections.Counter[str]:
     threading.setprofile(hook)
     sys.setprofile(hook)
     return counts
+
+
+def watch_gc() -> dict[int, list[float]]:
+    """Each garbage collection's pause from now on, in seconds, by generation."""
+    pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses[info["generation"]].append(time.perf_counter() - started[0])
+
+    gc.callbacks.append(callback)
+    return pauses
 
 
 def pct(values: Any) -> dict[str, float]:
@@ -262,6 +281,7 @@ def main() -> int:
     target = bench.build_target(f"labserve-target{bench.TARGET_MS}", model)
     trace = bench.poisson_trace(args.rate, args.warmup, args.duration, args.seed)
     load = os.getloadavg()[0]
+    pauses = watch_gc()
     threads0 = thread_cpu()
     cpu0, wall0 = time.process_time(), time.monotonic()
     try:
@@ -282,6 +302,10 @@ def main() -> int:
         "load_after": os.getloadavg()[0],
         "cpu_s": round(cpu, 3),
         "wall_s": round(wall, 3),
+        "gc": {
+            f"gen{g}": {"count": len(p), "total_ms": round(1000 * sum(p), 3), **pct(p)}
+            for g, p in pauses.items()
+        },
         "thread_cpu_s": {k: round(v, 4) for k, v in sorted(threads.items()) if v > 0.001},
         "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
         "bench": {k: summary[k] for k in ("served_rps", "p50_ms", "p99_ms", "mean_batch")},
