@@ -13,9 +13,8 @@ their pauses, and the CPU seconds of the process and of each thread (its own CPU
 trees' outputs compare stage by stage. The loop is asyncio, the harness's default, unless
 ``--loop uvloop``. The log keeps every request, so a run holds more long-lived objects than
 the harness alone (longer gen-2 pauses): compare trees with it, not its p99 with the
-harness's. ``--calls`` counts
-labserve's Python calls a request by function instead (a profile hook on every thread,
-which slows the run: its timings then mean nothing).
+harness's. ``--calls`` counts labserve's Python calls a request by function instead (a
+profile hook on every thread, which slows the run: its timings then mean nothing).
 
     PYTHONPATH=/work/bench-f698 .venv/bin/python scripts/target_live_inputs.py \
         --tree /work/bench-f698 --out old.json
