@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -78,3 +81,27 @@ def test_a_timed_out_starts_processes_end_with_it(monkeypatch):
     monkeypatch.setattr(ray, "shutdown", lambda: None)
     labserve.ray.init(num_cpus=2)
     assert started[0].poll() is not None, "the failed start's process outlived it"
+
+
+def test_a_failed_starts_popen_objects_are_dropped_quietly(monkeypatch, recwarn):
+    # A process the failed node started that is still there when its Popen is collected
+    # (here: one labserve did not see as its child, so did not end) warns at the collection;
+    # in CI that fell in a later test's set-up and failed it.
+    pids: list[int] = []
+
+    def init(**kwargs: Any) -> None:
+        if not pids:
+            survivor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            pids.append(survivor.pid)
+            raise Exception(*TIMED_OUT.args)  # a new one: its traceback holds the Popen
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(cluster, "_children", set)
+    try:
+        labserve.ray.init(num_cpus=2)
+        gc.collect()
+        assert not [w for w in recwarn if issubclass(w.category, ResourceWarning)]
+    finally:
+        os.kill(pids[0], signal.SIGKILL)
+        os.waitpid(pids[0], 0)
