@@ -119,6 +119,18 @@ def _on_grid(x: F64) -> F64:
     return np.minimum(np.maximum(g, -_Q, out=g), _Q, out=g)
 
 
+def _mix(scores: F64, values: F64) -> F64:
+    """Softmax of ``scores`` (last axis) as 16-bit integer weights, applied to ``values``.
+
+    The weights and the values are integers, so the weighted sum and its normaliser are
+    exact whatever the order of the additions (and positions scored -inf weigh 0).
+    """
+    weights = np.rint(np.exp(scores - scores.max(axis=-1, keepdims=True)) * _P_ONE)
+    mixed = weights @ values  # exact integers
+    total = weights.sum(axis=-1, keepdims=True)  # exact integers
+    return np.asarray(mixed / total * _KV_SCALE)
+
+
 class _OwnBlocks:
     """TinyLM's own block tables, for steps that carry none (it is called directly).
 
@@ -344,43 +356,70 @@ class TinyLM(Runnable):
     ) -> F64:
         """Causal attention of each sequence's new tokens over its whole context, from the store.
 
-        The new keys and values are written at their slots first. A context that is one run
-        of slots is read as a view; the others are gathered in one ``np.take`` per array for
-        the whole step (per-sequence gathers cost 4x more, measured at 32 sequences).
+        The new keys and values are written at their slots first. Decoding sequences (one
+        new token) are attended together, a group of similar lengths at a time
+        (:meth:`_attend_decodes`); a prefill chunk alone, over a view of its context when
+        its table is one run of slots, else over its blocks gathered.
         """
         h, hd = self.n_heads, self.head_dim
         q, k, v = (part.reshape(-1, h, hd).transpose(1, 0, 2) for part in np.split(qkv, 3, -1))
         keys, values = self._k[layer], self._v[layer]
         keys[:, where.new_slots] = _on_grid(k)
         values[:, where.new_slots] = _on_grid(v)
-        keys_g, values_g = keys[:, :0], values[:, :0]
-        if where.gathered.size:
-            keys_g = np.take(keys, where.gathered, axis=1)  # (h, gathered contexts, hd)
-            values_g = np.take(values, where.gathered, axis=1)
         out = np.empty((qkv.shape[0], self.d_model))
         qq_all, qs_all = _quantise_rows(q)  # per (head, token) row: row-local
         qs_all *= _KV_SCALE / np.sqrt(hd)
-        row = at = 0
-        for start, n, base in zip(starts, counts, where.runs, strict=True):
-            ctx = start + n
+        for rows, table, ctxs in where.decodes:
+            out[rows] = self._attend_decodes(
+                keys, values, qq_all[:, rows], qs_all[:, rows], table, ctxs
+            )
+        for i in where.prefills:
+            start, n, row = starts[i], counts[i], where.rows[i]
+            ctx, base = start + n, where.runs[i]
             if base >= 0:  # one run of slots: a view of the store
                 ck, cv = keys[:, base : base + ctx], values[:, base : base + ctx]
             else:
-                ck, cv = keys_g[:, at : at + ctx], values_g[:, at : at + ctx]
-                at += ctx
+                ck, cv = (self._gather(a, where.tables[i]) for a in (keys, values))
             qq, qs = qq_all[:, row : row + n], qs_all[:, row : row + n]  # (h, n, hd), (h, n, 1)
-            exact = qq @ ck.transpose(0, 2, 1)  # (h, n, ctx): exact
+            exact = qq @ ck[:, :ctx].transpose(0, 2, 1)  # (h, n, ctx): exact
             scores = exact.astype(np.float64) * qs
-            if n > 1:  # a token sees the positions up to its own
-                future = np.arange(ctx)[None, :] > np.arange(start, ctx)[:, None]
-                scores[:, future] = -np.inf
-            weights = np.rint(np.exp(scores - scores.max(axis=-1, keepdims=True)) * _P_ONE)
-            mixed = weights @ cv  # exact integers
-            total = weights.sum(axis=-1, keepdims=True)  # exact integers
-            att = mixed / total * _KV_SCALE  # (h, n, hd)
+            future = np.arange(ctx)[None, :] > np.arange(start, ctx)[:, None]
+            scores[:, future] = -np.inf  # a token sees the positions up to its own
+            att = _mix(scores, cv[:, :ctx])  # (h, n, hd)
             out[row : row + n] = att.transpose(1, 0, 2).reshape(n, self.d_model)
-            row += n
         return out
+
+    def _gather(self, store: npt.NDArray[Any], blocks: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+        """The slots of ``blocks`` (any shape), whole blocks at a time: (h, ..., hd)."""
+        h, size, hd = store.shape[0], self._block_size, store.shape[2]
+        by_block = store.reshape(h, -1, size * hd)  # a view: a block's slots are one row
+        got = np.take(by_block, blocks, axis=1)
+        return got.reshape(h, *blocks.shape[:-1], blocks.shape[-1] * size, hd)
+
+    def _attend_decodes(
+        self,
+        keys: F32,
+        values: F64,
+        qq: F32,
+        qs: F64,
+        table: npt.NDArray[np.int64],
+        ctxs: npt.NDArray[np.int64],
+    ) -> F64:
+        """One new token each for a group of sequences, in one set of array calls.
+
+        ``table`` (sequences, blocks): each one's blocks, padded with block 0 past its
+        own; positions past a context score -inf, so they weigh 0 and the sums stay the
+        exact integers a sequence alone gets (per-sequence loops cost about 20 us a
+        sequence a layer in numpy calls, half of a 32-sequence decode step).
+        """
+        ck, cv = self._gather(keys, table), self._gather(values, table)  # (h, g, width, hd)
+        exact = qq[:, :, None] @ ck.transpose(0, 1, 3, 2)  # (h, g, 1, width): exact
+        scores = exact.astype(np.float64) * qs[:, :, None]
+        past = np.arange(ck.shape[2]) >= ctxs[:, None]  # (g, width)
+        if past.any():
+            np.copyto(scores, -np.inf, where=past[:, None])
+        att = _mix(scores, cv)[:, :, 0]  # (h, g, hd)
+        return np.asarray(att.transpose(1, 0, 2).reshape(len(ctxs), self.d_model))
 
     # -- its own block tables (a step without labserve's) ---------------------------------------
 
@@ -444,11 +483,15 @@ class TinyLM(Runnable):
 class _Where:
     """Where a step's K/V are in the store: the new tokens' slots, and each context's.
 
-    ``runs[i]``: the first slot of sequence i's context when its table is consecutive
-    blocks (read as a view), else -1; ``gathered``: the slots of the other contexts, packed.
+    ``rows[i]``: sequence i's first row among the step's tokens. ``decodes``: the
+    sequences with one new token, in groups of similar lengths, each ``(their indices,
+    their blocks padded to the group's longest with block 0, their contexts)``; a group
+    spans at most a doubling of blocks, so padding costs at most as much as the contexts.
+    ``prefills``: the others; ``runs[i]``: the first slot of one's context when its table
+    is consecutive blocks (read as a view), else -1 (its ``tables[i]`` are gathered).
     """
 
-    __slots__ = ("gathered", "new_slots", "runs")
+    __slots__ = ("decodes", "new_slots", "prefills", "rows", "runs", "tables")
 
     def __init__(
         self,
@@ -460,18 +503,48 @@ class _Where:
     ) -> None:
         lengths = np.fromiter(map(len, tables), np.int64, len(tables))
         blocks = np.fromiter(itertools.chain.from_iterable(tables), np.int64, int(lengths.sum()))
-        every = (blocks[:, None] * block_size + np.arange(block_size)).ravel()  # whole blocks
-        first = np.cumsum(lengths) * block_size - lengths * block_size  # each table's start
-        self.new_slots = every[np.repeat(first, counts) + positions]
-        # A table is one run when each block follows the one before it (no Python loop:
-        # checking table by table took 2 us a sequence, 2% of a 32-sequence decode step).
         heads = np.cumsum(lengths) - lengths  # each table's first block in `blocks`
-        breaks = np.ones(len(blocks), np.int64)
-        breaks[1:] = np.diff(blocks) != 1
-        breaks[heads] = 0
-        one_run = np.add.reduceat(breaks, heads) == 0
-        self.runs = np.where(one_run, blocks[heads] * block_size, -1).tolist()
-        apart = np.flatnonzero(~one_run)
-        ctxs = (np.asarray(starts, np.int64) + np.asarray(counts, np.int64))[apart]
-        at = np.cumsum(ctxs) - ctxs
-        self.gathered = every[np.arange(int(ctxs.sum())) + np.repeat(first[apart] - at, ctxs)]
+        n = np.asarray(counts, np.int64)
+        first = np.cumsum(n) - n  # each sequence's first row among the step's tokens
+        self.rows = first.tolist()
+        block_of = np.repeat(heads, n) + positions // block_size  # each new token's block
+        self.new_slots = blocks[block_of] * block_size + positions % block_size
+        ctxs = np.asarray(starts, np.int64) + n
+        need = -(-ctxs // block_size)  # the blocks a context covers
+        one = n == 1
+        self.decodes = [
+            self._padded(blocks, heads[g], need[g], ctxs[g], first[g])
+            for g in _groups(np.flatnonzero(one), need[one])
+        ]
+        self.prefills = np.flatnonzero(~one).tolist()
+        self.tables = {i: blocks[heads[i] : heads[i] + need[i]] for i in self.prefills}
+        self.runs = {i: self._run(t, block_size) for i, t in self.tables.items()}
+
+    @staticmethod
+    def _padded(
+        blocks: npt.NDArray[np.int64],
+        heads: npt.NDArray[np.int64],
+        need: npt.NDArray[np.int64],
+        ctxs: npt.NDArray[np.int64],
+        rows: npt.NDArray[np.int64],
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        width = np.arange(int(need.max()))
+        inside = width < need[:, None]
+        table = np.where(inside, blocks[np.where(inside, heads[:, None] + width, 0)], 0)
+        return rows, table, ctxs
+
+    @staticmethod
+    def _run(table: npt.NDArray[np.int64], block_size: int) -> int:
+        if table.size and table[-1] - table[0] == table.size - 1 and np.all(np.diff(table) == 1):
+            return int(table[0]) * block_size
+        return -1
+
+
+def _groups(
+    rows: npt.NDArray[np.int64], need: npt.NDArray[np.int64]
+) -> list[npt.NDArray[np.int64]]:
+    """``rows`` split by the power of two their blocks ``need`` rounds up to."""
+    if not rows.size:
+        return []
+    scale = np.frexp(need.astype(np.float64) - 0.5)[1]  # 1: 1 block, 2: 2, 3: 3-4, 4: 5-8...
+    return [rows[scale == e] for e in np.unique(scale)]
