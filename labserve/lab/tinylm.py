@@ -88,9 +88,10 @@ _OWN_BLOCK_SIZE = 16  # positions a block holds when TinyLM keeps its own tables
 
 def _quantise_rows(x: F64) -> tuple[F32, F64]:
     """Each row to integers in [-127, 127] (as float32) and its scale (a column)."""
-    peak = np.max(np.abs(x), axis=-1, keepdims=True)
+    peak = np.maximum(x.max(axis=-1, keepdims=True), -x.min(axis=-1, keepdims=True))
     scale = np.where(peak > 0, peak / _Q, 1.0)
-    return np.rint(x / scale).astype(np.float32), scale
+    q = x / scale
+    return np.rint(q, out=q).astype(np.float32), scale
 
 
 class _Linear:
@@ -105,8 +106,10 @@ class _Linear:
 
     def __call__(self, x: F64) -> F64:
         xq, xs = _quantise_rows(x)
-        exact = (xq @ self.w).astype(np.float64)  # integer sums below 2**24: exact
-        return np.asarray(exact * xs * self.scale)
+        out = (xq @ self.w).astype(np.float64)  # integer sums below 2**24: exact
+        out *= xs
+        out *= self.scale
+        return out
 
 
 def _rms_norm(x: F64) -> F64:
@@ -125,10 +128,15 @@ def _mix(scores: F64, values: F64) -> F64:
     The weights and the values are integers, so the weighted sum and its normaliser are
     exact whatever the order of the additions (and positions scored -inf weigh 0).
     """
-    weights = np.rint(np.exp(scores - scores.max(axis=-1, keepdims=True)) * _P_ONE)
+    weights = scores  # in place: each temporary of a 512-token prefill is 2 MiB to fault in
+    weights -= scores.max(axis=-1, keepdims=True)
+    np.exp(weights, out=weights)
+    weights *= _P_ONE
+    np.rint(weights, out=weights)
     mixed = weights @ values  # exact integers
-    total = weights.sum(axis=-1, keepdims=True)  # exact integers
-    return np.asarray(mixed / total * _KV_SCALE)
+    mixed /= weights.sum(axis=-1, keepdims=True)  # the sum: exact integers
+    mixed *= _KV_SCALE
+    return mixed
 
 
 class _OwnBlocks:
@@ -340,8 +348,9 @@ class TinyLM(Runnable):
         x = self.embed[tokens] + self.positions[positions]
         for layer, (qkv, out, up, down) in enumerate(self.layers):
             att = self._attend(layer, qkv(_rms_norm(x)), where, batch.starts, counts)
-            x = x + out(att)
-            x = x + down(np.maximum(up(_rms_norm(x)), 0.0))
+            x += out(att)
+            hidden = up(_rms_norm(x))
+            x += down(np.maximum(hidden, 0.0, out=hidden))
         ends = np.cumsum(counts) - 1
         last = ends[np.asarray(batch.samples, dtype=bool)]
         return self.unembed(_rms_norm(x[last]))
@@ -382,7 +391,8 @@ class TinyLM(Runnable):
                 ck, cv = (self._gather(a, where.tables[i]) for a in (keys, values))
             qq, qs = qq_all[:, row : row + n], qs_all[:, row : row + n]  # (h, n, hd), (h, n, 1)
             exact = qq @ ck[:, :ctx].transpose(0, 2, 1)  # (h, n, ctx): exact
-            scores = exact.astype(np.float64) * qs
+            scores = exact.astype(np.float64)
+            scores *= qs
             future = np.arange(ctx)[None, :] > np.arange(start, ctx)[:, None]
             scores[:, future] = -np.inf  # a token sees the positions up to its own
             att = _mix(scores, cv[:, :ctx])  # (h, n, hd)
@@ -414,7 +424,8 @@ class TinyLM(Runnable):
         """
         ck, cv = self._gather(keys, table), self._gather(values, table)  # (h, g, width, hd)
         exact = qq[:, :, None] @ ck.transpose(0, 1, 3, 2)  # (h, g, 1, width): exact
-        scores = exact.astype(np.float64) * qs[:, :, None]
+        scores = exact.astype(np.float64)
+        scores *= qs[:, :, None]
         past = np.arange(ck.shape[2]) >= ctxs[:, None]  # (g, width)
         if past.any():
             np.copyto(scores, -np.inf, where=past[:, None])
