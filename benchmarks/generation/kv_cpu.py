@@ -9,12 +9,14 @@ this 2-core machine barely moves), trees alternating round by round:
   figure is the server process's CPU (``/proc``) over the output tokens streamed.
 - ``c``: issue 33 (c) in a fresh process of each tree: 32 fresh 256-token sessions at once,
   32 output tokens each, ``--bursts`` bursts alternating caching on and off (on first in
-  odd rounds); per burst the process's CPU over its output tokens and its tokens/s. The
-  process's first ``--warmup`` bursts are reported apart (a fresh process's warm-up).
+  rounds 0, 2, ...); per burst the process's CPU over its output tokens, its tokens/s and
+  its minor page faults (``getrusage``). The process's first ``--warmup`` bursts are
+  reported apart (a fresh process's warm-up).
 
-    .venv/bin/python benchmarks/generation/kv_cpu.py --trees /work/bench-3229 . \\
-        --measures http --rounds 4 --json benchmarks/generation/kv_cpu_http.json
-    .venv/bin/python benchmarks/generation/kv_cpu.py --trees . --measures c --rounds 3
+    .venv/bin/python benchmarks/generation/kv_cpu.py --trees /tmp/kv/b3229 /tmp/kv/base . \\
+        --measures http --rounds 3 --json benchmarks/generation/kv_cpu_http.json
+    .venv/bin/python benchmarks/generation/kv_cpu.py --trees /tmp/kv/base . --measures c \\
+        --rounds 2 --bursts 24 --warmup 8 --json benchmarks/generation/kv_cpu_c.json
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ def http(tree: Path, seconds: float) -> dict[str, float]:
 
 def c_bursts(bursts: int, on_first: bool) -> list[dict[str, Any]]:
     """Issue 33 (c) in this process: per burst, caching, CPU us per token, tokens/s."""
+    import resource
+
     import labserve
     from labserve.lab.demo import TinyLM
 
@@ -95,6 +99,7 @@ def c_bursts(bursts: int, on_first: bool) -> list[dict[str, Any]]:
                 prefix_len=0, input_len=256, output_len=32, seed=10_000 + k
             )
             cpu, wall = time.process_time(), time.perf_counter()
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             load = labserve.start_workload_load(
                 lm.generate,
                 fresh,
@@ -103,12 +108,14 @@ def c_bursts(bursts: int, on_first: bool) -> list[dict[str, Any]]:
             )
             served = [r for r in load.result(timeout=600) if r.outcome == "served"]
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
             tokens = sum(len(r.reply) for r in served)
             rows.append(
                 {
                     "caching": caching,
                     "cpu_us_per_token": cpu / tokens * 1e6,
                     "tokens_per_s": tokens / wall,
+                    "page_faults": faults,
                 }
             )
     finally:
@@ -136,6 +143,9 @@ def summarize_c(rows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     return {
         "warmup_tokens_per_s": [round(r["tokens_per_s"]) for r in rows[:warmup]],
         "warmup_cpu_us_per_token": [round(r["cpu_us_per_token"]) for r in rows[:warmup]],
+        "warmup_page_faults": [r["page_faults"] for r in rows[:warmup]],
+        "on_page_faults": med("page_faults", True),
+        "off_page_faults": med("page_faults", False),
         "on_cpu_us_per_token": med("cpu_us_per_token", True),
         "off_cpu_us_per_token": med("cpu_us_per_token", False),
         "on_tokens_per_s": med("tokens_per_s", True),
