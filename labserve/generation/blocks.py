@@ -19,8 +19,8 @@ the head is what more prompts share).
 
 A table that grows takes the block after its last one when that block is free and holds
 no hash, so that a sequence's positions often stay one run of slots, which a model can
-read as a view instead of gathering them (TinyLM does). A cached block there is left where
-the LRU order puts it: contiguity saves a gather, a hit saves a prefill.
+read as a view instead of gathering them (TinyLM does, for a prefill chunk). A cached block
+there is left where the LRU order puts it: contiguity saves a gather, a hit saves a prefill.
 
 A block freed while a step is in flight (:meth:`BlockPool.step_started`) is *parked*, not
 freed: that step's model call may still be writing into it (a sequence aborted, timed out

@@ -34,12 +34,20 @@ Ties: greedy decoding takes the lowest token id among equal largest logits (``np
 One BLAS thread per step, when threadpoolctl is installed (the ``lab`` extra): OpenBLAS's
 own threads spin while they wait, and on two cores shared with the event loop and a
 browser a decode step of 32 sequences took 34 ms of CPU with them and 2.7 ms without.
+
+Freed memory stays with the process (:func:`_keep_freed_memory`, once, at the first step): a
+step's numpy temporaries (11 MiB at a 512-token prefill) come and go each step, and glibc's
+default thresholds handed them back to the kernel and faulted them in again, 5,150 pages a
+step at 1.8 us each: a third of the step's CPU, and the slow first minute of a fresh
+process while glibc's own thresholds crept up.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -77,6 +85,31 @@ def _one_blas_thread() -> contextlib.AbstractContextManager[Any]:
     return _blas.limit(limits=1, user_api="blas") if _blas else contextlib.nullcontext()
 
 
+_kept = False  # _keep_freed_memory ran
+
+
+def _keep_freed_memory() -> None:
+    """Pin glibc's mmap and trim thresholds at the top of their own dynamic range (once).
+
+    Process-wide, glibc only (elsewhere a no-op): blocks under 32 MiB come from the heap,
+    and up to 64 MiB of freed heap is kept instead of trimmed. glibc moves the thresholds
+    there itself (mallopt(3): a freed mmap'd block raises them to its size), but only as
+    blocks that large are freed, and a step's are 2-5 MiB: a fresh process faulted 140,000
+    pages in its first 1-s burst of issue 33 (c) and 8,000-24,000 in every later one.
+    """
+    global _kept
+    if _kept or not sys.platform.startswith("linux"):
+        return
+    _kept = True
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    mallopt(m_mmap_threshold, 32 << 20)
+    mallopt(m_trim_threshold, 64 << 20)
+
+
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 
@@ -84,13 +117,19 @@ _Q = 127.0  # the integer range of quantised activations and weights
 _KV_SCALE = 1.0 / 32.0  # keys and values on a fixed grid (they stay within +-4)
 _P_ONE = 65536.0  # softmax weights as integers of 16 bits
 _OWN_BLOCK_SIZE = 16  # positions a block holds when TinyLM keeps its own tables
+# Blocks of padding a group of decoding sequences may gather and attend over before the
+# next shorter ones start a group of their own (a group costs about 15 array calls a
+# layer). 32 sequences at contexts spread over 32-288, decode step CPU: 3.4-4.0 ms at 8 or
+# 16, 4.5-4.8 ms with a group per length, 5.3 ms in one group, 4.5 ms by powers of two.
+_PAD_BLOCKS = 8
 
 
 def _quantise_rows(x: F64) -> tuple[F32, F64]:
     """Each row to integers in [-127, 127] (as float32) and its scale (a column)."""
-    peak = np.max(np.abs(x), axis=-1, keepdims=True)
+    peak = np.maximum(x.max(axis=-1, keepdims=True), -x.min(axis=-1, keepdims=True))
     scale = np.where(peak > 0, peak / _Q, 1.0)
-    return np.rint(x / scale).astype(np.float32), scale
+    q = x / scale
+    return np.rint(q, out=q).astype(np.float32), scale
 
 
 class _Linear:
@@ -105,8 +144,10 @@ class _Linear:
 
     def __call__(self, x: F64) -> F64:
         xq, xs = _quantise_rows(x)
-        exact = (xq @ self.w).astype(np.float64)  # integer sums below 2**24: exact
-        return np.asarray(exact * xs * self.scale)
+        out = (xq @ self.w).astype(np.float64)  # integer sums below 2**24: exact
+        out *= xs
+        out *= self.scale
+        return out
 
 
 def _rms_norm(x: F64) -> F64:
@@ -117,6 +158,23 @@ def _on_grid(x: F64) -> F64:
     """Keys or values on the fixed grid: integers in [-127, 127] (steps of _KV_SCALE)."""
     g = np.rint(x * (1.0 / _KV_SCALE))  # a power of two: exact
     return np.minimum(np.maximum(g, -_Q, out=g), _Q, out=g)
+
+
+def _mix(scores: F64, values: F64) -> F64:
+    """Softmax of ``scores`` (last axis) as 16-bit integer weights, applied to ``values``.
+
+    The weights and the values are integers, so the weighted sum and its normaliser are
+    exact whatever the order of the additions (and positions scored -inf weigh 0).
+    """
+    weights = scores  # in place: each temporary of a 512-token prefill is 2 MiB to fault in
+    weights -= scores.max(axis=-1, keepdims=True)
+    np.exp(weights, out=weights)
+    weights *= _P_ONE
+    np.rint(weights, out=weights)
+    mixed = weights @ values  # exact integers
+    mixed /= weights.sum(axis=-1, keepdims=True)  # the sum: exact integers
+    mixed *= _KV_SCALE
+    return mixed
 
 
 class _OwnBlocks:
@@ -209,6 +267,7 @@ class TinyLM(Runnable):
         self._block_size = _OWN_BLOCK_SIZE
         self._paged = False  # allocate_kv was called: labserve owns the block tables
         self._own = _OwnBlocks()
+        self._gathered: dict[np.dtype[Any], npt.NDArray[Any]] = {}  # _gather's buffers
 
     def _random_weights(self, d_ff: int, seed: int) -> None:
         """Weights drawn from ``seed`` (no EOS: they never learned one)."""
@@ -302,6 +361,7 @@ class TinyLM(Runnable):
 
         Returns float64 logits, shape (sequences that sample, 256), in batch order.
         """
+        _keep_freed_memory()
         with _one_blas_thread():
             return self._step(batch)
 
@@ -328,8 +388,9 @@ class TinyLM(Runnable):
         x = self.embed[tokens] + self.positions[positions]
         for layer, (qkv, out, up, down) in enumerate(self.layers):
             att = self._attend(layer, qkv(_rms_norm(x)), where, batch.starts, counts)
-            x = x + out(att)
-            x = x + down(np.maximum(up(_rms_norm(x)), 0.0))
+            x += out(att)
+            hidden = up(_rms_norm(x))
+            x += down(np.maximum(hidden, 0.0, out=hidden))
         ends = np.cumsum(counts) - 1
         last = ends[np.asarray(batch.samples, dtype=bool)]
         return self.unembed(_rms_norm(x[last]))
@@ -344,43 +405,79 @@ class TinyLM(Runnable):
     ) -> F64:
         """Causal attention of each sequence's new tokens over its whole context, from the store.
 
-        The new keys and values are written at their slots first. A context that is one run
-        of slots is read as a view; the others are gathered in one ``np.take`` per array for
-        the whole step (per-sequence gathers cost 4x more, measured at 32 sequences).
+        The new keys and values are written at their slots first. Decoding sequences (one
+        new token) are attended together, a group of similar lengths at a time
+        (:meth:`_attend_decodes`); a prefill chunk alone, over a view of its context when
+        its table is one run of slots, else over its blocks gathered.
         """
         h, hd = self.n_heads, self.head_dim
         q, k, v = (part.reshape(-1, h, hd).transpose(1, 0, 2) for part in np.split(qkv, 3, -1))
         keys, values = self._k[layer], self._v[layer]
         keys[:, where.new_slots] = _on_grid(k)
         values[:, where.new_slots] = _on_grid(v)
-        keys_g, values_g = keys[:, :0], values[:, :0]
-        if where.gathered.size:
-            keys_g = np.take(keys, where.gathered, axis=1)  # (h, gathered contexts, hd)
-            values_g = np.take(values, where.gathered, axis=1)
         out = np.empty((qkv.shape[0], self.d_model))
         qq_all, qs_all = _quantise_rows(q)  # per (head, token) row: row-local
         qs_all *= _KV_SCALE / np.sqrt(hd)
-        row = at = 0
-        for start, n, base in zip(starts, counts, where.runs, strict=True):
-            ctx = start + n
+        for rows, table, ctxs in where.decodes:
+            out[rows] = self._attend_decodes(
+                keys, values, qq_all[:, rows], qs_all[:, rows], table, ctxs
+            )
+        for i in where.prefills:
+            start, n, row = starts[i], counts[i], where.rows[i]
+            ctx, base = start + n, where.runs[i]
             if base >= 0:  # one run of slots: a view of the store
                 ck, cv = keys[:, base : base + ctx], values[:, base : base + ctx]
             else:
-                ck, cv = keys_g[:, at : at + ctx], values_g[:, at : at + ctx]
-                at += ctx
+                ck, cv = (self._gather(a, where.tables[i]) for a in (keys, values))
             qq, qs = qq_all[:, row : row + n], qs_all[:, row : row + n]  # (h, n, hd), (h, n, 1)
-            exact = qq @ ck.transpose(0, 2, 1)  # (h, n, ctx): exact
-            scores = exact.astype(np.float64) * qs
-            if n > 1:  # a token sees the positions up to its own
-                future = np.arange(ctx)[None, :] > np.arange(start, ctx)[:, None]
-                scores[:, future] = -np.inf
-            weights = np.rint(np.exp(scores - scores.max(axis=-1, keepdims=True)) * _P_ONE)
-            mixed = weights @ cv  # exact integers
-            total = weights.sum(axis=-1, keepdims=True)  # exact integers
-            att = mixed / total * _KV_SCALE  # (h, n, hd)
+            exact = qq @ ck[:, :ctx].transpose(0, 2, 1)  # (h, n, ctx): exact
+            scores = exact.astype(np.float64)
+            scores *= qs
+            future = np.arange(ctx)[None, :] > np.arange(start, ctx)[:, None]
+            scores[:, future] = -np.inf  # a token sees the positions up to its own
+            att = _mix(scores, cv[:, :ctx])  # (h, n, hd)
             out[row : row + n] = att.transpose(1, 0, 2).reshape(n, self.d_model)
-            row += n
         return out
+
+    def _gather(self, store: npt.NDArray[Any], blocks: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+        """The slots of ``blocks`` (any shape), whole blocks at a time: (h, ..., hd)."""
+        h, size, hd = store.shape[0], self._block_size, store.shape[2]
+        by_block = store.reshape(h, -1, size * hd)  # a view: a block's slots are one row
+        n = h * blocks.size * size * hd
+        buf = self._gathered.get(store.dtype)
+        if buf is None or buf.size < n:
+            buf = self._gathered[store.dtype] = np.empty(
+                max(n, 2 * (0 if buf is None else buf.size)), store.dtype
+            )
+        got = buf[:n].reshape(h, *blocks.shape, size * hd)
+        np.take(by_block, blocks, axis=1, out=got, mode="clip")  # "raise" would buffer `out`
+        return got.reshape(h, *blocks.shape[:-1], blocks.shape[-1] * size, hd)
+
+    def _attend_decodes(
+        self,
+        keys: F32,
+        values: F64,
+        qq: F32,
+        qs: F64,
+        table: npt.NDArray[np.int64],
+        ctxs: npt.NDArray[np.int64],
+    ) -> F64:
+        """One new token each for a group of sequences, in one set of array calls.
+
+        ``table`` (sequences, blocks): each one's blocks, padded with block 0 past its
+        own; positions past a context score -inf, so they weigh 0 and the sums stay the
+        exact integers a sequence alone gets (per-sequence loops cost about 20 us a
+        sequence a layer in numpy calls, half of a 32-sequence decode step).
+        """
+        ck, cv = self._gather(keys, table), self._gather(values, table)  # (h, g, width, hd)
+        exact = qq[:, :, None] @ ck.transpose(0, 1, 3, 2)  # (h, g, 1, width): exact
+        scores = exact.astype(np.float64)
+        scores *= qs[:, :, None]
+        past = np.arange(ck.shape[2]) >= ctxs[:, None]  # (g, width)
+        if past.any():
+            np.copyto(scores, -np.inf, where=past[:, None])
+        att = _mix(scores, cv)[:, :, 0]  # (h, g, hd)
+        return np.asarray(att.transpose(1, 0, 2).reshape(len(ctxs), self.d_model))
 
     # -- its own block tables (a step without labserve's) ---------------------------------------
 
@@ -444,11 +541,15 @@ class TinyLM(Runnable):
 class _Where:
     """Where a step's K/V are in the store: the new tokens' slots, and each context's.
 
-    ``runs[i]``: the first slot of sequence i's context when its table is consecutive
-    blocks (read as a view), else -1; ``gathered``: the slots of the other contexts, packed.
+    ``rows[i]``: sequence i's first row among the step's tokens. ``decodes``: the
+    sequences with one new token, in groups of similar lengths, each ``(their rows, their
+    blocks padded to the group's longest with block 0, their contexts)``; a group's
+    padding adds at most ``_PAD_BLOCKS`` blocks in all.
+    ``prefills``: the others; ``runs[i]``: the first slot of one's context when its table
+    is consecutive blocks (read as a view), else -1 (its ``tables[i]`` are gathered).
     """
 
-    __slots__ = ("gathered", "new_slots", "runs")
+    __slots__ = ("decodes", "new_slots", "prefills", "rows", "runs", "tables")
 
     def __init__(
         self,
@@ -460,18 +561,53 @@ class _Where:
     ) -> None:
         lengths = np.fromiter(map(len, tables), np.int64, len(tables))
         blocks = np.fromiter(itertools.chain.from_iterable(tables), np.int64, int(lengths.sum()))
-        every = (blocks[:, None] * block_size + np.arange(block_size)).ravel()  # whole blocks
-        first = np.cumsum(lengths) * block_size - lengths * block_size  # each table's start
-        self.new_slots = every[np.repeat(first, counts) + positions]
-        # A table is one run when each block follows the one before it (no Python loop:
-        # checking table by table took 2 us a sequence, 2% of a 32-sequence decode step).
         heads = np.cumsum(lengths) - lengths  # each table's first block in `blocks`
-        breaks = np.ones(len(blocks), np.int64)
-        breaks[1:] = np.diff(blocks) != 1
-        breaks[heads] = 0
-        one_run = np.add.reduceat(breaks, heads) == 0
-        self.runs = np.where(one_run, blocks[heads] * block_size, -1).tolist()
-        apart = np.flatnonzero(~one_run)
-        ctxs = (np.asarray(starts, np.int64) + np.asarray(counts, np.int64))[apart]
-        at = np.cumsum(ctxs) - ctxs
-        self.gathered = every[np.arange(int(ctxs.sum())) + np.repeat(first[apart] - at, ctxs)]
+        n = np.asarray(counts, np.int64)
+        first = np.cumsum(n) - n  # each sequence's first row among the step's tokens
+        self.rows = first.tolist()
+        block_of = np.repeat(heads, n) + positions // block_size  # each new token's block
+        self.new_slots = blocks[block_of] * block_size + positions % block_size
+        ctxs = np.asarray(starts, np.int64) + n
+        need = -(-ctxs // block_size)  # the blocks a context covers
+        one = n == 1
+        self.decodes = [
+            self._padded(blocks, heads[g], need[g], ctxs[g], first[g])
+            for g in _groups(np.flatnonzero(one), need[one], _PAD_BLOCKS)
+        ]
+        self.prefills = np.flatnonzero(~one).tolist()
+        self.tables = {i: blocks[heads[i] : heads[i] + need[i]] for i in self.prefills}
+        self.runs = {i: self._run(t, block_size) for i, t in self.tables.items()}
+
+    @staticmethod
+    def _padded(
+        blocks: npt.NDArray[np.int64],
+        heads: npt.NDArray[np.int64],
+        need: npt.NDArray[np.int64],
+        ctxs: npt.NDArray[np.int64],
+        rows: npt.NDArray[np.int64],
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        width = np.arange(int(need.max()))
+        inside = width < need[:, None]
+        table = np.where(inside, blocks[np.where(inside, heads[:, None] + width, 0)], 0)
+        return rows, table, ctxs
+
+    @staticmethod
+    def _run(table: npt.NDArray[np.int64], block_size: int) -> int:
+        if table.size and table[-1] - table[0] == table.size - 1 and np.all(np.diff(table) == 1):
+            return int(table[0]) * block_size
+        return -1
+
+
+def _groups(
+    rows: npt.NDArray[np.int64], need: npt.NDArray[np.int64], pad: int
+) -> list[npt.NDArray[np.int64]]:
+    """``rows`` in groups of similar ``need``, longest first, each padded by at most ``pad``."""
+    order = np.argsort(-need, kind="stable")
+    needs = need[order].tolist()
+    groups, first, padded = [], 0, 0
+    for i in range(1, len(needs)):
+        padded += needs[first] - needs[i]
+        if padded > pad:
+            groups.append(rows[order[first:i]])
+            first, padded = i, 0
+    return [*groups, rows[order[first:]]] if needs else []

@@ -196,3 +196,35 @@ def test_a_paged_tinylm_refuses_a_step_without_tables_or_of_another_block_size()
         paged.generate(SeqBatch((1,), (np.array([1, 2]),), (0,), (True,)))
     with pytest.raises(ValueError, match="blocks of 8 positions"):
         paged.generate(SeqBatch((1,), (np.array([1, 2]),), (0,), (True,), ((0,),), 8))
+
+
+def test_a_decode_step_over_contexts_of_every_length_gives_each_its_logits_alone():
+    # 40 decoding sequences whose contexts run from 1 to 160 tokens, tables scattered over
+    # the pool: TinyLM attends them in groups of similar lengths, padded with block 0 and
+    # masked; each row must be bit-identical to that sequence's decode step alone.
+    block_size, rng = 4, np.random.default_rng(31)
+    lengths = np.linspace(1, 160, 40).astype(int).tolist()
+    prompts = [rng.integers(0, 256, n) for n in lengths]
+    lm = TinyLM()
+    lm.allocate_kv(2000, block_size)
+    free = rng.permutation(2000).tolist()
+    tables = [tuple(free.pop() for _ in range(-(-(n + 1) // block_size))) for n in lengths]
+    ids = tuple(range(len(prompts)))
+
+    def step(rows, tokens, starts):
+        batch = SeqBatch(
+            tuple(ids[i] for i in rows),
+            tuple(tokens),
+            tuple(starts),
+            (True,) * len(rows),
+            tuple(tables[i] for i in rows),
+            block_size,
+        )
+        return lm.generate(batch)
+
+    step(ids, [p.astype(np.int64) for p in prompts], [0] * len(ids))
+    nxt = [np.array([7], np.int64)] * len(ids)
+    together = step(ids, nxt, lengths)
+    alone = [step([i], nxt[:1], [lengths[i]])[0] for i in ids]  # rewrites the same slots
+    for i in ids:
+        assert np.array_equal(together[i], alone[i]), f"context {lengths[i]}: logits differ"
