@@ -7,7 +7,8 @@ the model's forward alone (CPU time, one torch thread, median of ``--repeats``),
 shapes of growing width: the attention over the prefix is a fixed share per layer width, the
 dense layers grow with its square, so the ratio falls as models grow.
 
-    .venv/bin/python benchmarks/generation/prefix_bound.py --json benchmarks/generation/prefix_bound.json
+    .venv/bin/python benchmarks/generation/prefix_bound.py \
+        --json benchmarks/generation/prefix_bound.json
 """
 
 from __future__ import annotations
@@ -55,10 +56,14 @@ def main() -> None:
         model = GPT2LMHeadModel(config).eval()
         hit = forward_ms(model, args.new, args.cached, args.repeats)
         tail = forward_ms(model, args.new, 0, args.repeats)
-        rows.append({"width": width, "layers": layers, "hit_ms": hit, "tail_ms": tail,
-                     "ratio": hit / tail})
-        print(f"width {width:>4} x {layers:>2} layers: {args.new} tokens after {args.cached} "
-              f"cached {hit:7.2f} ms, alone {tail:7.2f} ms: {hit / tail:.2f}x", flush=True)
+        rows.append(
+            {"width": width, "layers": layers, "hit_ms": hit, "tail_ms": tail, "ratio": hit / tail}
+        )
+        print(
+            f"width {width:>4} x {layers:>2} layers: {args.new} tokens after {args.cached} "
+            f"cached {hit:7.2f} ms, alone {tail:7.2f} ms: {hit / tail:.2f}x",
+            flush=True,
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"new": args.new, "cached": args.cached, "rows": rows}, f, indent=1)
