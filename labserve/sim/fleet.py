@@ -219,7 +219,7 @@ class _Fleet:
                 continue
             typical = self.cost.of(plan)
             replica.plan = plan
-            self.push(now + typical * self.cost.factor(replica.spread), 1, index)
+            self.push(now + typical * self.cost.factor(replica.spread, typical), 1, index)
             return
         replica.busy = False
 

@@ -221,18 +221,60 @@ def test_the_spread_over_the_typical_step_is_the_runs_own_and_keeps_the_mean():
     # The typical step is fitted without the stalls; least squares over all would not be.
     assert cal.cost.fixed_ms == pytest.approx(TRUE.fixed_ms, rel=0.02)
     assert cal.cost.per_batched_token_ms == pytest.approx(TRUE.per_batched_token_ms, rel=0.02)
-    q = np.asarray(cal.cost.spread)
-    assert len(q) == SPREAD_QUANTILES and q[50] == pytest.approx(1.0, abs=1e-6)
+    blocks = [cal.cost.block_of(t) for t in (0.0, *cal.cost.spread_edges_ms)]
+    assert len(cal.cost.spread) == SPREAD_QUANTILES * len(blocks)
+    for q in blocks:  # every size stalled alike: each has the run's tail
+        assert q[50] == pytest.approx(1.0, abs=1e-6)
+        assert q[-1] == pytest.approx(12.0, rel=0.15) and q[-3] > 3.0
     assert 0.03 < (~cal.typical).mean() < 0.08
-    assert q[-1] == pytest.approx(12.0, rel=0.1) and q[-3] > 3.0
-    # The model's mean step (typical x mean factor) is about the measured mean.
-    assert cal.predicted_ms.mean() * q.mean() == pytest.approx(cal.measured_ms.mean(), rel=0.1)
+    # The model's mean step (typical x its size's mean factor) is about the measured mean.
+    drawn = [t * np.mean(cal.cost.block_of(t / 1000.0)) for t in cal.predicted_ms.tolist()]
+    assert np.mean(drawn) == pytest.approx(cal.measured_ms.mean(), rel=0.1)
     assert "off the typical fit" in repr(cal)
     # Replayed with the spread, the steps spread as measured: the same tail.
     again = calibrate(busy_run(cal.cost, n=1500, seed=1))
     assert np.percentile(again.measured_ms, 99) == pytest.approx(
         np.percentile(cal.measured_ms, 99), rel=0.25
     )
+
+
+def test_short_and_long_steps_keep_their_own_spread():
+    # Below 4 ms a step in ten stalls 5-30x; from 4 ms on, at most 3x (as live at load 13).
+    short = np.r_[np.ones(90), np.linspace(5.0, 30.0, 11)]
+    long = np.r_[np.ones(90), np.linspace(1.5, 3.0, 11)]
+    sized = dataclasses.replace(
+        TRUE, spread=tuple(float(v) for v in np.r_[short, long]), spread_edges_ms=(4.0,)
+    )
+    cal = calibrate(busy_run(sized, n=1500))
+    assert cal.cost.fixed_ms == pytest.approx(TRUE.fixed_ms, rel=0.02)
+    edges = cal.cost.spread_edges_ms
+    assert 4.0 in edges and len(edges) >= 1
+    for lo in (0.0, *edges):
+        q = cal.cost.block_of(lo / 1000.0)
+        if lo < 4.0:
+            assert q[-1] == pytest.approx(30.0, rel=0.2)
+        else:
+            assert q[-1] == pytest.approx(3.0, rel=0.1)  # not the short steps' 30x
+    # Replayed, a long step's tail stays its own: p99 of measured / typical under 3.5x.
+    again = calibrate(busy_run(cal.cost, n=1500, seed=1))
+    ratio = again.measured_ms / again.predicted_ms
+    assert np.percentile(ratio[again.predicted_ms >= 4.0], 99) < 3.5
+    assert np.percentile(ratio[again.predicted_ms < 4.0], 99.5) > 5.0
+    assert "4-8 ms" in repr(cal) or ">= 4 ms" in repr(cal)
+
+
+def test_a_sized_spread_is_checked():
+    with pytest.raises(ValueError, match="2 blocks"):
+        StepCost(1.0, spread=(1.0, 2.0, 3.0), spread_edges_ms=(4.0,))
+    with pytest.raises(ValueError, match="spread_edges_ms"):
+        StepCost(1.0, spread=(1.0, 2.0, 1.0, 2.0), spread_edges_ms=(-1.0,))
+    with pytest.raises(ValueError, match="spread_edges_ms"):
+        StepCost(1.0, spread_edges_ms=(4.0,))  # edges without a spread
+    with pytest.raises(ValueError, match="in order"):
+        StepCost(1.0, spread=(1.0, 2.0, 3.0, 1.0), spread_edges_ms=(4.0,))
+    cost = StepCost(1.0, spread=(1.0, 1.0, 2.0, 2.0), spread_edges_ms=(4.0,))
+    assert cost.block_of(0.003) == (1.0, 1.0) and cost.block_of(0.004) == (2.0, 2.0)
+    assert "2 step sizes" in repr(cost)
 
 
 def test_the_wake_from_idle_is_measured_from_the_arrivals():
