@@ -286,3 +286,34 @@ def test_the_wake_from_idle_is_measured_from_the_arrivals():
     assert np.min(run.ttft_s) * 1000.0 > 0.7
     assert calibrate(run, arrival_s=run.arrival_s).cost.wake_ms == pytest.approx(0.7, rel=1e-6)
     assert calibrate(run).cost.wake_ms == 0.0
+
+
+def test_a_search_on_the_calibrated_cost_chooses_as_one_on_the_true_cost():
+    # The new-user path on virtual time: a run of a model whose short steps stall more than
+    # its long ones, calibrate, search, against the same search on the cost that made the run.
+    short = np.r_[np.ones(90), np.linspace(3.0, 10.0, 11)]
+    long = np.r_[np.ones(90), np.linspace(1.2, 2.0, 11)]
+    true = StepCost(
+        2.0, per_seq_ms=0.2, spread=tuple(float(v) for v in np.r_[short, long]),
+        spread_edges_ms=(4.0,),
+    )  # fmt: skip
+    ran = simulate_generation(
+        GenerationConfig(max_num_seqs=16), true, n_requests=1500, input_len="uniform:4:16",
+        output_len="uniform:4:16", rate=120.0,
+    )  # fmt: skip
+    # At 120 req/s the run holds steps of every size the grid runs (at 300 it held no short
+    # ones: their spread went unseen, and max_num_seqs 1 and 4 came out 77% fast).
+    cal = calibrate(ran)
+    assert cal.cost.fixed_ms == pytest.approx(2.0, rel=0.02)
+    assert cal.cost.per_seq_ms == pytest.approx(0.2, rel=0.05)
+    assert cal.cost.block_of(0.002)[99] == pytest.approx(true.block_of(0.002)[99], rel=0.15)
+    assert cal.cost.block_of(0.005)[99] == pytest.approx(true.block_of(0.005)[99], rel=0.15)
+    kw: dict[str, Any] = dict(grid={"max_num_seqs": [1, 4, 16]}, duration_s=4.0, warmup_s=0.5)
+    work = labserve.PoissonWorkload(8, 8)
+    on_true = labserve.search_generation(work, "ttft:100 tpot:8", cost=true, **kw)
+    on_cal = labserve.search_generation(work, "ttft:100 tpot:8", cost=cal.cost, **kw)
+    assert on_cal.best["max_num_seqs"] == on_true.best["max_num_seqs"]
+    assert on_cal.best["max_rate"] == pytest.approx(on_true.best["max_rate"], rel=0.045)
+    rates = {r["max_num_seqs"]: r["max_rate"] for r in on_true.rows}
+    for row in on_cal.rows:  # the rest near their edge, where 4 s of draws decide (seen: +24%)
+        assert row["max_rate"] == pytest.approx(rates[row["max_num_seqs"]], rel=0.3)
