@@ -105,12 +105,16 @@ def live(runner: labserve.Runner, offsets: np.ndarray, output: int) -> dict[str,
         )
         return len(done.token_ids)
 
+    sent: list[labserve.GenerationSnapshot] = []
+
     async def main() -> tuple[float, list[int]]:
         start = time.monotonic() + 0.05
-        counts = await asyncio.gather(
-            *(one(start + t, _prompt(i)) for i, t in enumerate(offsets.tolist()))
-        )
-        return start, counts
+        runs = asyncio.gather(*(one(start + t, _prompt(i)) for i, t in enumerate(offsets.tolist())))
+        # The steps as the last request is sent (what calibrate reads): the recorder keeps
+        # the last 2,000, which after the drain hold only its small steps.
+        await asyncio.sleep(max(0.0, start + float(offsets[-1]) - time.monotonic()))
+        sent.append(runner.generate.stats())
+        return start, await runs
 
     load = os.getloadavg()[0]
     cpu0, wait0, wall0 = time.process_time(), _run_delay_s(), time.monotonic()
@@ -121,6 +125,7 @@ def live(runner: labserve.Runner, offsets: np.ndarray, output: int) -> dict[str,
         raise RuntimeError(f"a live run lost requests or tokens: {snap.outcomes}")
     return {
         "snapshot": snap,
+        "sent_snapshot": sent[0],
         "start_s": start,
         "figures": {m: {q: snap.percentiles_ms[m][q] for q in QUANTILES} for m in METRICS},
         # CPU used, and time runnable but waiting for a core (another process had it).
@@ -265,7 +270,7 @@ def main() -> None:
         print(f"capacity: {cap['tokens_per_s']:,.0f} tokens/s, {cap['requests_per_s']:.1f} req/s")
         offsets = trace(0.5 * cap["requests_per_s"], args.seconds, 0)
         got = live(runner, offsets, args.output)
-        cal = labserve.calibrate(got["snapshot"], arrival_s=got["start_s"] + offsets)
+        cal = labserve.calibrate(got["sent_snapshot"], arrival_s=got["start_s"] + offsets)
         print(f"calibrated on seed 0 at 50%: {cal!r}\n{cal.table()}")
         costs = {
             "calibrated": cal.cost,
