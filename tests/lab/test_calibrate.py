@@ -317,3 +317,23 @@ def test_a_search_on_the_calibrated_cost_chooses_as_one_on_the_true_cost():
     rates = {r["max_num_seqs"]: r["max_rate"] for r in on_true.rows}
     for row in on_cal.rows:  # the rest near their edge, where 4 s of draws decide (seen: +24%)
         assert row["max_rate"] == pytest.approx(rates[row["max_num_seqs"]], rel=0.3)
+
+
+@pytest.mark.parametrize("memory", [0.0, 0.8])
+def test_the_spread_s_memory_is_measured_from_runs_of_slow_steps(memory):
+    # Slow steps in runs (a step keeps the last one's place with chance `memory`) or not.
+    spread = tuple(float(v) for v in np.linspace(0.8, 3.0, 101))
+    run = busy_run(dataclasses.replace(TRUE, spread=spread, spread_memory=memory), n=1500)
+    cal = calibrate(run)
+    assert cal.cost.spread_memory == pytest.approx(memory, abs=0.08)
+    assert f"memory {cal.cost.spread_memory:.2f}" in repr(cal)
+    # With memory the mean step over 128 steps varies more than drawn afresh: TPOT's tail.
+    steps = calibrate(busy_run(cal.cost, n=1500, seed=1))
+    ratio = steps.measured_ms / steps.predicted_ms
+    means = [ratio[i : i + 128].mean() for i in range(0, len(ratio) - 128, 128)]
+    assert (np.std(means) > 0.09) == (memory > 0)  # afresh: 0.64 / sqrt(128) = 0.056
+
+
+def test_a_memory_outside_zero_to_one_is_refused():
+    with pytest.raises(ValueError, match="spread_memory"):
+        StepCost(1.0, spread=(1.0, 2.0), spread_memory=1.0)

@@ -23,7 +23,10 @@ and 9-32-sequence ones 4.9x (the longer a step holds the core, the likelier it l
 The spread is kept per step size (typical times in bins a factor of 2 apart, merged until
 each holds :data:`MIN_SIZE_STEPS`): one spread for all steps, at load 13, gave the 0.7 ms
 decodes' p99 of 30x to the 5-20 ms prefill steps too, and the simulated TTFT p99 came out
-3-4x the live one.
+3-4x the live one. Slow steps come in runs (the machine stays busy for a while), so the
+spread has a memory: how long a step's place in its spread (its rank within its size) lasts,
+measured by the steps' autocorrelation over up to :data:`MEMORY_LAGS` steps (the integrated
+autocorrelation time, matched by a chance of keeping the last step's place).
 Given the run's arrival times, the delay from an arrival at an idle method to its step's
 start is measured too (``wake_ms``).
 
@@ -52,7 +55,14 @@ from labserve.generation.stats import GenerationSnapshot
 from labserve.lab._fit import fit_nonnegative
 from labserve.sim.generation import StepCost
 
-__all__ = ["MIN_SIZE_STEPS", "MIN_STEPS", "SPREAD_QUANTILES", "Calibration", "calibrate"]
+__all__ = [
+    "MEMORY_LAGS",
+    "MIN_SIZE_STEPS",
+    "MIN_STEPS",
+    "SPREAD_QUANTILES",
+    "Calibration",
+    "calibrate",
+]
 
 F64 = npt.NDArray[np.float64]
 
@@ -62,6 +72,10 @@ MIN_STEPS = 8
 SPREAD_QUANTILES = 101
 """Quantiles of measured / typical kept as the cost's spread (per step size): every
 percentile, so that a p99 drawn from it rests on the run's own tail."""
+
+MEMORY_LAGS = 128
+"""Lags the spread's memory is measured over: a request's TPOT averages about that many
+steps at 128 output tokens, and it is their runs of slow steps that make its tail."""
 
 MIN_SIZE_STEPS = 50
 """Fewest steps a step size's spread is taken from: with fewer, its p99 is one step's luck."""
@@ -149,7 +163,7 @@ class Calibration:
         c = self.cost
         return (
             f"Calibration({_cost_line(c)}; measured/typical {self._spread_line()};"
-            f" wake {c.wake_ms:.3f} ms; from {n:,} steps"
+            f" memory {c.spread_memory:.2f}; wake {c.wake_ms:.3f} ms; from {n:,} steps"
             f" ({self.skipped:,} skipped: idle after), mean"
             f" {self.measured_ms.mean() if n else float('nan'):.3f} ms; residuals rms"
             f" {self.rms_ms:.3f} ms; typical steps' |error| median"
@@ -239,6 +253,7 @@ def calibrate(
     coef, typical = _robust_fit(x, measured, cut)
     predicted = np.asarray(x @ coef, dtype=np.float64)
     edges, spread = _spread_by_size(measured, predicted)
+    memory = _memory(measured / np.maximum(predicted, 1e-9), predicted, edges)
     cost = StepCost(
         fixed_ms=float(coef[0]),
         per_seq_ms=float(coef[1]),
@@ -247,6 +262,7 @@ def calibrate(
         wake_ms=_wake_ms(series, arrival_s) if arrival_s is not None else 0.0,
         spread=spread,
         spread_edges_ms=edges,
+        spread_memory=memory,
     )
     return Calibration(
         cost=cost,
@@ -284,6 +300,38 @@ def _spread_by_size(measured: F64, predicted: F64) -> tuple[tuple[float, ...], t
         sel = (typical >= a) & (typical < b)
         spread += [float(v) for v in np.percentile(ratio[sel], probs)]
     return tuple(edges), tuple(spread)
+
+
+def _memory(ratio: F64, typical: F64, edges: tuple[float, ...]) -> float:
+    """The chance of keeping the last step's place that gives the steps' persistence.
+
+    Each step's place is its rank (ties averaged) among the steps of its size; with
+    autocorrelation r_k at lag k, the integrated time tau = 1 + 2 sum r_k (up to the first
+    r_k <= 0, at most :data:`MEMORY_LAGS`), and keeping a place with chance m gives
+    tau = (1 + m) / (1 - m).
+    """
+    # Rounded: spans are differences of clock readings, and steps at the same ratio would
+    # otherwise rank by their rounding error, which neighbours share (0.47 on a memoryless run).
+    ratio = np.round(ratio, 6)
+    place = np.empty_like(ratio)
+    bounds = [-np.inf, *edges, np.inf]
+    for a, b in itertools.pairwise(bounds):
+        sel = (typical >= a) & (typical < b)
+        x = np.sort(ratio[sel])
+        lo = np.searchsorted(x, ratio[sel], "left")
+        hi = np.searchsorted(x, ratio[sel], "right") - 1
+        place[sel] = (lo + hi) / 2.0 / max(len(x) - 1, 1)
+    u = place - place.mean()
+    var = float(np.mean(u * u))
+    if len(u) < 4 * MIN_STEPS or var <= 0:
+        return 0.0
+    tau = 1.0
+    for k in range(1, min(MEMORY_LAGS, len(u) // 4) + 1):
+        r = float(np.mean(u[:-k] * u[k:])) / var
+        if r <= 0:
+            break
+        tau += 2.0 * r
+    return min((tau - 1.0) / (tau + 1.0), 0.99)
 
 
 def _robust_fit(
