@@ -12,10 +12,11 @@
 
 Target: TTFT, ITL and TPOT at p50 and p99 within 10% of live, or within the spread of the live
 repeats where that is larger; the median over seeds. e2e is reported beside them. Beside the
-calibrated cost (its spread kept per step size) the same runs are replayed on the calibrated
-cost with one spread for every step (``one spread``, the calibration before) and on the
-shipped cost. The end prints a compact verdict (hits per load and cost, with the load
-average), and ``--out`` gets everything as JSON.
+calibrated cost (its spread kept per step size, with its memory) the same runs are replayed
+on it drawn afresh each step (``no memory``), with one spread for every step drawn afresh
+(``one spread``, the calibration before), and on the shipped cost. The end prints a
+compact verdict (hits per load and cost, with the load average), and ``--out`` gets
+everything as JSON.
 
     .venv/bin/python benchmarks/generation/fidelity.py [--seconds 8] [--repeats 3]
         [--out benchmarks/generation/fidelity.json]
@@ -274,6 +275,7 @@ def main() -> None:
         print(f"calibrated on seed 0 at 50%: {cal!r}\n{cal.table()}")
         costs = {
             "calibrated": cal.cost,
+            "no memory": dataclasses.replace(cal.cost, spread_memory=0.0),
             "one spread": one_spread(cal),
             "shipped": TINYLM_STEP_COST,
         }
@@ -301,10 +303,12 @@ def main() -> None:
 
 
 def one_spread(cal: labserve.Calibration) -> StepCost:
-    """The calibrated cost with one spread for every step size (the calibration before)."""
+    """The calibrated cost with one spread for every step size, drawn afresh each step (the
+    calibration before)."""
     ratio = cal.measured_ms / np.maximum(cal.predicted_ms, 1e-9)
     q = np.percentile(ratio, np.linspace(0, 100, len(cal.cost.block_of(0.0))))
-    return dataclasses.replace(cal.cost, spread=tuple(float(v) for v in q), spread_edges_ms=())
+    one = tuple(float(v) for v in q)
+    return dataclasses.replace(cal.cost, spread=one, spread_edges_ms=(), spread_memory=0.0)
 
 
 def verdict(loads: dict[str, Any], names: list[str]) -> dict[str, Any]:
