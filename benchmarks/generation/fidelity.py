@@ -12,9 +12,9 @@
 
 Target: TTFT, ITL and TPOT at p50 and p99 within 10% of live, or within the spread of the live
 repeats where that is larger; the median over seeds. e2e is reported beside them. Beside the
-calibrated cost (its spread kept per step size, with its memory) the same runs are replayed
-on it drawn afresh each step (``no memory``), with one spread for every step drawn afresh
-(``one spread``, the calibration before), and on the shipped cost. The end prints a
+calibrated cost (its spread kept per step size, drawn afresh each step) the same runs are
+replayed on it with the spread's measured memory (``memory``), with one spread for every
+step (``one spread``, the calibration before), and on the shipped cost. The end prints a
 compact verdict (hits per load and cost, with the load average), and ``--out`` gets
 everything as JSON.
 
@@ -275,7 +275,7 @@ def main() -> None:
         print(f"calibrated on seed 0 at 50%: {cal!r}\n{cal.table()}")
         costs = {
             "calibrated": cal.cost,
-            "no memory": dataclasses.replace(cal.cost, spread_memory=0.0),
+            "memory": dataclasses.replace(cal.cost, spread_memory=cal.memory),
             "one spread": one_spread(cal),
             "shipped": TINYLM_STEP_COST,
         }

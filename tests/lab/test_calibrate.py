@@ -324,9 +324,10 @@ def test_the_spread_s_memory_is_measured_from_runs_of_slow_steps(memory):
     # Slow steps in runs (a step keeps the last one's place with chance `memory`) or not.
     spread = tuple(float(v) for v in np.linspace(0.8, 3.0, 101))
     run = busy_run(dataclasses.replace(TRUE, spread=spread, spread_memory=memory), n=1500)
-    cal = calibrate(run)
-    assert cal.cost.spread_memory == pytest.approx(memory, abs=0.08)
-    assert f"memory {cal.cost.spread_memory:.2f}" in repr(cal)
+    assert calibrate(run).cost.spread_memory == 0.0  # measured, not used, by default
+    cal = calibrate(run, memory=True)
+    assert cal.cost.spread_memory == cal.memory == pytest.approx(memory, abs=0.08)
+    assert f"memory {cal.memory:.2f};" in repr(cal)
     # With memory the mean step over 128 steps varies more than drawn afresh: TPOT's tail.
     steps = calibrate(busy_run(cal.cost, n=1500, seed=1))
     ratio = steps.measured_ms / steps.predicted_ms
