@@ -11,9 +11,15 @@
    (``stats()``, from admission; each run fits in its 10 s window).
 
 Target: TTFT, ITL and TPOT at p50 and p99 within 10% of live, or within the spread of the live
-repeats where that is larger; the median over seeds. e2e is reported beside them.
+repeats where that is larger; the median over seeds. e2e is reported beside them. Beside the
+calibrated cost (its spread kept per step size, drawn afresh each step) the same runs are
+replayed on it with the spread's measured memory (``memory``), with one spread for every
+step (``one spread``, the calibration before), and on the shipped cost. The end prints a
+compact verdict (hits per load and cost, with the load average), and ``--out`` gets
+everything as JSON.
 
     .venv/bin/python benchmarks/generation/fidelity.py [--seconds 8] [--repeats 3]
+        [--out benchmarks/generation/fidelity.json]
 """
 
 from __future__ import annotations
@@ -100,12 +106,16 @@ def live(runner: labserve.Runner, offsets: np.ndarray, output: int) -> dict[str,
         )
         return len(done.token_ids)
 
+    sent: list[labserve.GenerationSnapshot] = []
+
     async def main() -> tuple[float, list[int]]:
         start = time.monotonic() + 0.05
-        counts = await asyncio.gather(
-            *(one(start + t, _prompt(i)) for i, t in enumerate(offsets.tolist()))
-        )
-        return start, counts
+        runs = asyncio.gather(*(one(start + t, _prompt(i)) for i, t in enumerate(offsets.tolist())))
+        # The steps as the last request is sent (what calibrate reads): the recorder keeps
+        # the last 2,000, which after the drain hold only its small steps.
+        await asyncio.sleep(max(0.0, start + float(offsets[-1]) - time.monotonic()))
+        sent.append(runner.generate.stats())
+        return start, await runs
 
     load = os.getloadavg()[0]
     cpu0, wait0, wall0 = time.process_time(), _run_delay_s(), time.monotonic()
@@ -116,6 +126,7 @@ def live(runner: labserve.Runner, offsets: np.ndarray, output: int) -> dict[str,
         raise RuntimeError(f"a live run lost requests or tokens: {snap.outcomes}")
     return {
         "snapshot": snap,
+        "sent_snapshot": sent[0],
         "start_s": start,
         "figures": {m: {q: snap.percentiles_ms[m][q] for q in QUANTILES} for m in METRICS},
         # CPU used, and time runnable but waiting for a core (another process had it).
@@ -260,9 +271,14 @@ def main() -> None:
         print(f"capacity: {cap['tokens_per_s']:,.0f} tokens/s, {cap['requests_per_s']:.1f} req/s")
         offsets = trace(0.5 * cap["requests_per_s"], args.seconds, 0)
         got = live(runner, offsets, args.output)
-        cal = labserve.calibrate(got["snapshot"], arrival_s=got["start_s"] + offsets)
+        cal = labserve.calibrate(got["sent_snapshot"], arrival_s=got["start_s"] + offsets)
         print(f"calibrated on seed 0 at 50%: {cal!r}\n{cal.table()}")
-        costs = {"calibrated": cal.cost, "shipped": TINYLM_STEP_COST}
+        costs = {
+            "calibrated": cal.cost,
+            "memory": dataclasses.replace(cal.cost, spread_memory=cal.memory),
+            "one spread": one_spread(cal),
+            "shipped": TINYLM_STEP_COST,
+        }
         report |= {
             "capacity": cap,
             "calibration": {
@@ -281,7 +297,59 @@ def main() -> None:
     finally:
         runner.stop()
     report["loadavg_after"] = os.getloadavg()
+    report["verdict"] = verdict(report["loads"], list(costs))
+    print_verdict(report)
     pathlib.Path(args.out).write_text(json.dumps(report, indent=1, default=float) + "\n")
+
+
+def one_spread(cal: labserve.Calibration) -> StepCost:
+    """The calibrated cost with one spread for every step size, drawn afresh each step (the
+    calibration before)."""
+    ratio = cal.measured_ms / np.maximum(cal.predicted_ms, 1e-9)
+    q = np.percentile(ratio, np.linspace(0, 100, len(cal.cost.block_of(0.0))))
+    one = tuple(float(v) for v in q)
+    return dataclasses.replace(cal.cost, spread=one, spread_edges_ms=(), spread_memory=0.0)
+
+
+def verdict(loads: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """Per load and cost: targeted figures hit, of how many, and the live load averages."""
+    out: dict[str, Any] = {}
+    for load, got in loads.items():
+        keys = [k for k in got["cells"] if k.split("_")[0] in TARGETED]
+        averages = [a for s in got["steps"] for a in s["loadavg"]]
+        out[load] = {
+            "rate": got["rate"],
+            "loadavg": [min(averages), max(averages)],
+            **{n: sum(bool(got["cells"][k][n]["hit"]) for k in keys) for n in names},
+            "of": len(keys),
+        }
+    return out
+
+
+def print_verdict(report: dict[str, Any]) -> None:
+    """The compact table the lead reads: hits per load and cost, and the machine's load."""
+    rows = report["verdict"]
+    names = [n for n in next(iter(rows.values())) if n not in ("rate", "loadavg", "of")]
+    cal = report["calibration"]
+    print(
+        f"\nverdict ({report['date']}, {report['commit']}; capacity"
+        f" {report['capacity']['requests_per_s']:.1f} req/s; calibrated at load"
+        f" {cal['loadavg']:.1f}): TTFT/ITL/TPOT p50+p99 within 10% or the live spread"
+    )
+    print(f"{'load':>5} {'req/s':>6} {'load avg':>10} " + " ".join(f"{n:>11}" for n in names))
+    total = dict.fromkeys(names, 0)
+    of = 0
+    for load, r in rows.items():
+        lo, hi = r["loadavg"]
+        cells = " ".join(f"{str(r[n]) + '/' + str(r['of']):>11}" for n in names)
+        print(f"{float(load):>5.0%} {r['rate']:>6.1f} {lo:>4.1f}-{hi:<5.1f} {cells}")
+        for n in names:
+            total[n] += r[n]
+        of += r["of"]
+    print(
+        f"{'all':>5} {'':>6} {'':>10} "
+        + " ".join(f"{str(total[n]) + '/' + str(of):>11}" for n in names)
+    )
 
 
 if __name__ == "__main__":

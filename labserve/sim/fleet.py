@@ -59,12 +59,15 @@ class _Turn:
 class _Replica:
     """One replica: its scheduler, the turns routed to it not yet admitted, its load area."""
 
-    def __init__(self, index: int, config: GenerationConfig, max_model_len: int, seed: int) -> None:
+    def __init__(
+        self, index: int, config: GenerationConfig, cost: StepCost, max_model_len: int, seed: int
+    ) -> None:
         self.index = index
         self.name = str(index)
         self.sched = Scheduler(config, max_model_len=max_model_len)
         # Replica 0 draws as the single simulator does, so one replica gives its result.
         self.spread = np.random.default_rng([seed, 35] if index == 0 else [seed, 35, index])
+        self.step_time = cost.timer(self.spread)
         self.inbox: list[int] = []  # seq ids routed here, admitted at the next boundary
         self.plan: StepPlan | None = None  # the step in flight
         self.busy = False  # an event (a step's end, or a wake) is on the heap
@@ -112,7 +115,7 @@ class _Fleet:
         self.workload = workload
         self.router = router
         self.measure_from = measure_from_s
-        self.replicas = [_Replica(i, config, max_model_len, seed) for i in range(replicas)]
+        self.replicas = [_Replica(i, config, cost, max_model_len, seed) for i in range(replicas)]
         # (time, kind, order, index): kind 0 an arrival (session index, turn in `turns`),
         # kind 1 a replica's event; arrivals first at one time, as the single simulator
         # admits every turn due at a step boundary.
@@ -217,9 +220,9 @@ class _Fleet:
             self.ended(replica, plan.finished)
             if plan.empty:
                 continue
-            typical = self.cost.of(plan)
             replica.plan = plan
-            self.push(now + typical * self.cost.factor(replica.spread), 1, index)
+            counts = (len(plan.scheduled), plan.num_batched_tokens, plan.num_context_tokens)
+            self.push(now + replica.step_time(*counts), 1, index)
             return
         replica.busy = False
 

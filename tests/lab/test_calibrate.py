@@ -221,18 +221,60 @@ def test_the_spread_over_the_typical_step_is_the_runs_own_and_keeps_the_mean():
     # The typical step is fitted without the stalls; least squares over all would not be.
     assert cal.cost.fixed_ms == pytest.approx(TRUE.fixed_ms, rel=0.02)
     assert cal.cost.per_batched_token_ms == pytest.approx(TRUE.per_batched_token_ms, rel=0.02)
-    q = np.asarray(cal.cost.spread)
-    assert len(q) == SPREAD_QUANTILES and q[50] == pytest.approx(1.0, abs=1e-6)
+    blocks = [cal.cost.block_of(t) for t in (0.0, *cal.cost.spread_edges_ms)]
+    assert len(cal.cost.spread) == SPREAD_QUANTILES * len(blocks)
+    for q in blocks:  # every size stalled alike: each has the run's tail
+        assert q[50] == pytest.approx(1.0, abs=1e-6)
+        assert q[-1] == pytest.approx(12.0, rel=0.15) and q[-3] > 3.0
     assert 0.03 < (~cal.typical).mean() < 0.08
-    assert q[-1] == pytest.approx(12.0, rel=0.1) and q[-3] > 3.0
-    # The model's mean step (typical x mean factor) is about the measured mean.
-    assert cal.predicted_ms.mean() * q.mean() == pytest.approx(cal.measured_ms.mean(), rel=0.1)
+    # The model's mean step (typical x its size's mean factor) is about the measured mean.
+    drawn = [t * np.mean(cal.cost.block_of(t / 1000.0)) for t in cal.predicted_ms.tolist()]
+    assert np.mean(drawn) == pytest.approx(cal.measured_ms.mean(), rel=0.1)
     assert "off the typical fit" in repr(cal)
     # Replayed with the spread, the steps spread as measured: the same tail.
     again = calibrate(busy_run(cal.cost, n=1500, seed=1))
     assert np.percentile(again.measured_ms, 99) == pytest.approx(
         np.percentile(cal.measured_ms, 99), rel=0.25
     )
+
+
+def test_short_and_long_steps_keep_their_own_spread():
+    # Below 4 ms a step in ten stalls 5-30x; from 4 ms on, at most 3x (as live at load 13).
+    short = np.r_[np.ones(90), np.linspace(5.0, 30.0, 11)]
+    long = np.r_[np.ones(90), np.linspace(1.5, 3.0, 11)]
+    sized = dataclasses.replace(
+        TRUE, spread=tuple(float(v) for v in np.r_[short, long]), spread_edges_ms=(4.0,)
+    )
+    cal = calibrate(busy_run(sized, n=1500))
+    assert cal.cost.fixed_ms == pytest.approx(TRUE.fixed_ms, rel=0.02)
+    edges = cal.cost.spread_edges_ms
+    assert 4.0 in edges and len(edges) >= 1
+    for lo in (0.0, *edges):
+        q = cal.cost.block_of(lo / 1000.0)
+        if lo < 4.0:
+            assert q[-1] == pytest.approx(30.0, rel=0.2)
+        else:
+            assert q[-1] == pytest.approx(3.0, rel=0.1)  # not the short steps' 30x
+    # Replayed, a long step's tail stays its own: p99 of measured / typical under 3.5x.
+    again = calibrate(busy_run(cal.cost, n=1500, seed=1))
+    ratio = again.measured_ms / again.predicted_ms
+    assert np.percentile(ratio[again.predicted_ms >= 4.0], 99) < 3.5
+    assert np.percentile(ratio[again.predicted_ms < 4.0], 99.5) > 5.0
+    assert "4-8 ms" in repr(cal) or ">= 4 ms" in repr(cal)
+
+
+def test_a_sized_spread_is_checked():
+    with pytest.raises(ValueError, match="2 blocks"):
+        StepCost(1.0, spread=(1.0, 2.0, 3.0), spread_edges_ms=(4.0,))
+    with pytest.raises(ValueError, match="spread_edges_ms"):
+        StepCost(1.0, spread=(1.0, 2.0, 1.0, 2.0), spread_edges_ms=(-1.0,))
+    with pytest.raises(ValueError, match="spread_edges_ms"):
+        StepCost(1.0, spread_edges_ms=(4.0,))  # edges without a spread
+    with pytest.raises(ValueError, match="in order"):
+        StepCost(1.0, spread=(1.0, 2.0, 3.0, 1.0), spread_edges_ms=(4.0,))
+    cost = StepCost(1.0, spread=(1.0, 1.0, 2.0, 2.0), spread_edges_ms=(4.0,))
+    assert cost.block_of(0.003) == (1.0, 1.0) and cost.block_of(0.004) == (2.0, 2.0)
+    assert "2 step sizes" in repr(cost)
 
 
 def test_the_wake_from_idle_is_measured_from_the_arrivals():
@@ -244,3 +286,55 @@ def test_the_wake_from_idle_is_measured_from_the_arrivals():
     assert np.min(run.ttft_s) * 1000.0 > 0.7
     assert calibrate(run, arrival_s=run.arrival_s).cost.wake_ms == pytest.approx(0.7, rel=1e-6)
     assert calibrate(run).cost.wake_ms == 0.0
+
+
+def test_a_search_on_the_calibrated_cost_chooses_as_one_on_the_true_cost():
+    # The new-user path on virtual time: a run of a model whose short steps stall more than
+    # its long ones, calibrate, search, against the same search on the cost that made the run.
+    short = np.r_[np.ones(90), np.linspace(3.0, 10.0, 11)]
+    long = np.r_[np.ones(90), np.linspace(1.2, 2.0, 11)]
+    true = StepCost(
+        2.0, per_seq_ms=0.2, spread=tuple(float(v) for v in np.r_[short, long]),
+        spread_edges_ms=(4.0,),
+    )  # fmt: skip
+    ran = simulate_generation(
+        GenerationConfig(max_num_seqs=16), true, n_requests=1500, input_len="uniform:4:16",
+        output_len="uniform:4:16", rate=120.0,
+    )  # fmt: skip
+    # At 120 req/s the run holds steps of every size the grid runs (at 300 it held no short
+    # ones: their spread went unseen, and max_num_seqs 1 and 4 came out 77% fast).
+    cal = calibrate(ran)
+    assert cal.cost.fixed_ms == pytest.approx(2.0, rel=0.02)
+    assert cal.cost.per_seq_ms == pytest.approx(0.2, rel=0.05)
+    assert cal.cost.block_of(0.002)[99] == pytest.approx(true.block_of(0.002)[99], rel=0.15)
+    assert cal.cost.block_of(0.005)[99] == pytest.approx(true.block_of(0.005)[99], rel=0.15)
+    kw: dict[str, Any] = dict(grid={"max_num_seqs": [1, 4, 16]}, duration_s=4.0, warmup_s=0.5)
+    work = labserve.PoissonWorkload(8, 8)
+    on_true = labserve.search_generation(work, "ttft:100 tpot:8", cost=true, **kw)
+    on_cal = labserve.search_generation(work, "ttft:100 tpot:8", cost=cal.cost, **kw)
+    assert on_cal.best["max_num_seqs"] == on_true.best["max_num_seqs"]
+    assert on_cal.best["max_rate"] == pytest.approx(on_true.best["max_rate"], rel=0.045)
+    rates = {r["max_num_seqs"]: r["max_rate"] for r in on_true.rows}
+    for row in on_cal.rows:  # the rest near their edge, where 4 s of draws decide (seen: +24%)
+        assert row["max_rate"] == pytest.approx(rates[row["max_num_seqs"]], rel=0.3)
+
+
+@pytest.mark.parametrize("memory", [0.0, 0.8])
+def test_the_spread_s_memory_is_measured_from_runs_of_slow_steps(memory):
+    # Slow steps in runs (a step keeps the last one's place with chance `memory`) or not.
+    spread = tuple(float(v) for v in np.linspace(0.8, 3.0, 101))
+    run = busy_run(dataclasses.replace(TRUE, spread=spread, spread_memory=memory), n=1500)
+    assert calibrate(run).cost.spread_memory == 0.0  # measured, not used, by default
+    cal = calibrate(run, memory=True)
+    assert cal.cost.spread_memory == cal.memory == pytest.approx(memory, abs=0.08)
+    assert f"memory {cal.memory:.2f};" in repr(cal)
+    # With memory the mean step over 128 steps varies more than drawn afresh: TPOT's tail.
+    steps = calibrate(busy_run(cal.cost, n=1500, seed=1))
+    ratio = steps.measured_ms / steps.predicted_ms
+    means = [ratio[i : i + 128].mean() for i in range(0, len(ratio) - 128, 128)]
+    assert (np.std(means) > 0.09) == (memory > 0)  # afresh: 0.64 / sqrt(128) = 0.056
+
+
+def test_a_memory_outside_zero_to_one_is_refused():
+    with pytest.raises(ValueError, match="spread_memory"):
+        StepCost(1.0, spread=(1.0, 2.0), spread_memory=1.0)

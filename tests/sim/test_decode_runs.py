@@ -43,6 +43,7 @@ def costs(draw: st.DrawFn) -> StepCost:
         per_batched_token_ms=draw(st.sampled_from([0.0, 0.023])),
         per_context_token_ms=draw(st.sampled_from([0.0, 0.00006, 0.01])),
         spread=spread,
+        spread_memory=draw(st.sampled_from([0.0, 0.7])) if spread else 0.0,
     )
 
 

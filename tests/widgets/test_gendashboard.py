@@ -511,3 +511,16 @@ def test_a_shared_prefix_load_from_the_panel_shows_hits_in_the_chart(dash, lm):
     c["start"].value = False
     assert lm.generate.stats().prefix_cache_hits > 0
     wait_for(lambda: "prefix cache hit rate" in dash.status.value)
+
+
+def test_the_status_line_reads_the_share_within_the_targets(dash, lm):
+    # What a search's ``attainment`` is judged on: goodput over the served rate, live.
+    lm.generate.configure(ttft_slo_ms=60_000, tpot_slo_ms=60_000)  # every request meets these
+    for _ in range(3):
+        lm.generate.run("ab", max_tokens=4)
+    assert "(<b>100%</b> within the targets)" in _status_when(dash, "within the targets")
+    lm.generate.reset_stats()
+    lm.generate.configure(ttft_slo_ms=0.001)  # a microsecond to the first token: none meets it
+    for _ in range(3):
+        lm.generate.run("ab", max_tokens=4)
+    assert "(<b>0%</b> within the targets)" in _status_when(dash, "<b>0%</b> within")

@@ -126,6 +126,7 @@ def _numbers(snap: labserve.GenerationSnapshot, preempted: float) -> str:
     window = f"<i>(last {snap.window_s:.0f} s)</i>"
     goodput = (
         f" · goodput <b>{_fmt(snap.goodput, '.2f')}</b> req/s"
+        f" (<b>{_attained(snap)}</b> within the targets)"
         if cfg.ttft_slo_ms or cfg.tpot_slo_ms
         else ""
     )
@@ -140,6 +141,13 @@ def _numbers(snap: labserve.GenerationSnapshot, preempted: float) -> str:
         f"<b>{_fmt(preempted, '.0f')}</b>"
         f" <i>(last 1 s)</i>{_prefix_cache(snap, window)}"
     )
+
+
+def _attained(snap: labserve.GenerationSnapshot) -> str:
+    """Goodput over the served rate: the share a search's ``attainment`` is judged on."""
+    if not snap.requests_per_s:
+        return "-"
+    return _fmt(100.0 * snap.goodput / snap.requests_per_s, ".0f", "%")
 
 
 def _prefix_cache(snap: labserve.GenerationSnapshot, window: str) -> str:
