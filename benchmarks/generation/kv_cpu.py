@@ -33,12 +33,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-
-
-def _cpu_s(pid: int) -> float:
-    """A process's user + system CPU seconds, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from tinylm_server import process_cpu_s, tinylm_process  # noqa: E402  (this folder's)
 
 
 def _env(tree: Path) -> dict[str, str]:
@@ -47,33 +42,15 @@ def _env(tree: Path) -> dict[str, str]:
 
 def http(tree: Path, seconds: float) -> dict[str, float]:
     """Server CPU per output token of 64 streams x 256 tokens against ``tree``'s server."""
-    import socket
-
     import labserve
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "labserve.cli", "serve", "labserve.lab.demo:TinyLM"]
-    server = subprocess.Popen(
-        [*argv, "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=_env(tree),
-        cwd=tree,
-    )
-    try:
-        assert server.stdout is not None
-        server.stdout.readline()  # "serving tinylm at ...": it listens
-        url = f"http://127.0.0.1:{port}/v1/completions"
+    with tinylm_process(tree=tree) as (base, pid):
+        url = f"{base}/v1/completions"
         load = {"concurrency": 64, "input_len": 32, "output_len": 256}
         labserve.load_test(url, duration_s=3.0, **load)  # warm: not counted
-        cpu = _cpu_s(server.pid)
+        cpu = process_cpu_s(pid)
         summary = labserve.load_test(url, duration_s=seconds, **load).summary()
-        cpu = _cpu_s(server.pid) - cpu
-    finally:
-        server.terminate()
-        server.wait(10)
+        cpu = process_cpu_s(pid) - cpu
     tokens = summary["output_tokens"]
     return {
         "server_cpu_us_per_token": cpu / tokens * 1e6,

@@ -19,14 +19,14 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from tinylm_server import process_cpu_s, tinylm_process  # this folder's (on sys.path)
 
 BODY = {
     "model": "tinylm",
@@ -38,27 +38,10 @@ BODY = {
 }
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def one_run(streams: int, requests: int) -> dict[str, Any]:
     """A fresh server and the fixed work against it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "labserve.cli", "serve", "labserve.lab.demo:TinyLM"]
-    server = subprocess.Popen(
-        [*argv, "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        assert server.stdout is not None
-        server.stdout.readline()  # "serving tinylm at ...": it listens
+    with tinylm_process() as (base, pid):
+        port = int(base.rsplit(":", 1)[1])
         _stream(port, {**BODY, "max_tokens": 8})  # start-up outside the measure
         load = os.getloadavg()[0]
         counts: list[int] = []
@@ -67,15 +50,12 @@ def one_run(streams: int, requests: int) -> dict[str, Any]:
             counts.extend(_stream(port, BODY) for _ in range(requests))
 
         threads = [threading.Thread(target=caller) for _ in range(streams)]
-        cpu0, wall0 = cpu_s(server.pid), time.perf_counter()
+        cpu0, wall0 = process_cpu_s(pid), time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        cpu, wall = cpu_s(server.pid) - cpu0, time.perf_counter() - wall0
-    finally:
-        server.terminate()
-        server.wait(10)
+        cpu, wall = process_cpu_s(pid) - cpu0, time.perf_counter() - wall0
     tokens = streams * requests * BODY["max_tokens"]
     if len(counts) != streams * requests or min(counts) < BODY["max_tokens"]:
         sys.exit(f"a stream brought fewer than {BODY['max_tokens']} events: {sorted(counts)[:5]}")
