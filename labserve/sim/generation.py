@@ -185,14 +185,9 @@ class StepCost:
         The simulator's call per step (sequences, new tokens, context tokens): the same
         arithmetic in the same order, so the same floats, without the attribute look-ups.
         """
-        fixed, seq, tok, ctx = (
-            self.fixed_ms,
-            self.per_seq_ms,
-            self.per_batched_token_ms,
-            self.per_context_token_ms,
-        )
         if self.spread and self.spread_memory:
             return self._remembering(rng)
+        fixed, seq, tok, ctx = self._terms()
         if not self.spread:  # factor() is 1.0: multiplying by it changes no float
 
             def typical(num_seqs: int, num_batched_tokens: int, num_context_tokens: int) -> float:
@@ -211,12 +206,7 @@ class StepCost:
 
     def _remembering(self, rng: np.random.Generator) -> Callable[[int, int, int], float]:
         """:meth:`timer` for a spread with memory: a step keeps the last one's quantile."""
-        fixed, seq, tok, ctx = (
-            self.fixed_ms,
-            self.per_seq_ms,
-            self.per_batched_token_ms,
-            self.per_context_token_ms,
-        )
+        fixed, seq, tok, ctx = self._terms()
         memory, block_of = self.spread_memory, self.block_of
         place = [rng.random()]
 
@@ -232,9 +222,9 @@ class StepCost:
 
         return remembered
 
-    def of(self, plan: StepPlan) -> float:
-        """The time of a planned step, in seconds."""
-        return self.seconds(len(plan.scheduled), plan.num_batched_tokens, plan.num_context_tokens)
+    def _terms(self) -> tuple[float, float, float, float]:
+        """The four terms in ms, in :meth:`seconds`' order (a timer's closure keeps them)."""
+        return self.fixed_ms, self.per_seq_ms, self.per_batched_token_ms, self.per_context_token_ms
 
 
 def simulate_generation(

@@ -264,8 +264,10 @@ def calibrate(
     ).astype(np.float64)
     coef, typical = _robust_fit(x, measured, cut)
     predicted = np.asarray(x @ coef, dtype=np.float64)
-    edges, spread = _spread_by_size(measured, predicted)
-    persistence = _memory(measured / np.maximum(predicted, 1e-9), predicted, edges)
+    typical_ms = np.maximum(predicted, 1e-9)
+    ratio = measured / typical_ms
+    edges, spread = _spread_by_size(ratio, typical_ms)
+    persistence = _memory(ratio, typical_ms, edges)
     cost = StepCost(
         fixed_ms=float(coef[0]),
         per_seq_ms=float(coef[1]),
@@ -289,14 +291,13 @@ def calibrate(
     )
 
 
-def _spread_by_size(measured: F64, predicted: F64) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Edges between step sizes (typical ms) and each size's quantiles of measured / typical.
+def _spread_by_size(ratio: F64, typical: F64) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Edges between step sizes (typical ms) and each size's quantiles of ``ratio``.
 
-    Sizes are typical times in bins a factor of 2 apart (at powers of 2 ms), merged upwards
-    until each holds :data:`MIN_SIZE_STEPS` steps; a short last one joins the one below.
+    ``ratio``: each step's measured / typical time. Sizes are typical times in bins a
+    factor of 2 apart (at powers of 2 ms), merged upwards until each holds
+    :data:`MIN_SIZE_STEPS` steps; a short last one joins the one below.
     """
-    typical = np.maximum(predicted, 1e-9)
-    ratio = measured / typical
     lo, hi = np.floor(np.log2(typical.min())), np.ceil(np.log2(typical.max()))
     edges: list[float] = []
     for k in np.arange(lo + 1, hi + 1):
@@ -306,13 +307,17 @@ def _spread_by_size(measured: F64, predicted: F64) -> tuple[tuple[float, ...], t
             edges.append(edge)
     while edges and int((typical >= edges[-1]).sum()) < MIN_SIZE_STEPS:
         edges.pop()  # too few above the last edge: they join the size below
-    bounds = [-np.inf, *edges, np.inf]
     probs = np.linspace(0, 100, SPREAD_QUANTILES)
     spread: list[float] = []
-    for a, b in itertools.pairwise(bounds):
-        sel = (typical >= a) & (typical < b)
+    for sel in _sizes(typical, edges):
         spread += [float(v) for v in np.percentile(ratio[sel], probs)]
     return tuple(edges), tuple(spread)
+
+
+def _sizes(typical: F64, edges: Sequence[float]) -> list[npt.NDArray[np.bool_]]:
+    """Which steps are of each size, smallest first (``edges`` between them, in ms)."""
+    bounds = [-np.inf, *edges, np.inf]
+    return [(typical >= a) & (typical < b) for a, b in itertools.pairwise(bounds)]
 
 
 def _memory(ratio: F64, typical: F64, edges: tuple[float, ...]) -> float:
@@ -327,9 +332,7 @@ def _memory(ratio: F64, typical: F64, edges: tuple[float, ...]) -> float:
     # otherwise rank by their rounding error, which neighbours share (0.47 on a memoryless run).
     ratio = np.round(ratio, 6)
     place = np.empty_like(ratio)
-    bounds = [-np.inf, *edges, np.inf]
-    for a, b in itertools.pairwise(bounds):
-        sel = (typical >= a) & (typical < b)
+    for sel in _sizes(typical, edges):
         x = np.sort(ratio[sel])
         lo = np.searchsorted(x, ratio[sel], "left")
         hi = np.searchsorted(x, ratio[sel], "right") - 1

@@ -243,6 +243,11 @@ class _Verdict:
         for f in ended:
             if f.arrival_s >= self.warmup_s and not self._met(f):
                 self.misses += 1
+        return self.failed
+
+    @property
+    def failed(self) -> bool:
+        """The misses so far decide that the rate fails."""
         return self.judged > 0 and self.best < self.attainment
 
     @property
@@ -305,10 +310,9 @@ class _Judge:
         judged = len(arrivals) - int(np.searchsorted(arrivals, self.warmup_s))
         verdict = _Verdict(self.targets, self.attainment, self.warmup_s, judged)
         run = self._replay(arrivals, prompts, outputs, verdict)
-        stopped = verdict.judged > 0 and verdict.best < self.attainment
         point = (
             _Point(verdict.best, None)
-            if stopped
+            if verdict.failed
             else _Point(_attained(run, self.targets, self.warmup_s), run)
         )
         want = _longest_want(self.config, prompts, outputs, run)
