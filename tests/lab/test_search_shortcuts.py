@@ -1,7 +1,7 @@
 """The search's shortcuts against the reference (``exact=True``): what each one promises.
 
-- A rate's run stopped by its misses (``_Verdict``) stops only when the full run fails.
-- A point reused across settings (``_Memo``) is the point that setting's own run gives,
+- A rate's run stopped by its misses (``Verdict``) stops only when the full run fails.
+- A point reused across settings (``SharedPoints``) is the point that setting's own run gives,
   float for float (every column of both runs compared).
 - Rates on the lattice: the answer depends on the edge, not on the start.
 - The whole search: the same best setting and every ``max_rate`` within the tolerance of
@@ -24,17 +24,19 @@ import labserve
 from labserve.config.generation import GenerationConfig
 from labserve.generation.results import GenerationResult
 from labserve.lab.bisection import highest_lattice_rate
+from labserve.lab.generation.judging import (
+    Point,
+    RunFacts,
+    SharedPoint,
+    Verdict,
+    attained,
+    longest_want,
+)
 from labserve.lab.generation.search import (
     PoissonWorkload,
-    _attained,
-    _Entry,
-    _Facts,
     _Judge,
-    _longest_want,
-    _Point,
     _refine_ties,
     _row,
-    _Verdict,
     search_generation,
 )
 from labserve.sim.generation import StepCost, replay_generation
@@ -80,10 +82,10 @@ def configs(draw: st.DrawFn) -> GenerationConfig:
     )
 
 
-def facts_of(config: GenerationConfig, work: dict) -> tuple[GenerationResult, _Facts]:
+def facts_of(config: GenerationConfig, work: dict) -> tuple[GenerationResult, RunFacts]:
     run = replay_generation(config, COST, **work)
-    want = _longest_want(config, work["prompt_lens"], work["output_lens"], run)
-    return run, _Facts.of(run, config, work["prompt_lens"], want)
+    want = longest_want(config, work["prompt_lens"], work["output_lens"], run)
+    return run, RunFacts.of(run, config, work["prompt_lens"], want)
 
 
 @settings(max_examples=80, deadline=None)
@@ -97,7 +99,7 @@ def test_a_setting_the_memo_serves_runs_the_same_steps(config, work, more_seqs, 
     other = config.replace(
         max_num_seqs=max(seats, 1), max_num_batched_tokens=budget, enable_chunked_prefill=chunk
     )
-    if _Entry(config, facts, _Point(1.0, run)).serves(other):
+    if SharedPoint(config, facts, Point(1.0, run)).serves(other):
         assert_same(run, replay_generation(other, COST, **work))
 
 
@@ -111,7 +113,7 @@ def test_the_memo_serves_a_setting_whose_caps_never_bound_and_not_one_that_bound
     }
     config = GenerationConfig(max_num_seqs=8, max_num_batched_tokens=400)
     run, facts = facts_of(config, work)
-    entry = _Entry(config, facts, _Point(1.0, run))
+    entry = SharedPoint(config, facts, Point(1.0, run))
     wide = config.replace(
         max_num_seqs=16, max_num_batched_tokens=4000, enable_chunked_prefill=False
     )
@@ -138,14 +140,14 @@ def test_a_run_stopped_by_its_misses_is_one_the_full_run_fails(
     judged = int((work["arrival_s"] >= warmup_s).sum())
     cuts = []
     for step_by_step in (False, True):
-        verdict = _Verdict(targets, attainment, warmup_s, judged)
+        verdict = Verdict(targets, attainment, warmup_s, judged)
         cuts.append(
             replay_generation(config, COST, stop_when=verdict, step_by_step=step_by_step, **work)
         )
     assert_same(*cuts)  # both paths stop after the same step
     if judged and verdict.best < attainment:
-        assert _attained(full, targets, warmup_s) < attainment
-        assert _attained(full, targets, warmup_s) <= verdict.best
+        assert attained(full, targets, warmup_s) < attainment
+        assert attained(full, targets, warmup_s) <= verdict.best
     else:
         assert_same(cuts[0], full)  # never stopped: the whole run
 
@@ -237,7 +239,7 @@ class EdgeJudge:
 
     def __init__(self, config: GenerationConfig, edge: float) -> None:
         self.config, self.edge = config, edge
-        self.points: dict[float, _Point] = {}
+        self.points: dict[float, Point] = {}
         self.simulated = 0
 
     def __call__(self, rate: float) -> bool:

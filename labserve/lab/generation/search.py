@@ -10,8 +10,8 @@ with the first ``warmup_s`` left out. Seeded: the same call gives the same table
 
 What makes 200 settings take seconds a setting rather than minutes (issue 35), each exact
 in the verdict it gives: a rate's run stops as soon as its misses decide that it fails
-(:class:`_Verdict`); a setting whose caps never bound a run reuses that run for every
-setting it runs alike with (:class:`_Memo`); rates lie on one lattice (powers of
+(:class:`Verdict`); a setting whose caps never bound a run reuses that run for every
+setting it runs alike with (:class:`SharedPoints`); rates lie on one lattice (powers of
 ``1 + tolerance``), so settings that behave alike ask the same rates; and each setting's
 first guess is its neighbour's edge scaled by the step cost (:class:`_Scale`).
 ``exact=True`` keeps the reference: a probe, then the full run, at every rate.
@@ -43,6 +43,15 @@ from labserve.generation.results import GenerationResult
 from labserve.generation.sequence import Finished
 from labserve.lab.bisection import highest_lattice_rate, highest_rate
 from labserve.lab.export import export_config
+from labserve.lab.generation.judging import (
+    Point,
+    RunFacts,
+    SharedPoints,
+    Verdict,
+    attained,
+    bounded,
+    longest_want,
+)
 from labserve.lab.sweep import format_table
 from labserve.load.generation.goodput import parse_goodput
 from labserve.runtime.runner import Runner
@@ -116,164 +125,13 @@ class PoissonWorkload:
         return np.cumsum(gaps) / rate, prompts, outputs
 
 
-@dataclass(frozen=True)
-class _Point:
-    """What one simulated rate gave: the share of requests meeting every target, the run."""
-
-    attainment: float
-    result: GenerationResult | None  # None: decided by the short probe alone
-
-
-@dataclass(frozen=True)
-class _Facts:
-    """What a run asked of the caps it ran under, from its steps.
-
-    ``most_seqs``: the most sequences one step ran. ``seats_free``: no step ran as many as
-    the run's cap while a sequence was left waiting (the seat check can only have held one
-    back in such a step). ``demand``: the most tokens a step could have been asked for:
-    its tokens, plus, when a sequence was left waiting, the most one waiting sequence asks
-    (its prompt; after a preemption its prompt and outputs, recomputed); at least the
-    longest prompt (chunking off refuses a longer one at admission).
-    """
-
-    most_seqs: int
-    seats_free: bool
-    demand: int
-
-    @classmethod
-    def of(
-        cls, run: GenerationResult, config: GenerationConfig, prompts: np.ndarray, want: int
-    ) -> _Facts:
-        steps = run.steps
-        longest = int(prompts.max(initial=0))
-        if not len(steps):
-            return cls(0, True, longest)
-        waiting = steps.num_waiting > 0
-        asked = steps.num_batched_tokens + want * waiting
-        full = steps.num_seqs >= config.max_num_seqs
-        return cls(
-            most_seqs=int(steps.num_seqs.max()),
-            seats_free=not bool((full & waiting).any()),
-            demand=max(int(asked.max()), longest),
-        )
-
-
-class _Memo:
-    """The points already simulated, shared by every setting of one search.
-
-    Two settings that differ only in ``max_num_seqs``, ``max_num_batched_tokens`` and
-    ``enable_chunked_prefill`` run the same steps at a rate when neither cap bound the
-    run (:meth:`_Entry.serves`): every rule of the scheduler that reads them
-    (``Scheduler._schedule_running``, ``_schedule_waiting``, admission, the decode runs'
-    admissions) then decides alike, step by step, so the results are equal float for
-    float, and a point of the one is the other's. Equal settings share a point outright.
-    """
-
-    def __init__(self) -> None:
-        self._points: dict[tuple[GenerationConfig, float], list[_Entry]] = {}
-
-    @staticmethod
-    def family(config: GenerationConfig) -> GenerationConfig:
-        """The setting with its caps blanked: the settings that may run alike share it."""
-        return config.replace(max_num_seqs=1, max_num_batched_tokens=1, enable_chunked_prefill=True)
-
-    def get(self, config: GenerationConfig, rate: float) -> _Point | None:
-        """A point simulated for a setting that runs alike at this rate, or None."""
-        for entry in self._points.get((self.family(config), rate), ()):
-            if entry.serves(config):
-                return entry.point
-        return None
-
-    def put(self, config: GenerationConfig, rate: float, facts: _Facts, point: _Point) -> None:
-        """Keep a point and what its run asked of the caps."""
-        entry = _Entry(config, facts, point)
-        self._points.setdefault((self.family(config), rate), []).append(entry)
-
-
-@dataclass(frozen=True)
-class _Entry:
-    config: GenerationConfig
-    facts: _Facts
-    point: _Point
-
-    def serves(self, other: GenerationConfig) -> bool:
-        """Whether ``other`` runs the same steps as this entry's setting did.
-
-        Seats: the same cap, or this run's seats never held a sequence back and ``other``
-        seats its most (its seat check then stops a step only where this one stopped for
-        another reason). Tokens: the same budget and chunking, or this run never came
-        within a waiting sequence of its budget (``demand`` below it: nothing chunked or
-        held back) and ``other``'s budget holds that demand (its checks all pass).
-        """
-        mine, f = self.config, self.facts
-        seats = mine.max_num_seqs == other.max_num_seqs or (
-            f.seats_free and f.most_seqs <= other.max_num_seqs
-        )
-        same_budget = (mine.max_num_batched_tokens, mine.enable_chunked_prefill) == (
-            other.max_num_batched_tokens,
-            other.enable_chunked_prefill,
-        )
-        budget = same_budget or (
-            f.demand < mine.max_num_batched_tokens and f.demand <= other.max_num_batched_tokens
-        )
-        return seats and budget
-
-
-class _Verdict:
-    """Counts the judged requests that missed as they end; says when the rate has failed.
-
-    A rate fails when fewer than ``attainment`` of its judged requests meet the targets
-    (:func:`_attained`). Once the misses alone leave fewer than that share of the judged
-    arrivals able to meet them, the full run can only fail: the run stops there (the
-    comparisons are :meth:`GenerationResult.meeting`'s, on the same floats).
-    """
-
-    def __init__(
-        self, targets: Mapping[str, float], attainment: float, warmup_s: float, judged: int
-    ) -> None:
-        self.ttft_s = targets.get("ttft", 0.0) / 1000.0
-        self.tpot_s = targets.get("tpot", 0.0) / 1000.0
-        self.e2el_s = targets["e2el"] / 1000.0 if "e2el" in targets else math.inf
-        self.attainment = attainment
-        self.warmup_s = warmup_s
-        self.judged = judged
-        self.misses = 0
-
-    def __call__(self, ended: Sequence[Finished]) -> bool:
-        for f in ended:
-            if f.arrival_s >= self.warmup_s and not self._met(f):
-                self.misses += 1
-        return self.failed
-
-    @property
-    def failed(self) -> bool:
-        """The misses so far decide that the rate fails."""
-        return self.judged > 0 and self.best < self.attainment
-
-    @property
-    def best(self) -> float:
-        """The highest attainment the full run could still reach."""
-        return (self.judged - self.misses) / self.judged if self.judged else 0.0
-
-    def _met(self, f: Finished) -> bool:
-        times = f.token_times_s
-        if f.outcome != "served" or not times:
-            return False
-        first, n = times[0], len(times)
-        if self.ttft_s > 0 and not first - f.arrival_s <= self.ttft_s:
-            return False
-        if self.tpot_s > 0 and n > 1 and not (f.end_s - first) / (n - 1) <= self.tpot_s:
-            return False
-        return f.end_s - f.arrival_s <= self.e2el_s
-
-
 @dataclass
 class _Judge:
     """Runs one setting at a rate and says whether it met the targets.
 
     ``memo`` None: the reference (``exact=True``): a probe, then the full run. Else each
     rate runs once until its verdict is decided, and a point of a setting that runs
-    alike (:class:`_Memo`) is reused.
+    alike (:class:`SharedPoints`) is reused.
     """
 
     config: GenerationConfig
@@ -285,8 +143,8 @@ class _Judge:
     warmup_s: float
     probe_s: float
     seed: int
-    memo: _Memo | None = None
-    points: dict[float, _Point] = field(default_factory=dict)
+    memo: SharedPoints | None = None
+    points: dict[float, Point] = field(default_factory=dict)
     simulated: int = 0
 
     def __call__(self, rate: float) -> bool:
@@ -294,7 +152,7 @@ class _Judge:
         self.points[rate] = point
         return point.attainment >= self.attainment
 
-    def _point(self, rate: float) -> _Point:
+    def _point(self, rate: float) -> Point:
         if self.memo is None:
             self.simulated += 1
             return self._probed(rate)
@@ -304,23 +162,23 @@ class _Judge:
             point = self._decided(rate)
         return point
 
-    def _decided(self, rate: float) -> _Point:
+    def _decided(self, rate: float) -> Point:
         """The full run, stopped once its misses decide it failed."""
         arrivals, prompts, outputs = self.workload.draw(rate, self.duration_s, self.seed)
         judged = len(arrivals) - int(np.searchsorted(arrivals, self.warmup_s))
-        verdict = _Verdict(self.targets, self.attainment, self.warmup_s, judged)
+        verdict = Verdict(self.targets, self.attainment, self.warmup_s, judged)
         run = self._replay(arrivals, prompts, outputs, verdict)
         point = (
-            _Point(verdict.best, None)
+            Point(verdict.best, None)
             if verdict.failed
-            else _Point(_attained(run, self.targets, self.warmup_s), run)
+            else Point(attained(run, self.targets, self.warmup_s), run)
         )
-        want = _longest_want(self.config, prompts, outputs, run)
+        want = longest_want(self.config, prompts, outputs, run)
         assert self.memo is not None
-        self.memo.put(self.config, rate, _Facts.of(run, self.config, prompts, want), point)
+        self.memo.put(self.config, rate, RunFacts.of(run, self.config, prompts, want), point)
         return point
 
-    def _probed(self, rate: float) -> _Point:
+    def _probed(self, rate: float) -> Point:
         """The reference: a short probe on the stream's first seconds, then the full run."""
         arrivals, prompts, outputs = self.workload.draw(rate, self.duration_s, self.seed)
         if self.probe_s < self.duration_s:
@@ -330,12 +188,12 @@ class _Judge:
             k = int(np.searchsorted(arrivals, self.probe_s))
             short = self._run(arrivals[:k], prompts[:k], outputs[:k])
             if short.attainment < self.attainment - _PROBE_MARGIN:
-                return _Point(short.attainment, None)
+                return Point(short.attainment, None)
         return self._run(arrivals, prompts, outputs)
 
-    def _run(self, arrivals: np.ndarray, prompts: np.ndarray, outputs: np.ndarray) -> _Point:
+    def _run(self, arrivals: np.ndarray, prompts: np.ndarray, outputs: np.ndarray) -> Point:
         run = self._replay(arrivals, prompts, outputs, None)
-        return _Point(_attained(run, self.targets, self.warmup_s), run)
+        return Point(attained(run, self.targets, self.warmup_s), run)
 
     def _replay(
         self,
@@ -345,7 +203,7 @@ class _Judge:
         stop_when: Callable[[Sequence[Finished]], bool] | None,
     ) -> GenerationResult:
         return replay_generation(
-            _bounded(self.config, self.targets, int(outputs.max(initial=1))),
+            bounded(self.config, self.targets, int(outputs.max(initial=1))),
             self.cost,
             arrival_s=arrivals,
             prompt_lens=prompts,
@@ -355,67 +213,9 @@ class _Judge:
         )
 
 
-def _longest_want(
-    config: GenerationConfig, prompts: np.ndarray, outputs: np.ndarray, run: GenerationResult
-) -> int:
-    """The most tokens one waiting sequence may ask a step for.
-
-    Its prompt, or after a preemption its prompt and all but its last output
-    (recomputed); at most the long-prefill threshold.
-    """
-    if not len(prompts):
-        return 0
-    preempted = bool(run.steps.num_preempted.any()) if len(run.steps) else False
-    longest = int((prompts + outputs - 1).max() if preempted else prompts.max())
-    threshold = config.long_prefill_token_threshold
-    return min(longest, threshold) if threshold > 0 else longest
-
-
-def _bounded(config: GenerationConfig, targets: Mapping[str, float], most: int) -> GenerationConfig:
-    """The config with a timeout no request meeting the targets can reach.
-
-    Past capacity the backlog's drain is most of a run's cost; a sequence older than its
-    targets allow is a miss anyway, so it ends there (the judged outcome is unchanged).
-    """
-    bounds = [config.request_timeout_ms or math.inf]
-    if "e2el" in targets:
-        bounds.append(targets["e2el"])
-    if "ttft" in targets and "tpot" in targets:
-        bounds.append(targets["ttft"] + targets["tpot"] * max(most - 1, 0))
-    limit = min(bounds)
-    return config.replace(request_timeout_ms=limit + 1.0) if math.isfinite(limit) else config
-
-
 _PROBE_MARGIN = 0.1
 """How far below the attainment a probe must fall to decide a miss: on lesson 10's workload
 a 20 s probe's attainment differed from the 120 s run's by at most 0.03 below the edge."""
-
-
-def _attained(run: GenerationResult, targets: Mapping[str, float], warmup_s: float) -> float:
-    """The share of requests arriving after the warm-up that met every target.
-
-    Refused requests count as misses (the result does not say when they arrived). A run
-    that fell behind its arrivals scores at most the share it kept up with: requests ended
-    within the judged window over those that arrived in it. Without that, a TPOT target
-    alone is met at any rate (the queue grows, the running sequences stay fast).
-    """
-    after = run.arrival_s >= warmup_s
-    ok = run.meeting(targets.get("ttft", 0.0), targets.get("tpot", 0.0)) & after
-    if "e2el" in targets:
-        ok &= run.end_s - run.arrival_s <= targets["e2el"] / 1000.0
-    total = int(after.sum()) + run.refused
-    if not total:
-        return 0.0
-    last = float(run.arrival_s[-1])
-    ended = int(((run.end_s >= warmup_s) & (run.end_s <= last) & run.served).sum())
-    arrived = int((after & (run.arrival_s <= last)).sum())
-    pace = min(1.0, (ended + _PACE_SLACK * arrived) / arrived) if arrived else 1.0
-    return min(float(ok.sum()) / total, pace)
-
-
-_PACE_SLACK = 0.05
-"""Requests still running when the arrivals stop, as a share of those judged: at 120 s
-and e2e times of a few seconds, a setting that keeps up leaves 2-4% in flight."""
 
 
 @dataclass(frozen=True)
@@ -558,7 +358,7 @@ def search_generation(
     configs = _grid(base or GenerationConfig(), grid)
     rows: list[dict[str, Any]] = []
     start, evaluations = 0.0, 0
-    memo = None if exact else _Memo()
+    memo = None if exact else SharedPoints()
     scale = _Scale.of(workload, cost, seed)
     edges: dict[GenerationConfig, tuple[float, GenerationConfig]] = {}  # each family's last
     judges: list[_Judge] = []
@@ -574,7 +374,7 @@ def search_generation(
         else:
             # A setting of the same family (all but the caps) most likely ran alike: from
             # its edge, its two last points are the first two tried, and cost nothing.
-            family = _Memo.family(config)
+            family = SharedPoints.family(config)
             near = edges.get(family, last)
             guess = scale.guess(config, near) if near else start
             found = highest_lattice_rate(judge, start=guess, tolerance=tolerance)
@@ -689,7 +489,7 @@ def _capacity(
     return max(float(run.served.sum()) / run.span_s if run.span_s > 0 else 1.0, 1e-3)
 
 
-def _row(config: GenerationConfig, rate: float, point: _Point | None) -> dict[str, Any]:
+def _row(config: GenerationConfig, rate: float, point: Point | None) -> dict[str, Any]:
     row: dict[str, Any] = {k: getattr(config, k) for k in SEARCH_KNOBS}
     run = point.result if point is not None else None
     row["max_rate"] = rate
