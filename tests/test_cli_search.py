@@ -31,12 +31,30 @@ def test_search_exact_runs_the_reference_and_agrees_within_the_tolerance(capsys)
     assert 1 / 1.02 <= rates[0] / rates[1] <= 1.02
 
 
+def test_search_over_fleets_prints_replicas_routers_and_the_router_export(capsys):
+    argv = ["search", "--input-len", "16", "--output-len", "4", "--duration", "6"]
+    argv += ["--warmup", "1", "--targets", "ttft:150 tpot:40", "--max-num-seqs", "4"]
+    argv += ["--prefix-len", "128", "--num-prefixes", "8", "--prefix-caching", "on"]
+    argv += ["--replicas", "2", "--routers", "round_robin,prefix_affinity"]
+    assert main([*argv, "--cost", "10,1,0.1,0", "--export", "sglang-router"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:2] == ["replicas", "router"]
+    rows = [line.split() for line in out[1:3]]
+    assert {r[1] for r in rows} == {"round_robin", "prefix_affinity"}
+    best = next(line for line in out if line.startswith("best: "))
+    assert "sessions/s with replicas=2" in best
+    assert any("--policy" in line for line in out)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--strategies", "eager"], "strategy must be one of"),
         (["--targets", "speed:3"], "got the key 'speed'"),
-        (["--chunked", "maybe"], "chunked takes on and/or off"),
+        (["--chunked", "maybe"], "argument --chunked: expected on and/or off"),
+        (["--prefix-caching", "yes"], "argument --prefix-caching: expected on and/or off"),
+        (["--replicas", "0"], "replicas must be numbers > 0"),
+        (["--routers", "nearest"], "router"),
         (["--cost", "1,2"], "cost takes 4 comma-separated terms"),
         (["--attainment", "2"], "attainment must be a share"),
         (["--max-num-seqs", "0"], "max-num-seqs must be numbers > 0"),

@@ -2,6 +2,9 @@
 
 Prints one row per setting (best rate first), then the best setting; ``--export vllm`` adds
 its engine flags. The step cost is TinyLM's shipped one unless ``--cost`` gives the terms.
+``--replicas`` or ``--routers`` search fleets (sessions of ``--turns`` turns sharing
+``--num-prefixes`` tenants' ``--prefix-len``-token prefixes; rates in sessions/s, the best
+fleet the one serving the most per replica); ``--export sglang-router`` adds its router.
 """
 
 from __future__ import annotations
@@ -51,6 +54,16 @@ def add_command(sub: Subcommands) -> None:
     )
     search.add_argument("--policies", type=_words, default=["fcfs"], help="fcfs and/or priority")
     search.add_argument(
+        "--replicas", type=numbers(int, "replicas"), help="fleet sizes, e.g. 1,2,4 (a fleet search)"
+    )
+    search.add_argument("--routers", type=_words, help="e.g. round_robin,prefix (a fleet search)")
+    search.add_argument("--prefix-len", type=int, default=0, help="tokens each tenant shares (0)")
+    search.add_argument("--num-prefixes", type=int, default=1, help="tenants (default 1)")
+    search.add_argument("--turns", type=int, default=1, help="turns a session (default 1)")
+    search.add_argument(
+        "--prefix-caching", type=_switches, default=[False], help="on, off or on,off (off)"
+    )
+    search.add_argument(
         "--duration", type=float, default=120.0, help="simulated s a point (default 120)"
     )
     search.add_argument("--warmup", type=float, default=10.0, help="s not judged (default 10)")
@@ -73,7 +86,9 @@ def add_command(sub: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> None:
     """Search the grid ``args`` give; print the table and the best setting."""
+    from labserve.generation.workload import SharedPrefixWorkload
     from labserve.lab.demo import TINYLM_STEP_COST
+    from labserve.lab.generation.fleet_search import FLEET_KNOBS
     from labserve.lab.generation.search import SEARCH_KNOBS, PoissonWorkload, search_generation
     from labserve.sim.generation import StepCost
 
@@ -84,7 +99,26 @@ def run(args: argparse.Namespace) -> None:
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "enable_chunked_prefill": args.chunked,
+        "enable_prefix_caching": args.prefix_caching,
     }
+    fleet = args.replicas is not None or args.routers is not None
+    shared = args.prefix_len > 0 or args.num_prefixes > 1 or args.turns > 1
+    if args.replicas is not None:
+        grid["replicas"] = args.replicas
+    if args.routers is not None:
+        grid["router"] = args.routers
+    workload: PoissonWorkload | SharedPrefixWorkload = (
+        SharedPrefixWorkload(
+            prefix_len=args.prefix_len,
+            num_prefixes=args.num_prefixes,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            turns=args.turns,
+            seed=args.seed,
+        )
+        if fleet or shared
+        else PoissonWorkload(args.input_len, args.output_len)
+    )
     with tqdm(desc="searching", unit="setting", disable=None) as bar:
 
         def progress(done: int, total: int) -> None:
@@ -92,7 +126,7 @@ def run(args: argparse.Namespace) -> None:
             bar.update(done - bar.n)
 
         found = search_generation(
-            PoissonWorkload(args.input_len, args.output_len),
+            workload,
             args.targets,
             grid=grid,
             cost=cost,
@@ -107,8 +141,10 @@ def run(args: argparse.Namespace) -> None:
         )
     print(found.table())
     best = found.best
-    knobs = " ".join(f"{k}={best[k]}" for k in SEARCH_KNOBS[:5])
-    print(f"best: {best['max_rate']:.2f} req/s with {knobs}")
+    names = (*FLEET_KNOBS, *SEARCH_KNOBS[:5]) if found.fleet else SEARCH_KNOBS[:5]
+    knobs = " ".join(f"{k}={best[k]}" for k in names)
+    unit = "sessions/s" if found.fleet else "req/s"
+    print(f"best: {best['max_rate']:.2f} {unit} with {knobs}")
     if args.export:
         print(found.export(args.export))
 
@@ -125,7 +161,7 @@ def _switches(text: str) -> list[bool]:
     words = _words(text)
     bad = [w for w in words if w not in table]
     if bad:
-        raise argparse.ArgumentTypeError(f"chunked takes on and/or off, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected on and/or off, got {text!r}")
     return [table[w] for w in words]
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "attained",
     "bounded",
     "longest_want",
+    "squeezed_poisson",
 ]
 
 
@@ -243,3 +244,14 @@ def attained(run: GenerationResult, targets: Mapping[str, float], warmup_s: floa
 PACE_SLACK = 0.05
 """Requests still running when the arrivals stop, as a share of those judged: at 120 s
 and e2e times of a few seconds, a setting that keeps up leaves 2-4% in flight."""
+
+
+def squeezed_poisson(rate: float, duration_s: float, seed: int) -> np.ndarray:
+    """Poisson arrival times (s) at ``rate`` for ``duration_s``, at least one.
+
+    One draw of unit exponentials divided by the rate, so two rates see the same pattern
+    squeezed: the targets' attainment then falls with the rate without sampling noise
+    crossing it back, which bisection needs.
+    """
+    n = max(1, round(rate * duration_s))
+    return np.cumsum(np.random.default_rng([seed, 0]).standard_exponential(n)) / rate

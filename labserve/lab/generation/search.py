@@ -40,9 +40,18 @@ import numpy as np
 from labserve.base.lengths import LengthDist, parse_length
 from labserve.config.generation import GenerationConfig
 from labserve.generation.results import GenerationResult
+from labserve.generation.routing import make_router
 from labserve.generation.sequence import Finished
+from labserve.generation.workload import SharedPrefixWorkload
 from labserve.lab.bisection import highest_lattice_rate, highest_rate
 from labserve.lab.export import export_config
+from labserve.lab.generation.fleet_search import (
+    FLEET_KNOBS,
+    FleetJudge,
+    FleetSetting,
+    fleet_settings,
+    mean_lengths,
+)
 from labserve.lab.generation.judging import (
     Point,
     RunFacts,
@@ -51,7 +60,9 @@ from labserve.lab.generation.judging import (
     attained,
     bounded,
     longest_want,
+    squeezed_poisson,
 )
+from labserve.lab.generation.routers import ROUTER_FORMATS
 from labserve.lab.sweep import format_table
 from labserve.load.generation.goodput import parse_goodput
 from labserve.runtime.runner import Runner
@@ -73,8 +84,11 @@ SEARCH_KNOBS: tuple[str, ...] = (
     "max_num_batched_tokens",
     "enable_chunked_prefill",
     "long_prefill_token_threshold",
+    "enable_prefix_caching",
 )
-"""The settings a grid may vary: those that shape steps and apply live."""
+"""The settings a grid may vary: those that shape steps and apply live. (The simulator
+reads ``enable_prefix_caching=None`` as off: give True for a model whose K/V lives in
+labserve's blocks, as a runner's resolved config does.)"""
 
 SEARCH_COLUMNS: tuple[str, ...] = (
     *SEARCH_KNOBS[:5],
@@ -89,6 +103,17 @@ SEARCH_COLUMNS: tuple[str, ...] = (
     "e2e_p99_ms",
 )
 """The columns :meth:`GenerationSearch.table` shows."""
+
+FLEET_COLUMNS: tuple[str, ...] = (
+    *FLEET_KNOBS,
+    *SEARCH_KNOBS[:5],
+    "max_rate",
+    "rate_per_replica",
+    "enable_prefix_caching",
+    "hit_rate",
+    *SEARCH_COLUMNS[6:],
+)
+"""The columns a fleet search's table shows (``tokens_per_s`` per replica)."""
 
 
 class GenerationWorkload(Protocol):
@@ -107,9 +132,8 @@ class GenerationWorkload(Protocol):
 class PoissonWorkload:
     """Poisson arrivals with prompt and output lengths from the shared vocabulary.
 
-    The gaps are one draw of unit exponentials divided by the rate, so two rates see the
-    same pattern squeezed: the targets' attainment then falls with the rate without
-    sampling noise crossing it back, which bisection needs.
+    The arrivals are :func:`~labserve.lab.generation.judging.squeezed_poisson`: two rates
+    see the same pattern squeezed, so attainment falls with the rate, as bisection needs.
     """
 
     input_len: LengthDist | str | int
@@ -117,12 +141,11 @@ class PoissonWorkload:
 
     def draw(self, rate: float, duration_s: float, seed: int) -> tuple[np.ndarray, ...]:
         """The requests arriving in ``duration_s`` at ``rate`` (at least one)."""
-        n = max(1, round(rate * duration_s))
-        gaps = np.random.default_rng([seed, 0]).standard_exponential(n)
+        arrivals = squeezed_poisson(rate, duration_s, seed)
         lengths = np.random.default_rng([seed, 1])
-        prompts = parse_length(self.input_len, name="input_len").sample(lengths, n)
-        outputs = parse_length(self.output_len, name="output_len").sample(lengths, n)
-        return np.cumsum(gaps) / rate, prompts, outputs
+        prompts = parse_length(self.input_len, name="input_len").sample(lengths, len(arrivals))
+        outputs = parse_length(self.output_len, name="output_len").sample(lengths, len(arrivals))
+        return arrivals, prompts, outputs
 
 
 @dataclass
@@ -226,6 +249,9 @@ class GenerationSearch:
     rate met the targets). ``tokens_per_s`` is output tokens per second on the replica at
     that rate; ``tokens_per_s_per_user`` what one user sees, 1000 / TPOT p50.
     ``evaluations``: the points simulated (a point reused from another setting is not).
+    ``fleet``: the rows are fleets (:data:`FLEET_COLUMNS`): ``max_rate`` is sessions/s for
+    the whole fleet, ``rate_per_replica`` and ``tokens_per_s`` are per replica, and the
+    best row is the one serving the most per replica.
     """
 
     rows: list[dict[str, Any]]
@@ -233,11 +259,13 @@ class GenerationSearch:
     attainment: float
     base: GenerationConfig
     evaluations: int
+    fleet: bool = False
 
     @property
     def best(self) -> dict[str, Any]:
-        """The row with the highest rate (ties: the faster per user)."""
-        return max(self.rows, key=lambda r: (r["max_rate"], r["tokens_per_s_per_user"]))
+        """The row with the highest rate (per replica for fleets; ties: faster per user)."""
+        rate = "rate_per_replica" if self.fleet else "max_rate"
+        return max(self.rows, key=lambda r: (r[rate], r["tokens_per_s_per_user"]))
 
     @property
     def best_config(self) -> GenerationConfig:
@@ -259,16 +287,22 @@ class GenerationSearch:
             )
         ]
 
-    def table(self, columns: Sequence[str] = SEARCH_COLUMNS) -> str:
-        """The rows as an aligned text table, best rate first."""
-        ranked = sorted(self.rows, key=lambda r: -r["max_rate"])
-        return format_table(ranked, columns)
+    def table(self, columns: Sequence[str] | None = None) -> str:
+        """The rows as an aligned text table, best rate first (per replica for fleets)."""
+        rate = "rate_per_replica" if self.fleet else "max_rate"
+        ranked = sorted(self.rows, key=lambda r: -r[rate])
+        default = FLEET_COLUMNS if self.fleet else SEARCH_COLUMNS
+        return format_table(ranked, default if columns is None else columns)
 
     def apply(self, runner: Runner, method: str = "generate") -> GenerationConfig:
         """Configure a running runner's generative method with the best setting, in one call.
 
         The targets go with it (``ttft_slo_ms``, ``tpot_slo_ms``), so its goodput counts
         them. A start-time setting in the grid is refused with the runner's own ConfigError.
+        A fleet's replicas and router are set where it is deployed
+        (``labserve.ray.deploy(..., num_replicas=..., router=...)``, ``labserve serve --ray
+        --replicas N --router NAME``); a Ray app's ``configure`` takes the rest to every
+        replica as a runner's does.
         """
         best = self.best_config
         changes = {k: getattr(best, k) for k in SEARCH_KNOBS}
@@ -278,7 +312,13 @@ class GenerationSearch:
         return out
 
     def export(self, target: str = "vllm") -> str:
-        """The best setting as an engine's flags (``labserve.export_config``'s formats)."""
+        """The best setting as an engine's flags (``labserve.export_config``'s formats).
+
+        A fleet's router goes to the router formats (``"sglang-router"``, ``"ray-serve-llm"``,
+        ``"llm-d"``); each replica's knobs to the engine formats.
+        """
+        if self.fleet and target in ROUTER_FORMATS:
+            return export_config(make_router(self.best["router"]), target)
         return export_config(self.best_config, target)
 
     def _config(self, row: Mapping[str, Any]) -> GenerationConfig:
@@ -291,15 +331,17 @@ class GenerationSearch:
 
     def __repr__(self) -> str:
         b = self.best
-        knobs = ", ".join(f"{k}={b[k]!r}" for k in SEARCH_KNOBS[:5])
+        names = (*FLEET_KNOBS, *SEARCH_KNOBS[:5]) if self.fleet else SEARCH_KNOBS[:5]
+        knobs = ", ".join(f"{k}={b[k]!r}" for k in names)
+        unit = "sessions/s" if self.fleet else "req/s"
         return (
-            f"GenerationSearch({len(self.rows)} settings; best {b['max_rate']:.1f} req/s"
+            f"GenerationSearch({len(self.rows)} settings; best {b['max_rate']:.1f} {unit}"
             f" with {knobs})"
         )
 
 
 def search_generation(
-    workload: GenerationWorkload,
+    workload: GenerationWorkload | SharedPrefixWorkload,
     targets: str | Mapping[str, float],
     *,
     grid: Mapping[str, Sequence[Any]],
@@ -317,10 +359,17 @@ def search_generation(
     """The highest rate meeting the targets, for every setting of a grid.
 
     Args:
-        workload: the requests (e.g. ``PoissonWorkload(32, 128)``, lesson 10's).
+        workload: the requests (e.g. ``PoissonWorkload(32, 128)``, lesson 10's), or a
+            :class:`SharedPrefixWorkload` (tenants' prefixes, sessions of turns: the rate
+            is then sessions/s, searched as a fleet).
         targets: ``"ttft:300 tpot:30"`` or ``{"ttft": 300, "e2el": 5000}`` (ms; the keys
             of ``vllm bench serve --goodput``).
-        grid: lists of values for any of :data:`SEARCH_KNOBS`; every combination runs.
+        grid: lists of values for any of :data:`SEARCH_KNOBS` and the fleet's
+            ``replicas`` and ``router`` (:data:`FLEET_KNOBS`); every combination runs. A
+            grid naming either, or a SharedPrefixWorkload, searches fleets
+            (:mod:`~labserve.lab.generation.fleet_search`: each point a
+            :func:`~labserve.sim.fleet.simulate_fleet` run; default one replica, round
+            robin); a PoissonWorkload then runs as one-turn sessions with no shared prefix.
         cost: each step's time (``TINYLM_STEP_COST`` or a calibrated one).
         attainment: the share of requests that must meet every target.
         base: every other setting (default: GenerationConfig's defaults).
@@ -346,7 +395,8 @@ def search_generation(
     Raises:
         ValueError: an unknown target or grid key, an empty grid list, attainment not in
             (0, 1], or ``warmup_s`` not below ``duration_s``.
-        ConfigError: a grid value the config refuses (before anything runs).
+        ConfigError: a grid value the config refuses, or an unknown router (before
+            anything runs).
     """
     goals = parse_goodput(targets)
     if not goals:
@@ -356,6 +406,15 @@ def search_generation(
     if not (0 <= warmup_s < duration_s):
         raise ValueError(f"warmup_s must be >= 0 and below duration_s, got {warmup_s!r}")
     configs = _grid(base or GenerationConfig(), grid)
+    if isinstance(workload, SharedPrefixWorkload) or any(k in grid for k in FLEET_KNOBS):
+        sessions = _as_sessions(workload)
+        fleets = [
+            FleetJudge(s, sessions, cost, goals, attainment, duration_s, warmup_s, seed)
+            for s in fleet_settings(configs, grid)
+        ]
+        fleet_rows, evaluations = _search_fleet(fleets, tolerance, progress)
+        base = base or GenerationConfig()
+        return GenerationSearch(fleet_rows, goals, float(attainment), base, evaluations, True)
     rows: list[dict[str, Any]] = []
     start, evaluations = 0.0, 0
     memo = None if exact else SharedPoints()
@@ -390,6 +449,48 @@ def search_generation(
     if not exact:
         evaluations += _refine_ties(rows, judges, tolerance)
     return GenerationSearch(rows, goals, float(attainment), base or GenerationConfig(), evaluations)
+
+
+def _search_fleet(
+    judges: list[FleetJudge],
+    tolerance: float,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[list[dict[str, Any]], int]:
+    """Each fleet's edge on the rate lattice, from its neighbour's scaled by the seats."""
+    rows: list[dict[str, Any]] = []
+    last: tuple[float, FleetSetting] | None = None
+    for done, judge in enumerate(judges, start=1):
+        prompt, output = mean_lengths(judge.sessions, judge.seed)
+        scale = _Scale(prompt, output, judge.cost)
+        setting = judge.setting
+        if last is None:
+            guess = 0.8 * scale.rate(setting.config) * setting.replicas
+        else:
+            edge, other = last
+            per_replica = scale.guess(setting.config, (edge / other.replicas, other.config))
+            guess = per_replica * setting.replicas
+        found = highest_lattice_rate(judge, start=guess, tolerance=tolerance)
+        rows.append(
+            _row(setting.config, found.rate, judge.points.get(found.rate))
+            | judge.row_extras(found.rate)
+        )
+        if found.rate:
+            last = found.rate, setting
+        if progress is not None:
+            progress(done, len(judges))
+    return rows, sum(j.simulated for j in judges)
+
+
+def _as_sessions(workload: GenerationWorkload | SharedPrefixWorkload) -> SharedPrefixWorkload:
+    """The sessions a fleet runs: a PoissonWorkload's as one turn with no shared prefix."""
+    if isinstance(workload, SharedPrefixWorkload):
+        return workload
+    if not isinstance(workload, PoissonWorkload):
+        raise TypeError(
+            "a grid with replicas or router searches fleets on a PoissonWorkload or a"
+            f" SharedPrefixWorkload, got {type(workload).__name__}"
+        )
+    return SharedPrefixWorkload(input_len=workload.input_len, output_len=workload.output_len)
 
 
 def _refine_ties(rows: list[dict[str, Any]], judges: list[_Judge], tolerance: float) -> int:
@@ -465,13 +566,15 @@ class _Scale:
 
 
 def _grid(base: GenerationConfig, grid: Mapping[str, Sequence[Any]]) -> list[GenerationConfig]:
-    unknown = sorted(set(grid) - set(SEARCH_KNOBS))
+    """Every combination of the grid's replica knobs (the fleet's are left to the fleet)."""
+    known = (*SEARCH_KNOBS, *FLEET_KNOBS)
+    unknown = sorted(set(grid) - set(known))
     if unknown:
-        raise ValueError(f"grid keys must be among {', '.join(SEARCH_KNOBS)}; got {unknown}")
+        raise ValueError(f"grid keys must be among {', '.join(known)}; got {unknown}")
     empty = [k for k, v in grid.items() if isinstance(v, str) or not len(v)]
     if empty:
         raise ValueError(f"grid values must be non-empty lists; not so for {empty}")
-    keys = list(grid)
+    keys = [k for k in grid if k not in FLEET_KNOBS]
     return [
         base.replace(**dict(zip(keys, combo, strict=True)))
         for combo in itertools.product(*(grid[k] for k in keys))
