@@ -72,17 +72,24 @@ async def _one(runner: labserve.Runner, at: float, i: int) -> tuple[float, float
     return first - at, (end - first) / max(n - 1, 1), n
 
 
-def live(runner: labserve.Runner, rate: float, seconds: float, seed: int) -> dict[str, float]:
-    """Send Poisson arrivals at ``rate`` for ``seconds``; the share meeting both targets."""
+def live(runner: labserve.Runner, rate: float, seconds: float, seed: int) -> dict[str, Any]:
+    """Send Poisson arrivals at ``rate`` for ``seconds``; the share meeting both targets.
+
+    ``snapshot``: the runner's steps as the last request is sent (as ``calibrated`` reads).
+    """
     rng = np.random.default_rng(seed)
     offsets = np.cumsum(rng.exponential(1.0 / rate, max(1, round(rate * seconds))))
+    runner.generate.reset_stats()
 
-    async def main() -> list[tuple[float, float, int]]:
+    async def main() -> tuple[list[tuple[float, float, int]], labserve.GenerationSnapshot]:
         start = time.monotonic() + 0.05
-        return await asyncio.gather(*(_one(runner, start + t, i) for i, t in enumerate(offsets)))
+        sent = asyncio.gather(*(_one(runner, start + t, i) for i, t in enumerate(offsets)))
+        await asyncio.sleep(max(0.0, start + offsets[-1] - time.monotonic()))
+        snap = runner.generate.stats()
+        return await sent, snap
 
     load = os.getloadavg()[0]
-    got = asyncio.run(main())
+    got, snap = asyncio.run(main())
     ttft = np.array([g[0] for g in got]) * 1000
     tpot = np.array([g[1] for g in got]) * 1000
     failed = int((np.isinf(ttft) | np.isinf(tpot)).sum())
@@ -97,13 +104,35 @@ def live(runner: labserve.Runner, rate: float, seconds: float, seed: int) -> dic
         "tpot_p50_ms": float(np.percentile(tpot, 50)),
         "tpot_p99_ms": float(np.percentile(tpot, 99)),
         "loadavg": load,
+        "snapshot": snap,
     }
 
 
-def calibrated(runner: labserve.Runner, rate: float, seconds: float) -> dict[str, Any]:
-    """Ten seconds (or ``seconds``) of live traffic, then one call to calibrate."""
-    rng = np.random.default_rng(0)
-    offsets = np.cumsum(rng.exponential(1.0 / rate, max(1, round(rate * seconds))))
+def spans_by_size(steps: Any) -> dict[str, float]:
+    """Mean start-to-next-start span (ms) of chained steps, by sequences a step."""
+    span = steps.span_s * 1000.0
+    out = {}
+    for lo, hi in ((1, 4), (5, 8), (9, 16), (17, 24), (25, 31), (32, 32), (33, 10**9)):
+        sel = np.isfinite(span) & (steps.num_seqs >= lo) & (steps.num_seqs <= hi)
+        if sel.any():
+            out[f"{lo}-{hi}" if hi < 10**9 else f"{lo}+"] = round(float(span[sel].mean()), 3)
+    return out
+
+
+def calibrated(
+    runner: labserve.Runner, rate: float, seconds: float, ramp_to: float = 0.0
+) -> dict[str, Any]:
+    """Ten seconds (or ``seconds``) of live traffic, then one call to calibrate.
+
+    ``ramp_to``: the rate rises linearly from ``rate`` to it over the seconds (a ramp past
+    capacity shows the calibration every step size, the full ones included).
+    """
+    if ramp_to:
+        ramp = labserve.arrivals("ramp", start_rps=rate, end_rps=ramp_to)
+        offsets = np.asarray(ramp.times(seconds, seed=0), dtype=np.float64)
+    else:
+        rng = np.random.default_rng(0)
+        offsets = np.cumsum(rng.exponential(1.0 / rate, max(1, round(rate * seconds))))
     runner.generate.reset_stats()
 
     async def main() -> tuple[float, labserve.GenerationSnapshot]:
@@ -123,7 +152,9 @@ def calibrated(runner: labserve.Runner, rate: float, seconds: float) -> dict[str
     print(f"calibrated at {rate:g} req/s: {cal!r}\n{cal.table()}", flush=True)
     return {
         "cal": cal,
+        "spans_by_size_ms": spans_by_size(snap.steps),
         "rate": rate,
+        "ramp_to": ramp_to,
         "cpu_s": round(time.process_time() - cpu0, 1),
         "wall_s": round(time.monotonic() - wall0, 1),
         "loadavg": load,
@@ -142,6 +173,12 @@ def main() -> None:
     parser.add_argument("--calibrate-rate", type=float, default=40.0, help="req/s, 10 s")
     parser.add_argument("--calibrate-seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=4, help="calibrations at most")
+    parser.add_argument(
+        "--ramp-to",
+        type=float,
+        default=0.0,
+        help="req/s: calibrate once on a ramp from --calibrate-rate to this (no rounds)",
+    )
     parser.add_argument(
         "--extrapolate", action="store_true", help="search caps past the largest step seen"
     )
@@ -192,6 +229,19 @@ def calibrated_rounds(
     to within 10%, in ``--rounds`` calibrations at most.
     """
     rate, rounds = args.calibrate_rate, []
+    if args.ramp_to:
+        # The largest cap searched, open during the ramp: past capacity its steps grow to
+        # the sizes the search will price, rather than being extrapolated to them.
+        runner.configure("generate", max_num_seqs=max(seqs))
+        cal = calibrated(runner, rate, args.calibrate_seconds, args.ramp_to)
+        found, cpu_s = searched(cal["cal"].cost, trusted(seqs, cal["cal"], args.extrapolate))
+        rounds.append(
+            {**{k: v for k, v in cal.items() if k != "cal"},
+             "predicted_rate": found.best["max_rate"],
+             "best_max_num_seqs": found.best["max_num_seqs"], "search_cpu_s": cpu_s,
+             "largest_step_seen": int(cal["cal"].num_seqs.max())}
+        )  # fmt: skip
+        return found, rounds
     below: tuple[float, float] | None = None  # (rate, gap) where 0.9 x predicted > rate
     above: tuple[float, float] | None = None  # where it is < rate: calibrated past it
     for _ in range(max(1, args.rounds)):
@@ -248,6 +298,17 @@ def held(
     got = live(runner, rate, args.seconds, args.seed)
     got["cpu_s"] = round(time.process_time() - cpu0, 1)
     got["dashboard"] = dashboard_line(runner)
+    # What the hold's own steps predict: calibrated and searched (the applied cap) as the
+    # calibration was. Lower than the prediction: the steps cost more during the hold.
+    snap = got.pop("snapshot")
+    got["spans_by_size_ms"] = spans_by_size(snap.steps)
+    try:
+        again = labserve.calibrate(snap)
+        own, _ = searched(again.cost, [applied.max_num_seqs])
+        got["own_steps_predict_rate"] = own.best["max_rate"]
+        got["own_steps_cost"] = repr(again.cost)
+    except ValueError as exc:  # too few chained steps
+        got["own_steps_predict_rate"] = str(exc)
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": subprocess.run(
