@@ -15,12 +15,16 @@
    While 90% of the rate found is more than 10% off the rate calibrated at, the setting is
    applied and ten more seconds are calibrated and searched again, at a rate found by
    regula falsi (``--rounds``, 4 at most): a calibration prices the steps it saw, at the
-   load it ran.
+   load it ran. ``--ramp-to R`` instead calibrates once, on a ramp from
+   ``--calibrate-rate`` to R req/s (past capacity it shows every step size, the full ones
+   included; ``--ramp-cap N`` opens max_num_seqs to N for it): lesson 10's path.
+   After the hold, the hold's own steps are calibrated and searched again (the applied cap):
+   what they predict beside what was predicted, and each phase's step spans by size.
 4. Verdict: the share of requests meeting both targets (goodput / rate) against 0.9. CPU
    seconds (this process's) and the load average go with each phase.
 
     .venv/bin/python benchmarks/generation/search_holds.py [--seconds 60] [--seqs 32,64,128,256]
-        [--calibrate-rate 40] [--shipped] [--json out.json]
+        [--calibrate-rate 40] [--ramp-to 40 [--ramp-cap 256]] [--shipped] [--json out.json]
 """
 
 from __future__ import annotations
@@ -180,6 +184,9 @@ def main() -> None:
         help="req/s: calibrate once on a ramp from --calibrate-rate to this (no rounds)",
     )
     parser.add_argument(
+        "--ramp-cap", type=int, default=0, help="max_num_seqs during the ramp (default: as is)"
+    )
+    parser.add_argument(
         "--extrapolate", action="store_true", help="search caps past the largest step seen"
     )
     parser.add_argument("--json", help="also write the report here")
@@ -230,9 +237,10 @@ def calibrated_rounds(
     """
     rate, rounds = args.calibrate_rate, []
     if args.ramp_to:
-        # The largest cap searched, open during the ramp: past capacity its steps grow to
-        # the sizes the search will price, rather than being extrapolated to them.
-        runner.configure("generate", max_num_seqs=max(seqs))
+        if args.ramp_cap:
+            # A cap opened for the ramp: past capacity its steps grow to the sizes the
+            # search will price, rather than being extrapolated to them.
+            runner.configure("generate", max_num_seqs=args.ramp_cap)
         cal = calibrated(runner, rate, args.calibrate_seconds, args.ramp_to)
         found, cpu_s = searched(cal["cal"].cost, trusted(seqs, cal["cal"], args.extrapolate))
         rounds.append(
