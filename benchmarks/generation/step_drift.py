@@ -48,6 +48,9 @@ import numpy as np
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 LOADS = (0.25, 0.50, 0.80)
+Probe = tuple[float, float, float, float, int, str, int]
+"""A model call: start, end (s), thread CPU (s), wait for a core (s), minor faults, thread,
+the CPU it started on."""
 BINS = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 32))
 OUTPUT = 128
 
@@ -59,6 +62,15 @@ def _run_delay_s() -> float:
             return int(f.read().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def _core() -> int:
+    """The CPU this thread runs on now (field 39 of /proc/thread-self/stat; -1 if unknown)."""
+    try:
+        with open("/proc/thread-self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
 def _machine() -> dict[str, float]:
@@ -98,17 +110,19 @@ def _child(capacity_only: bool, req_per_s: float, seconds: float, seed: int) -> 
     import labserve
     from labserve.lab.demo import TinyLM
 
-    probes: list[tuple[float, float, float, float, int, str]] = []
+    probes: list[Probe] = []
 
     class Probed(TinyLM):  # type: ignore[misc]
         @labserve.method(generative=True, max_num_seqs=32, max_num_batched_tokens=512)
         def generate(self, batch: Any) -> Any:
             f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+            core = _core()
             d0, c0, t0 = _run_delay_s(), time.thread_time(), time.monotonic()
             out = TinyLM.generate(self, batch)
             t1, c1, d1 = time.monotonic(), time.thread_time(), _run_delay_s()
             f1 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-            probes.append((t0, t1, c1 - c0, d1 - d0, f1 - f0, threading.current_thread().name))
+            name = threading.current_thread().name
+            probes.append((t0, t1, c1 - c0, d1 - d0, f1 - f0, name, core))
             return out
 
     result: dict[str, Any] = {"labserve": labserve.__file__, "pid": os.getpid()}
@@ -151,7 +165,7 @@ def _child(capacity_only: bool, req_per_s: float, seconds: float, seed: int) -> 
     return result
 
 
-def _steps(steps: Any, probes: list[tuple[float, float, float, float, int, str]]) -> dict:
+def _steps(steps: Any, probes: list[Probe]) -> dict:
     """Each chained decode-only step matched to its probe, split, and binned by size."""
     p_start = np.array([p[0] for p in probes])
     n = len(steps)
@@ -163,8 +177,9 @@ def _steps(steps: Any, probes: list[tuple[float, float, float, float, int, str]]
         k = int(np.searchsorted(p_start, steps.start_s[i]))
         if k >= len(probes) or probes[k][0] > steps.end_s[i]:
             continue  # its probe fell out (recorder window) or did not run
-        t0, t1, cpu, delay, flt, thread = probes[k]
+        t0, t1, cpu, delay, flt, thread, core = probes[k]
         switched = k > 0 and probes[k - 1][5] != thread  # the model call before it
+        moved_core = k > 0 and probes[k - 1][6] != core
         rows.append(
             (
                 int(steps.num_seqs[i]),
@@ -177,6 +192,7 @@ def _steps(steps: Any, probes: list[tuple[float, float, float, float, int, str]]
                 flt,
                 thread,
                 switched,
+                moved_core,
             )
         )
         threads_seen.append(thread)
@@ -191,6 +207,8 @@ def _steps(steps: Any, probes: list[tuple[float, float, float, float, int, str]]
 
         moved = [r for r in sel if r[9]]
         stayed = [r for r in sel if not r[9]]
+        other_core = [r for r in sel if r[10]]
+        same_core = [r for r in sel if not r[10]]
 
         by_bin[f"{lo}-{hi}"] = {
             "steps": len(sel),
@@ -206,6 +224,14 @@ def _steps(steps: Any, probes: list[tuple[float, float, float, float, int, str]]
             "thread_switches": len(moved),
             "span_ms_switched": med(1, moved),
             "span_ms_same_thread": med(1, stayed),
+            "model_cpu_ms_switched": med(4, moved),
+            "model_cpu_ms_same_thread": med(4, stayed),
+            # The same split by the core the model call started on.
+            "core_moves": len(other_core),
+            "span_ms_core_moved": med(1, other_core),
+            "span_ms_same_core": med(1, same_core),
+            "model_cpu_ms_core_moved": med(4, other_core),
+            "model_cpu_ms_same_core": med(4, same_core),
         }
     return {
         "steps": n,
@@ -254,6 +280,7 @@ def _summary(trials: list[dict[str, Any]], names: list[str]) -> None:
                 if not cells:
                     continue
                 switches = sum(c["thread_switches"] for c in cells)
+                core_moves = sum(c["core_moves"] for c in cells)
                 total = sum(c["steps"] for c in cells)
                 spans = [c["span_ms"] for c in cells]
                 parts = " ".join(
@@ -267,13 +294,31 @@ def _summary(trials: list[dict[str, Any]], names: list[str]) -> None:
                         "minflt_mean",
                         "span_ms_switched",
                         "span_ms_same_thread",
+                        "model_cpu_ms_switched",
+                        "model_cpu_ms_same_thread",
+                        "span_ms_core_moved",
+                        "span_ms_same_core",
+                        "model_cpu_ms_core_moved",
+                        "model_cpu_ms_same_core",
                     )
                 )
+                # Within each process: the span of a step on another thread (core) than the
+                # step before over the span of one on the same, in the same minute.
+                paired = [
+                    f"{c[a] / c[b]:.2f}"
+                    for c in cells
+                    for a, b in (
+                        ("span_ms_switched", "span_ms_same_thread"),
+                        ("span_ms_core_moved", "span_ms_same_core"),
+                    )
+                    if c[a] == c[a] and c[b] == c[b]  # both measured (not NaN)
+                ]
                 print(
                     f"   {key:>5}: {statistics.median(spans):.3f} "
                     f"[{' '.join(f'{s:.3f}' for s in spans)}] "
                     f"spread {100 * (max(spans) / min(spans) - 1):.0f}%  {parts} "
-                    f"switched={switches}/{total}"
+                    f"switched={switches}/{total} core_moves={core_moves}/{total} "
+                    f"moved/stayed per process {' '.join(paired)}"
                 )
 
 
