@@ -64,6 +64,15 @@ def _run_delay_s() -> float:
         return 0.0
 
 
+def _steal_s() -> float:
+    """CPU time the hypervisor gave the machine's vCPUs to others, in seconds (/proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            return int(f.readline().split()[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _core() -> int:
     """The CPU this thread runs on now (field 39 of /proc/thread-self/stat; -1 if unknown)."""
     try:
@@ -145,7 +154,9 @@ def _child(capacity_only: bool, req_per_s: float, seconds: float, seed: int) -> 
             del probes[:]
             offsets = fidelity.trace(load * req_per_s, seconds, seed)
             flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            steal0, wall0 = _steal_s(), time.monotonic()
             got = fidelity.live(runner, offsets, OUTPUT)
+            steal = (_steal_s() - steal0) / (time.monotonic() - wall0)
             flt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - flt0
             rates[f"{load:.2f}"] = {
                 "rate": load * req_per_s,
@@ -153,6 +164,7 @@ def _child(capacity_only: bool, req_per_s: float, seconds: float, seed: int) -> 
                 "cpu_share": got["cpu_share"],
                 "waited_share": got["waited_share"],
                 "process_minflt": flt,
+                "steal_share": steal,  # of one vCPU: stolen by the hypervisor
                 "itl_p50_ms": got["figures"]["itl"]["p50"],
                 "tpot_p50_ms": got["figures"]["tpot"]["p50"],
                 **_steps(got["snapshot"].steps, probes),
@@ -272,7 +284,12 @@ def _summary(trials: list[dict[str, Any]], names: list[str]) -> None:
             )
         )
         for load in (f"{x:.2f}" for x in LOADS):
-            print(f"-- {name} at {float(load):.0%}: span ms by sequences [per process] (parts)")
+            at = [r["rates"][load] for r in runs]
+            shares = " ".join(f"{a['waited_share']:.2f}/{a.get('steal_share', 0):.2f}" for a in at)
+            print(
+                f"-- {name} at {float(load):.0%}: span ms by sequences [per process] (parts); "
+                f"waited for a core / stolen, per process: {shares}"
+            )
             for lo, hi in BINS:
                 key = f"{lo}-{hi}"
                 cells = [r["rates"][load]["bins"].get(key) for r in runs]
@@ -305,11 +322,11 @@ def _summary(trials: list[dict[str, Any]], names: list[str]) -> None:
                 # Within each process: the span of a step on another thread (core) than the
                 # step before over the span of one on the same, in the same minute.
                 paired = [
-                    f"{c[a] / c[b]:.2f}"
+                    f"{tag}{c[a] / c[b]:.2f}"
                     for c in cells
-                    for a, b in (
-                        ("span_ms_switched", "span_ms_same_thread"),
-                        ("span_ms_core_moved", "span_ms_same_core"),
+                    for tag, a, b in (
+                        ("t", "span_ms_switched", "span_ms_same_thread"),
+                        ("c", "span_ms_core_moved", "span_ms_same_core"),
                     )
                     if c[a] == c[a] and c[b] == c[b]  # both measured (not NaN)
                 ]
@@ -318,7 +335,7 @@ def _summary(trials: list[dict[str, Any]], names: list[str]) -> None:
                     f"[{' '.join(f'{s:.3f}' for s in spans)}] "
                     f"spread {100 * (max(spans) / min(spans) - 1):.0f}%  {parts} "
                     f"switched={switches}/{total} core_moves={core_moves}/{total} "
-                    f"moved/stayed per process {' '.join(paired)}"
+                    f"moved/stayed (t: thread, c: core) {' '.join(paired)}"
                 )
 
 
