@@ -21,9 +21,8 @@ from typing import Any, Protocol
 
 from labserve.base.clock import Clock
 from labserve.runtime.loop import BackgroundLoop
-from labserve.runtime.step_thread import StepThread
 
-__all__ = ["MIN_TIMER_S", "Cancellable", "Host", "LoopHost", "Timer", "Worker"]
+__all__ = ["MIN_TIMER_S", "Cancellable", "Host", "LoopHost", "Timer"]
 
 MIN_TIMER_S = 0.001
 """One timer tick. Event loops wait in whole milliseconds: asyncio rounds a wait up to the next
@@ -40,24 +39,11 @@ class Cancellable(Protocol):
         """Call it off; no effect once it ran."""
 
 
-class Worker(Protocol):
-    """A worker of one's own: its jobs run in order, one at a time (a method's step chain)."""
-
-    def submit(self, fn: Callable[..., None], *args: Any) -> None:
-        """Run ``fn(*args)`` after the jobs before it. Any thread; RuntimeError once closed."""
-
-    def close(self) -> None:
-        """Refuse new jobs; the worker ends after the queued ones. Idempotent; never blocks."""
-
-    async def wait_closed(self) -> None:
-        """Until the worker ended after :meth:`close` (its thread joined)."""
-
-
 class Host(Protocol):
     """The driver's view of its event loop, its worker threads and its clock.
 
     ``call_soon``, ``call_later`` and ``now`` are called on the loop thread only;
-    ``call_soon_threadsafe``, ``submit`` and ``worker`` from any thread.
+    ``call_soon_threadsafe`` and ``submit`` from any thread.
     """
 
     loop: asyncio.AbstractEventLoop | None
@@ -82,9 +68,6 @@ class Host(Protocol):
 
     def submit(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` in a worker thread. Any thread; RuntimeError once shut down."""
-
-    def worker(self, name: str) -> Worker:
-        """A new worker of one's own, ``name`` (its thread's, where it has one). Any thread."""
 
 
 class LoopHost:
@@ -121,10 +104,6 @@ class LoopHost:
     def submit(self, fn: Callable[..., None], *args: Any) -> None:
         """A worker thread of the background loop's pool; RuntimeError once it is shut down."""
         self._executor.submit(fn, *args)
-
-    def worker(self, name: str) -> StepThread:
-        """One thread of its own, named ``name``, started at its first job."""
-        return StepThread(name)
 
 
 class Timer:

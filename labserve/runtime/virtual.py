@@ -44,30 +44,6 @@ _ROUNDING: dict[str, Callable[[float], float]] = {
 """How a loop's timer turns a delay into when it fires (see VirtualHost's ``timers``)."""
 
 
-class _VirtualWorker:
-    """A worker of one's own on a VirtualHost: its jobs are the host's worker jobs.
-
-    Order holds as long as its user has one job at a time (a driver's step chain does).
-    """
-
-    def __init__(self, host: VirtualHost) -> None:
-        self._host = host
-        self._closed = False
-
-    def submit(self, fn: Callable[..., None], *args: Any) -> None:
-        """The host's worker job; RuntimeError once closed (or the host shut down)."""
-        if self._closed:
-            raise RuntimeError("the virtual worker is closed")
-        self._host.submit(fn, *args)
-
-    def close(self) -> None:
-        """Refuse new jobs. Idempotent."""
-        self._closed = True
-
-    async def wait_closed(self) -> None:
-        """Nothing to join: the host's settle waits for its jobs."""
-
-
 class Parked:
     """One model call waiting in :meth:`VirtualHost.park` until the test releases it."""
 
@@ -174,10 +150,6 @@ class VirtualHost:
                 raise RuntimeError("the virtual worker pool is shut down")
             self._active += 1
         threading.Thread(target=self._job, args=(fn, args), daemon=True).start()
-
-    def worker(self, name: str) -> _VirtualWorker:
-        """A worker whose jobs are this host's :meth:`submit` jobs (``name`` is ignored)."""
-        return _VirtualWorker(self)
 
     def _job(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
         try:

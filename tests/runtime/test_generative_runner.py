@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -275,38 +274,3 @@ def test_a_cache_hit_gives_tinylm_the_same_tokens_as_computing_the_prompt(lm):
     # The first warm prompt computes all (the cache was dropped); the next two hit the
     # system prompt's 6 full blocks of 16 bytes (96 of its 108).
     assert lm.generate.stats().prefix_cache_hits - before == 2 * 96
-
-
-class _ThreadNoting(TinyLM):
-    """TinyLM that notes the thread each of its steps ran on."""
-
-    threads: ClassVar[list[threading.Thread]] = []
-
-    @labserve.method(generative=True, max_num_seqs=8, max_num_batched_tokens=64)
-    def generate(self, batch):
-        self.threads.append(threading.current_thread())
-        return TinyLM.generate(self, batch)
-
-
-def test_a_methods_steps_run_on_one_thread_of_its_own_which_stop_joins():
-    _ThreadNoting.threads = []
-    runner = labserve.Runner(_ThreadNoting, name="noted")
-    # Bursts of concurrent callers (their prompts are checked on the loop's shared pool,
-    # which grows for them), then one alone after the pool's threads went idle.
-    for burst in range(3):
-
-        async def many(burst=burst):
-            return await asyncio.gather(
-                *(runner.generate.async_run(f"{burst}-{i}", max_tokens=6) for i in range(12))
-            )
-
-        runner.bg.run(many())
-    runner.generate.run("alone", max_tokens=6)
-    threads = set(_ThreadNoting.threads)
-    assert len(_ThreadNoting.threads) >= 4 * 6
-    assert [t.name for t in threads] == ["labserve-step-noted.generate"]
-    runner.stop()
-    runner.stop()  # idempotent
-    (thread,) = threads
-    assert not thread.is_alive()
-    assert "labserve-step-noted.generate" not in {t.name for t in threading.enumerate()}

@@ -25,12 +25,7 @@ RunnerStoppedError when the runner stopped before it ended (no step starts after
 
 Time, timers, loop callbacks and worker threads come from one injected
 :class:`~labserve.runtime.scheduling.Host`: labserve's background loop in a notebook, a
-virtual one in tests. The steps run on one worker of the driver's own (a thread named
-``labserve-step-<runner>.<method>``, started at the first step and joined when the driver
-closes), not on the loop's shared pool: one step runs at a time, and on one thread its
-arrays come from one malloc arena and its caches stay warm (the pool rotated a chain of
-steps over its threads; ``benchmarks/generation/step_drift.py``). Checking a call
-(tokenising) still runs on the pool. Thread-safe: :meth:`submit_threadsafe`, :meth:`admit_later`,
+virtual one in tests. Thread-safe: :meth:`submit_threadsafe`, :meth:`admit_later`,
 :meth:`cancel_threadsafe`, :meth:`refuse`, :meth:`configure`, :meth:`snapshot`,
 :meth:`reset_stats` and the properties. Loop-only: the rest.
 """
@@ -151,8 +146,7 @@ class GenerationDriver:
         self._recorder = GenerationRecorder()
         self._ids = itertools.count(1)
         self._deadline = Timer(host, self._on_deadline)
-        self._worker = host.worker(f"labserve-step-{self._name}")  # runs every step
-        self._busy = False  # a step is in the worker
+        self._busy = False  # a step is in a worker
         self._kick_queued = False
         self._free: list[int] = []  # sequences whose model state is to be dropped
         self._closed = False  # new sequences are refused
@@ -348,8 +342,8 @@ class GenerationDriver:
         batch, samplers = self._batch(plan)
         self._busy = True
         try:
-            self._worker.submit(self._run_step, plan, batch, samplers, free)
-        except RuntimeError:  # the worker was closed: the runner is stopping
+            self._rt.submit(self._run_step, plan, batch, samplers, free)
+        except RuntimeError:  # the workers shut down: the runner is stopping
             self._busy = False
             self.abort()  # ends every sequence, the planned ones included
             self._steps.complete(plan, self._now())
@@ -551,11 +545,10 @@ class GenerationDriver:
             drained.set_result(None)
 
     async def aclose(self) -> None:
-        """Refuse new sequences, let the admitted ones finish, join the step thread; idempotent.
+        """Refuse new sequences, let the admitted ones finish; idempotent. Loop-only.
 
-        Loop-only. Cancelled (the runner's stop timed out), it ends every sequence still
-        alive with RunnerStoppedError, and no step starts after that (the step thread ends
-        once a step that hangs returns, if ever: a daemon thread, not joined).
+        Cancelled (the runner's stop timed out), it ends every sequence still alive with
+        RunnerStoppedError, and no step starts after that.
         """
         self._closed = True
         if self._steps.has_work or self._busy:
@@ -567,8 +560,6 @@ class GenerationDriver:
                 self.abort()
                 raise
         self._deadline.cancel()
-        self._worker.close()
-        await self._worker.wait_closed()
 
     def abort(self) -> None:
         """End every live sequence with RunnerStoppedError now; no step starts after. Loop-only.
@@ -578,7 +569,6 @@ class GenerationDriver:
         """
         self._closed = self._stopped = True
         self._deadline.cancel()
-        self._worker.close()  # a step in flight still comes back; none starts after it
         self._answer_all(self._steps.abort_all("cancelled", self._now()), {})
         if not self._busy:
             self._free_now(self._free)
