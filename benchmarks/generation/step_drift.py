@@ -183,6 +183,12 @@ def _steps(steps: Any, probes: list[Probe]) -> dict:
     n = len(steps)
     rows = []
     threads_seen: list[str] = []
+    # How many steps ran back to back before each one since the method was last idle: a
+    # step at a low rate is more often one of the first after the core did something else.
+    in_run = np.zeros(n, np.int64)
+    for i in range(1, n):
+        in_run[i] = in_run[i - 1] + 1 if steps.chained[i - 1] else 0
+    by_run: dict[str, list[float]] = {"0": [], "1-3": [], "4-15": [], "16+": []}
     for i in range(n - 1):
         if not steps.chained[i] or steps.num_prefill_tokens[i] > 0:
             continue
@@ -190,6 +196,9 @@ def _steps(steps: Any, probes: list[Probe]) -> dict:
         if k >= len(probes) or probes[k][0] > steps.end_s[i]:
             continue  # its probe fell out (recorder window) or did not run
         t0, t1, cpu, delay, flt, thread, core = probes[k]
+        if 2 <= steps.num_seqs[i] <= 8:
+            r = int(in_run[i])
+            by_run["0" if r == 0 else "1-3" if r <= 3 else "4-15" if r <= 15 else "16+"].append(cpu)
         switched = k > 0 and probes[k - 1][5] != thread  # the model call before it
         moved_core = k > 0 and probes[k - 1][6] != core
         rows.append(
@@ -252,6 +261,11 @@ def _steps(steps: Any, probes: list[Probe]) -> dict:
         "thread_names": sorted(set(threads_seen)),
         "minflt_per_step": round(statistics.fmean(r[7] for r in rows), 1) if rows else 0.0,
         "bins": by_bin,
+        # Decodes of 2-8 sequences: the model's CPU by the step's place in its run of steps.
+        "cpu_ms_by_place_in_run": {
+            key: [len(v), round(statistics.median(v) * 1e3, 4) if v else float("nan")]
+            for key, v in by_run.items()
+        },
     }
 
 
