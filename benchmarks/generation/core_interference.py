@@ -47,8 +47,20 @@ def _neighbour(code: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", pinned], env=env)
 
 
+def _waits() -> tuple[float, float, float]:
+    """Wall clock, this thread's wait for a core, and the machine's steal, in seconds."""
+    with open("/proc/thread-self/schedstat") as f:
+        delay = int(f.read().split()[1]) / 1e9
+    with open("/proc/stat") as f:
+        steal = int(f.readline().split()[8]) / os.sysconf("SC_CLK_TCK")
+    return time.monotonic(), delay, steal
+
+
 def _measure(lm: TinyLM) -> dict[str, float]:
-    """TinyLM's decode of 8 sequences (median thread CPU of 60) and a Python loop (best of 5)."""
+    """TinyLM's decode of 8 sequences (median thread CPU of 60) and a Python loop (best of 5),
+    with the share of the time this thread waited for its core (another process had it) and
+    the machine's steal (its vCPUs' time the hypervisor gave to others), over the wall."""
+    wall0, delay0, steal0 = _waits()
     ids = tuple(range(1, 9))
     prompt = np.arange(32, dtype=np.int64) % 90 + 32
     lm.generate(SeqBatch(ids, tuple(prompt for _ in ids), (0,) * 8, (True,) * 8))
@@ -64,9 +76,12 @@ def _measure(lm: TinyLM) -> dict[str, float]:
         c0 = time.thread_time()
         sum(range(1_000_000))
         loops.append(time.thread_time() - c0)
+    wall1, delay1, steal1 = _waits()
     return {
         "decode8_cpu_ms": statistics.median(cpus) * 1e3,
         "python_loop_ms": min(loops) * 1e3,
+        "waited_share": (delay1 - delay0) / (wall1 - wall0),
+        "steal_share": (steal1 - steal0) / (wall1 - wall0),
     }
 
 
@@ -92,7 +107,8 @@ def main() -> None:
             rows[name].append(got)
             print(
                 f"{name:>13}: decode8 {got['decode8_cpu_ms']:.3f} ms CPU, Python loop "
-                f"{got['python_loop_ms']:.1f} ms CPU (load {got['loadavg']:.2f})",
+                f"{got['python_loop_ms']:.1f} ms CPU; waited {got['waited_share']:.2f}, steal "
+                f"{got['steal_share']:.2f} (load {got['loadavg']:.2f})",
                 flush=True,
             )
     for name, got in rows.items():
