@@ -123,6 +123,23 @@ def test_apply_configures_a_runner_with_the_best_setting_and_the_targets(found):
         runner.stop()
 
 
+def test_apply_leaves_prefix_caching_alone_unless_the_search_set_it(found):
+    from labserve.lab.demo import TinyLM
+
+    runner = labserve.Runner(TinyLM, name="tiny")  # K/V in labserve's blocks: None means on
+    try:
+        runner.configure("generate", enable_prefix_caching=False)
+        assert found.best_config.enable_prefix_caching is None  # the search's base: unset
+        assert found.apply(runner).enable_prefix_caching is False
+        searched = search_generation(
+            PoissonWorkload(8, 8), "ttft:60 tpot:5",
+            grid={"max_num_seqs": [8], "enable_prefix_caching": [True]}, **TINY,
+        )  # fmt: skip
+        assert searched.apply(runner).enable_prefix_caching is True
+    finally:
+        runner.stop()
+
+
 def test_export_writes_the_best_setting_as_engine_flags(found):
     assert "--max-num-seqs 8" in found.export("vllm")
 

@@ -306,6 +306,10 @@ class GenerationSearch:
         """
         best = self.best_config
         changes = {k: getattr(best, k) for k in SEARCH_KNOBS}
+        if changes["enable_prefix_caching"] is None:
+            # Unset: the runner's own stays (the simulator read None as off; the runner as
+            # "on where K/V lives in labserve's blocks": sending it could turn caching on).
+            del changes["enable_prefix_caching"]
         changes.update(ttft_slo_ms=best.ttft_slo_ms, tpot_slo_ms=best.tpot_slo_ms)
         out = runner.configure(method, **changes)
         assert isinstance(out, GenerationConfig)
