@@ -1,0 +1,260 @@
+"""Calibrate the simulator from a request-batching run: its batches' cost and its hand-off.
+
+What a user has after ten seconds of traffic on a batchable method is the
+:class:`~labserve.metrics.results.RunResult` of ``labserve.load_test(runner.predict, ...)``:
+every request's intended arrival, its batch's start and its finish, and (in process) the
+runner's batches, each timed from its firing to the release of its slot (the model, the hop
+to the worker thread and back: what the simulator's cost must hold). A snapshot
+(``runner.predict.stats()``) has percentiles and its last 64 batches, not the requests, so
+it cannot give the hand-off; the RunResult can, and carries the arrivals to replay.
+
+Two things are measured, each what the simulator takes:
+
+- the batch cost (:class:`~labserve.sim.batch_cost.BatchCost`): the typical batch fitted
+  robustly by what it counts (fixed, per item, and per padded token where the method has a
+  ragged axis), and the spread over it (quantiles of measured / typical, every batch in):
+  on a shared machine a batch now and then loses its core, and those batches make the tail;
+- the hand-off: each served request's time outside the queue and the model (its send lag,
+  plus its batch's release to its caller's answer: splitting, the hop to the caller's loop,
+  waking it), kept as quantiles, one drawn per simulated request.
+
+>>> import labserve
+>>> arrivals = labserve.arrivals("poisson", rate_rps=2000).times(2.0, seed=1)
+>>> ran = labserve.simulate(arrivals, cost=(2.0, 0.1), handoff_ms=0.5)
+>>> cal = calibrate_requests(ran)
+>>> round(cal.cost.fixed_ms, 3), round(cal.cost.per_item_ms, 4), round(cal.handoff_ms[50], 6)
+(2.0, 0.1, 0.5)
+>>> again = labserve.simulate(arrivals, **cal.simulate_kwargs())
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from labserve.base.vocabulary import SERVED
+from labserve.config.batching import BatchingConfig
+from labserve.lab._fit import fit_robust
+from labserve.metrics.results import RunResult
+from labserve.sim.batch_cost import BatchCost
+
+__all__ = ["HANDOFF_QUANTILES", "MIN_BATCHES", "RequestCalibration", "calibrate_requests"]
+
+F64 = npt.NDArray[np.float64]
+
+MIN_BATCHES = 8
+"""Fewest batches a calibration fits: fewer leave the per-item term barely determined."""
+
+HANDOFF_QUANTILES = 101
+"""Quantiles kept of the batch time's spread and of the hand-off: every percentile, so that
+a simulated p99 rests on the run's own tail."""
+
+_SIZES = ((1, 1), (2, 8), (9, 32), (33, 1 << 30))  # batch sizes the table groups by
+
+
+@dataclass(frozen=True)
+class RequestCalibration:
+    """A request-batching run's batch cost and hand-off, and how well the cost fits it.
+
+    ``simulate(arrivals, **cal.simulate_kwargs())`` replays arrivals on them under the
+    batching config the run had (``simulate_kwargs(max_batch_size=32)`` under another).
+    The arrays hold one entry per batch (times in ms).
+    """
+
+    cost: BatchCost
+    handoff_ms: tuple[float, ...]
+    """Quantiles (every percentile) of each served request's time outside queue and model."""
+    send_lag_ms: float
+    """Of the hand-off: the median send lag (intended send to the call)."""
+    answer_ms: float
+    """Of the hand-off: the median time from a batch's release to its caller's answer."""
+    measured_ms: F64
+    """Each batch's time from its firing to its slot's release."""
+    predicted_ms: F64
+    """The typical time ``cost`` gives each batch (before its spread)."""
+    items: npt.NDArray[np.int64]
+    tokens: npt.NDArray[np.int64]
+    typical: npt.NDArray[np.bool_]
+    """Which batches the typical cost was fitted on (the rest: stalls and strays)."""
+    requests: int
+    """Served requests the hand-off was measured on."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """The batching config the run had (what :meth:`simulate_kwargs` replays)."""
+
+    def simulate_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """``cost``, ``handoff_ms`` and the run's batching config, for :func:`labserve.simulate`.
+
+        ``overrides`` replace any of them (``max_batch_size=32``: the same model and machine
+        under another setting).
+        """
+        known = set(BatchingConfig.__dataclass_fields__)
+        settings = {k: v for k, v in self.config.items() if k in known}
+        return {"cost": self.cost, "handoff_ms": self.handoff_ms, **settings, **overrides}
+
+    @property
+    def residuals_ms(self) -> F64:
+        """Measured minus typical, per batch (positive: the batch took longer than the fit)."""
+        return np.asarray(self.measured_ms - self.predicted_ms)
+
+    @property
+    def rms_ms(self) -> float:
+        """Root mean square of the residuals."""
+        r = self.residuals_ms
+        return float(np.sqrt(np.mean(r * r))) if r.size else math.nan
+
+    def relative_error(self, q: float = 50.0) -> float:
+        """The ``q``-th percentile of |residual| / measured over the typical batches."""
+        ok = self.typical
+        if not ok.any():
+            return math.nan
+        rel = np.abs(self.residuals_ms[ok]) / np.maximum(self.measured_ms[ok], 1e-12)
+        return float(np.percentile(rel, q))
+
+    def table(self) -> str:
+        """Measured against typical mean batch time, by items in the batch.
+
+        ``x spread``: the typical time times the spread's mean (what simulated batches average).
+        """
+        lines = [
+            f"{'items':>7} {'batches':>7} {'measured ms':>11} {'typical ms':>10} {'error':>7}"
+            f" {'rms ms':>7} {'x spread':>8}"
+        ]
+        mean = self.cost.mean_factor
+        for lo, hi in _SIZES:
+            sel = (self.items >= lo) & (self.items <= hi)
+            if not sel.any():
+                continue
+            m, p = self.measured_ms[sel], self.predicted_ms[sel]
+            size = f"{lo}" if lo == hi else (f"{lo}+" if hi > 1 << 20 else f"{lo}-{hi}")
+            lines.append(
+                f"{size:>7} {int(sel.sum()):>7} {m.mean():>11.3f} {p.mean():>10.3f}"
+                f" {100.0 * (p.mean() / m.mean() - 1.0):>+6.1f}%"
+                f" {float(np.sqrt(np.mean((m - p) ** 2))):>7.3f} {p.mean() * mean:>8.3f}"
+            )
+        return "\n".join([*lines, _cost_line(self.cost)])
+
+    def __repr__(self) -> str:
+        spread = self.cost.spread
+        h = self.handoff_ms
+        return (
+            f"RequestCalibration({_cost_line(self.cost)}; measured/typical"
+            f" {_pcts(spread, 'x')}, mean {self.cost.mean_factor:.2f}x"
+            f" ({100 * (1 - self.typical.mean()):.1f}% of batches off the typical fit);"
+            f" hand-off {_pcts(h, ' ms')} (send lag p50 {self.send_lag_ms:.3f} ms, release"
+            f" to answer p50 {self.answer_ms:.3f} ms); from {len(self.measured_ms):,} batches"
+            f" and {self.requests:,} requests; residuals rms {self.rms_ms:.3f} ms; typical"
+            f" batches' |error| median {100 * self.relative_error(50):.1f}%,"
+            f" p90 {100 * self.relative_error(90):.1f}%)"
+        )
+
+
+def _pcts(quantiles: tuple[float, ...], unit: str) -> str:
+    if not quantiles:
+        return "none"
+    q = quantiles
+    p50, p90, p99 = (q[round(p / 100 * (len(q) - 1))] for p in (50, 90, 99))
+    fmt = ".2f" if unit == "x" else ".3f"
+    return f"p50 {p50:{fmt}}{unit}, p90 {p90:{fmt}}{unit}, p99 {p99:{fmt}}{unit}"
+
+
+def _cost_line(c: BatchCost) -> str:
+    token = f" + {c.per_token_ms:.6f} ms x tokens" if c.per_token_ms else ""
+    return f"{c.fixed_ms:.3f} ms + {c.per_item_ms:.4f} ms x items{token}"
+
+
+def calibrate_requests(run: RunResult, *, cut: float = 3.0) -> RequestCalibration:
+    """Fit a request-batching run's batch cost and measure its hand-off.
+
+    Args:
+        run: a live ``labserve.load_test`` on a runner method in process (its RunResult
+            carries the runner's batches), or a simulated one.
+        cut: batches further than this many robust standard deviations from the typical
+            fit are left out of it (they stay in the spread).
+
+    Raises:
+        TypeError: ``run`` is not a RunResult.
+        ValueError: the run holds fewer than :data:`MIN_BATCHES` batches (over HTTP the
+            batches are the server's, not in the RunResult), or none of its served
+            requests can be matched to a batch.
+    """
+    if not isinstance(run, RunResult):
+        raise TypeError(
+            "calibrate_requests takes the RunResult of labserve.load_test on a runner method"
+            f" (in process), got {type(run).__name__}"
+        )
+    n = len(run.batch_items)
+    if n < MIN_BATCHES:
+        where = " (a load over HTTP sees none: run load_test on the runner method)" if not n else ""
+        raise ValueError(
+            f"calibrate needs a run with at least {MIN_BATCHES} batches, got {n}{where}"
+        )
+    measured = np.asarray(run.batch_duration_s * 1000.0, dtype=np.float64)
+    items = np.asarray(run.batch_items, dtype=np.int64)
+    tokens = (
+        np.asarray(run.batch_tokens, dtype=np.int64)
+        if run.batch_tokens is not None and len(run.batch_tokens) == n
+        else np.zeros(n, np.int64)
+    )
+    columns = [np.ones(n), items.astype(np.float64)]
+    if tokens.any():
+        columns.append(tokens.astype(np.float64))
+    x = np.column_stack(columns)
+    coef, typical = fit_robust(x, measured, cut, MIN_BATCHES)
+    predicted = np.asarray(x @ coef, dtype=np.float64)
+    ratio = measured / np.maximum(predicted, 1e-9)
+    spread = np.percentile(ratio, np.linspace(0, 100, HANDOFF_QUANTILES))
+    lag_ms, answer_ms = _handoff_parts(run)
+    cost = BatchCost(
+        fixed_ms=float(coef[0]),
+        per_item_ms=float(coef[1]),
+        per_token_ms=float(coef[2]) if len(coef) > 2 else 0.0,
+        spread=tuple(float(v) for v in spread),
+    )
+    handoff = np.maximum(lag_ms + answer_ms, 0.0)
+    return RequestCalibration(
+        cost=cost,
+        handoff_ms=tuple(
+            float(v) for v in np.percentile(handoff, np.linspace(0, 100, HANDOFF_QUANTILES))
+        ),
+        send_lag_ms=float(np.median(lag_ms)),
+        answer_ms=float(np.median(answer_ms)),
+        measured_ms=measured,
+        predicted_ms=predicted,
+        items=items,
+        tokens=tokens,
+        typical=typical,
+        requests=len(handoff),
+        config=dict(run.config),
+    )
+
+
+def _handoff_parts(run: RunResult) -> tuple[F64, F64]:
+    """Per served request matched to its batch: (send lag, release to answer), in ms.
+
+    A request is matched by its batch's start (the same clock reading on both sides); one
+    larger than the cap (split across batches) is left out: its answer waits for its last.
+    """
+    ends = dict(
+        zip(
+            run.batch_start_s.tolist(),
+            (run.batch_start_s + run.batch_duration_s).tolist(),
+            strict=True,
+        )
+    )
+    cap = int(run.config.get("max_batch_size", 1 << 30))
+    served = np.flatnonzero((run.outcome == SERVED) & (run.items <= cap))
+    end = np.array([ends.get(s, math.nan) for s in run.start_s[served].tolist()])
+    known = ~np.isnan(end)
+    if not known.any():
+        raise ValueError(
+            "calibrate found no served request whose batch the run holds: a RunResult of"
+            " load_test on a runner method in process carries both"
+        )
+    k = served[known]
+    lag = run.send_lag_s[k] if run.send_lag_s is not None else np.zeros(len(k))
+    answer = run.finish_s[k] - end[known]
+    return np.asarray(lag * 1000.0, dtype=np.float64), np.asarray(answer * 1000.0, dtype=np.float64)
