@@ -7,7 +7,6 @@ runs, and its decisions are carried out on virtual time. Same seed, same result.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 from bisect import bisect_left
@@ -26,6 +25,7 @@ from labserve.batching.requests import Batch, Outcome, Request
 from labserve.config.batching import BatchingConfig
 from labserve.metrics.results import RunResult
 from labserve.sim.batch_cost import BatchCost
+from labserve.sim.handoff import delayed, handed_off, quantiles_s, restored
 
 __all__ = ["LinearCost", "simulate"]
 
@@ -91,6 +91,7 @@ def simulate(
     cost: CostLike = (2.0, 0.1),
     items_per_request: int = 1,
     handoff_ms: float | Sequence[float] = 0.0,
+    arrival_delay_ms: float | Sequence[float] = 0.0,
     label: str = "",
     input_len: Any = None,
     pad: Any = None,
@@ -120,7 +121,12 @@ def simulate(
     A sequence is that time's quantiles as measured (evenly spaced in probability, first
     the minimum): each served request draws its own (seeded), so a run's tail of late
     hand-offs (the loop busy when a batch ends) reaches the simulated p99 too.
-    :func:`labserve.calibrate` measures both it and ``cost`` on a live ``load_test``:
+    ``arrival_delay_ms`` (a number or quantiles, one drawn per request) is how long after
+    its arrival a request reaches the queue (a load generator's send lag, the hop to the
+    loop): it moves the request's entry into the queue, not its answer (a request late into
+    a queue that holds it anyway, while a batch runs, loses nothing), and its latency and
+    queue wait still count from the arrival. :func:`labserve.calibrate`
+    measures it, the hand-off and ``cost`` on a live ``load_test``:
     ``simulate(arrivals, **cal.simulate_kwargs())``.
 
     >>> r = simulate([0.0, 0.0005, 0.001], cost=(2.0, 0.1), strategy="greedy")
@@ -141,63 +147,20 @@ def simulate(
         raise TypeError(f"items_per_request must be an integer >= 1, got {items_per_request!r}")
     if items_per_request < 1:
         raise ValueError(f"items_per_request must be an integer >= 1, got {items_per_request}")
-    handoff_q = _handoff_quantiles(handoff_ms)
+    handoff_q = quantiles_s(handoff_ms, "handoff_ms")
+    delay_q = quantiles_s(arrival_delay_ms, "arrival_delay_ms")
     config = BatchingConfig(**batching)
+    queued, order = delayed(times, delay_q, seed)
     if input_len is not None:
-        result = _simulate_ragged(times, duration_s, seed, cost, input_len, pad, config, label)
+        if isinstance(input_len, (list, tuple, np.ndarray)) and order is not None:
+            input_len = np.asarray(input_len)[order]  # each length stays with its request
+        result = _simulate_ragged(queued, duration_s, seed, cost, input_len, pad, config, label)
     else:
         cost_s = _cost_function(cost, seed)
         # A latency target plans for the mean hand-off; each request gets its own after.
         mean_s = float(np.mean(handoff_q))
-        result = _Run(times, duration_s, cost_s, items_per_request, config, mean_s).go(label)
-    return _handed_off(result, handoff_q, seed)
-
-
-def _handoff_quantiles(handoff_ms: Any) -> np.ndarray:
-    """``handoff_ms`` checked, as quantiles in seconds (one value: a constant)."""
-    values = np.atleast_1d(np.asarray(handoff_ms, dtype=float)) if _numbers(handoff_ms) else None
-    if (
-        values is None
-        or values.ndim != 1
-        or not len(values)
-        or not np.all(np.isfinite(values))
-        or np.any(values < 0)
-        or np.any(np.diff(values) < 0)
-    ):
-        raise ValueError(
-            "handoff_ms must be a finite number >= 0, or its quantiles (increasing numbers"
-            f" >= 0), got {handoff_ms!r}"
-        )
-    return values / 1000.0
-
-
-def _numbers(value: Any) -> bool:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return True
-    return isinstance(value, (Sequence, np.ndarray)) and all(
-        isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
-        for v in value
-    )
-
-
-def _handed_off(result: RunResult, quantiles: np.ndarray, seed: int) -> RunResult:
-    """``result`` with each served request's hand-off added to its finish (it holds no slot).
-
-    Added after the run: a hand-off changes no batch (the live runner frees a batch's slot
-    before its callers are answered). One value: every request's; quantiles: one draw each.
-    """
-    if not quantiles.any():
-        return result
-    served = result.served
-    if len(quantiles) == 1:
-        extra: float | np.ndarray = float(quantiles[0])
-    else:
-        rng = np.random.default_rng([seed, 3])
-        probs = np.linspace(0.0, 1.0, len(quantiles))
-        extra = np.interp(rng.random(int(served.sum())), probs, quantiles)
-    finish = result.finish_s.copy()
-    finish[served] += extra
-    return dataclasses.replace(result, finish_s=finish)
+        result = _Run(queued, duration_s, cost_s, items_per_request, config, mean_s).go(label)
+    return handed_off(restored(result, times, order), handoff_q, seed)
 
 
 def _simulate_ragged(
