@@ -49,12 +49,22 @@ from labserve.lab._fit import fit_robust
 from labserve.metrics.results import RunResult
 from labserve.sim.batch_cost import BatchCost
 
-__all__ = ["MAX_QUANTILES", "MIN_BATCHES", "RequestCalibration", "calibrate_requests"]
+__all__ = [
+    "MAX_QUANTILES",
+    "MIN_BATCHES",
+    "MIN_SIZE_BATCHES",
+    "RequestCalibration",
+    "calibrate_requests",
+]
 
 F64 = npt.NDArray[np.float64]
 
 MIN_BATCHES = 8
 """Fewest batches a calibration fits: fewer leave the per-item term barely determined."""
+
+MIN_SIZE_BATCHES = 2
+"""Fewest batches of a size (a bin a factor of 2 wide) that give ``by_items`` a point: a
+one-row batch can cost a tenth of a two-row one, and a short run holds few of them."""
 
 MAX_QUANTILES = 1001
 """Most quantiles kept of the batch time's spread, the hand-off and the arrival delay (fewer
@@ -175,7 +185,11 @@ def _pcts(quantiles: tuple[float, ...], unit: str) -> str:
 
 def _cost_line(c: BatchCost) -> str:
     token = f" + {c.per_token_ms:.6f} ms x tokens" if c.per_token_ms else ""
-    return f"{c.fixed_ms:.3f} ms + {c.per_item_ms:.4f} ms x items{token}"
+    line = f"{c.fixed_ms:.3f} ms + {c.per_item_ms:.4f} ms x items{token}"
+    if c.by_items:
+        bends = ", ".join(f"{f:.2f}x at {n:g}" for n, f in c.by_items)
+        line = f"({line}) x by items: {bends}"
+    return line
 
 
 def calibrate_requests(run: RunResult, *, cut: float = 3.0) -> RequestCalibration:
@@ -216,7 +230,10 @@ def calibrate_requests(run: RunResult, *, cut: float = 3.0) -> RequestCalibratio
         columns.append(tokens.astype(np.float64))
     x = np.column_stack(columns)
     coef, typical = fit_robust(x, measured, cut, MIN_BATCHES)
-    predicted = np.asarray(x @ coef, dtype=np.float64)
+    linear = np.asarray(x @ coef, dtype=np.float64)
+    by_items = _by_items(items, measured / np.maximum(linear, 1e-9), typical)
+    bend = np.array([BatchCost(1.0, by_items=by_items).factor(int(n)) for n in items.tolist()])
+    predicted = np.asarray(linear * bend, dtype=np.float64)
     ratio = measured / np.maximum(predicted, 1e-9)
     lag_ms, answer_ms = _handoff_parts(run)
     cost = BatchCost(
@@ -224,6 +241,7 @@ def calibrate_requests(run: RunResult, *, cut: float = 3.0) -> RequestCalibratio
         per_item_ms=float(coef[1]),
         per_token_ms=float(coef[2]) if len(coef) > 2 else 0.0,
         spread=_quantiles(ratio),
+        by_items=by_items,
     )
     return RequestCalibration(
         cost=cost,
@@ -237,6 +255,30 @@ def calibrate_requests(run: RunResult, *, cut: float = 3.0) -> RequestCalibratio
         requests=len(answer_ms),
         config=dict(run.config),
     )
+
+
+def _by_items(
+    items: npt.NDArray[np.int64], ratio: F64, typical: npt.NDArray[np.bool_]
+) -> tuple[tuple[float, float], ...]:
+    """(items, factor) points bending the linear fit to the batches' measured shape.
+
+    Sizes in bins a factor of 2 apart (1, 2, 3-4, 5-8, ...); each bin with at least
+    :data:`MIN_SIZE_BATCHES` batches gives a point: its median items and its batches' median
+    measured / linear. None unless two bins do, or if every point is within 2% of the line
+    (the linear fit already holds: nothing to bend).
+    """
+    points = []
+    upper = 1
+    while upper <= max(int(items.max()), 1):
+        lower = upper // 2 + 1 if upper > 1 else 1
+        sel = (items >= lower) & (items <= upper)
+        if int(sel.sum()) >= MIN_SIZE_BATCHES:
+            kept = sel & typical if int((sel & typical).sum()) >= MIN_SIZE_BATCHES else sel
+            points.append((float(np.median(items[sel])), float(np.median(ratio[kept]))))
+        upper *= 2
+    if len(points) < 2 or all(abs(f - 1.0) <= 0.02 for _, f in points):
+        return ()
+    return tuple(points)
 
 
 def _quantiles(samples: F64) -> tuple[float, ...]:

@@ -153,3 +153,23 @@ def test_an_arrival_delay_moves_the_entry_into_the_queue_not_the_arrival():
     )
     assert later.finish_s[1] - both.finish_s[1] == pytest.approx(0.002)  # all shifted by 2 ms
     assert later.batch_items.tolist() == both.batch_items.tolist() == [1, 1]
+
+
+def test_a_cost_not_linear_in_items_is_bent_to_its_measured_shape():
+    def gemv_or_gemm(items: int) -> float:  # one row: a cheap matrix-vector product
+        return 0.001 if items == 1 else (10.0 + 0.1 * items) / 1000.0
+
+    times = arrivals(rate=150.0, seconds=20.0)
+    ran = labserve.simulate(times, cost=gemv_or_gemm, max_batch_size=64)
+    assert (ran.batch_items == 1).sum() >= 2 and (ran.batch_items > 1).sum() >= 2
+    cal = labserve.calibrate(ran)
+    assert cal.cost.by_items, "a linear fit cannot price one row at a tenth of two"
+    assert cal.cost.seconds(1) == pytest.approx(0.001, rel=0.05)
+    for n in (2, 3):  # the sizes the run had (beyond them: the largest one's factor)
+        assert cal.cost.seconds(n) == pytest.approx(gemv_or_gemm(n), rel=0.05)
+    again = labserve.simulate(ran.arrival_s, **cal.simulate_kwargs())
+    for key in ("latency_p50_ms", "latency_p99_ms", "mean_batch"):
+        assert again.summary()[key] == pytest.approx(ran.summary()[key], rel=0.05), key
+    assert "by items" in repr(cal)
+    with pytest.raises(ValueError, match="by_items must be"):
+        BatchCost(1.0, by_items=((4, 1.0), (2, 1.0)))
