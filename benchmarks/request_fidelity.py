@@ -90,18 +90,22 @@ def completion_rate(run: labserve.RunResult) -> float:
 def capacity(runner: labserve.Runner, example: Any, guess: float, seconds: float) -> dict:
     """The served rate at twice the offered load.
 
-    Offered ``guess``, then twice what was served, until twice the served rate serves the
-    same again (within 10%): a rate far over capacity is no probe in process, where the
-    load generator's own sends take the cores the runner needs.
+    Offered ``guess``, then twice what was served, until two runs offered at least 1.5x what
+    they served agree within 10%; capacity is the median served rate of the runs so
+    overloaded (one paused or stalled run, served 1 req/s at load 1 on 2026-12-05, does not
+    decide it). A rate far over capacity is no probe in process: the load generator's own
+    sends take the cores the runner needs.
     """
-    rate, tried, served = guess, [], 0.0
+    rate, tried = guess, []
     for attempt in range(5):
         got = completion_rate(load(runner, example, rate, seconds, seed=90 + attempt)[0])
         tried.append({"offered_rps": rate, "served_rps": got})
-        if served and rate >= 1.8 * got and abs(got - served) <= 0.1 * served:
+        over = [t["served_rps"] for t in tried if t["offered_rps"] >= 1.5 * t["served_rps"]]
+        if len(over) >= 2 and abs(over[-1] - over[-2]) <= 0.1 * over[-2]:
             break
-        served, rate = got, 2.0 * got
-    return {"tried": tried, "offered_rps": rate, "capacity_rps": got}
+        rate = 2.0 * max(got, 0.25 * rate)  # a stalled run does not send the next to nothing
+    over = [t["served_rps"] for t in tried if t["offered_rps"] >= 1.5 * t["served_rps"]]
+    return {"tried": tried, "capacity_rps": statistics.median(over or [got])}
 
 
 def figures(run: labserve.RunResult) -> dict[str, float]:
