@@ -47,6 +47,7 @@ LOADS = (0.25, 0.5, 0.8)
 FIGURES = ("latency_p50_ms", "latency_p99_ms", "queue_wait_p50_ms", "queue_wait_p99_ms")
 TARGETED = ("latency_p50_ms", "latency_p99_ms")
 SETTLE_S = 1.0  # capacity: completions counted from here (the queue has filled by then)
+PAUSED_S = 1.0  # a live run whose sends stood still this long was paused (SIGSTOP): run again
 
 
 def models() -> dict[str, tuple[labserve.Runner, Any, float]]:
@@ -77,7 +78,18 @@ def load(
             seed=seed,
         )
         cpu = time.process_time() - cpu
-    return run, {"cpu_s": round(cpu, 2), "behind": bool(caught)}
+    lag = run.send_lag_s if run.send_lag_s is not None else np.zeros(1)
+    return run, {"cpu_s": round(cpu, 2), "behind": bool(caught), "max_lag_s": float(lag.max())}
+
+
+def live(runner: labserve.Runner, example: Any, rate: float, seconds: float, seed: int) -> tuple:
+    """:func:`load`, run again (up to twice) when the process was paused during it."""
+    for _ in range(3):
+        run, meta = load(runner, example, rate, seconds, seed)
+        if meta["max_lag_s"] < PAUSED_S:
+            break
+        print(f"    paused {meta['max_lag_s']:.1f} s during a run: again", flush=True)
+    return run, meta
 
 
 def completion_rate(run: labserve.RunResult) -> float:
@@ -175,7 +187,7 @@ def one_model(name: str, runner: labserve.Runner, example: Any, probe: float, ar
         flush=True,
     )
     rate0 = 0.5 * cap["capacity_rps"]
-    calib_run, _ = load(runner, example, rate0, args.calibration_seconds, seed=0)
+    calib_run, _ = live(runner, example, rate0, args.calibration_seconds, seed=0)
     load_cal = os.getloadavg()[0]
     cal = labserve.calibrate(calib_run)
     print(f"calibrated on seed 0 at 50% (load {load_cal:.2f}): {cal!r}\n{cal.table()}", flush=True)
@@ -201,7 +213,7 @@ def one_model(name: str, runner: labserve.Runner, example: Any, probe: float, ar
         rate = load_ * cap["capacity_rps"]
         lives, sims, notes = [], [], []
         for seed in args.seeds:
-            got = [load(runner, example, rate, args.seconds, seed) for _ in range(args.repeats)]
+            got = [live(runner, example, rate, args.seconds, seed) for _ in range(args.repeats)]
             reps = [r for r, _ in got]
             lives.append([figures(r) for r in reps])
             times = reps[0].arrival_s
@@ -216,6 +228,7 @@ def one_model(name: str, runner: labserve.Runner, example: Any, probe: float, ar
                     "loadavg": os.getloadavg()[0],
                     "cpu_s": [m["cpu_s"] for _, m in got],
                     "behind": [m["behind"] for _, m in got],
+                    "max_lag_s": [round(m["max_lag_s"], 3) for _, m in got],
                     "live_mean_batch": [round(f["mean_batch"], 2) for f in lives[-1]],
                     "sim_mean_batch": round(sims[-1]["calibrated"]["mean_batch"], 2),
                 }
