@@ -29,8 +29,10 @@ So up to :data:`MAX_QUANTILES` are kept, as many as there were samples.
 >>> arrivals = labserve.arrivals("poisson", rate_rps=2000).times(2.0, seed=1)
 >>> ran = labserve.simulate(arrivals, cost=(2.0, 0.1), handoff_ms=0.5)
 >>> cal = calibrate_requests(ran)
->>> round(cal.cost.fixed_ms, 3), round(cal.cost.per_item_ms, 4), round(cal.handoff_ms[50], 6)
-(2.0, 0.1, 0.5)
+>>> round(cal.cost.fixed_ms, 3), round(cal.cost.per_item_ms, 4)
+(2.0, 0.1)
+>>> round(float(np.median(cal.handoff_ms)), 6)
+0.5
 >>> again = labserve.simulate(arrivals, **cal.simulate_kwargs())
 """
 
