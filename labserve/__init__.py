@@ -61,8 +61,10 @@ from labserve.generation.routing import ReplicaView, Router, make_router
 from labserve.generation.sampling import SamplingParams
 from labserve.generation.stats import GenerationSnapshot
 from labserve.generation.workload import SharedPrefixWorkload
+from labserve.lab.calibrate import calibrate
+from labserve.lab.calibrate_requests import RequestCalibration
 from labserve.lab.export import export_config
-from labserve.lab.generation.calibrate import Calibration, calibrate
+from labserve.lab.generation.calibrate import Calibration
 from labserve.lab.generation.fidelity import GenerationFidelity, compare_generation
 from labserve.lab.generation.load import UntilStopped
 from labserve.lab.generation.search import GenerationSearch, PoissonWorkload, search_generation
@@ -122,6 +124,7 @@ from labserve.runtime.runner import Runner, RunnerMethod
 from labserve.runtime.session import stop_all, track
 from labserve.server import Server, serve
 from labserve.sim import LinearCost, simulate
+from labserve.sim.batch_cost import BatchCost
 from labserve.sim.fleet import FleetResult, simulate_fleet
 from labserve.sim.generation import (
     StepCost,
@@ -142,6 +145,7 @@ __all__ = [
     "Arrivals",
     "AsyncTokenStream",
     "BackgroundLoop",
+    "BatchCost",
     "BatchRecord",
     "BatchSizeMismatchError",
     "BatchingConfig",
@@ -200,6 +204,7 @@ __all__ = [
     "RampArrivals",
     "RemoteError",
     "ReplicaView",
+    "RequestCalibration",
     "RequestTimeoutError",
     "Router",
     "RunResult",

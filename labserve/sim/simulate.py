@@ -24,6 +24,8 @@ from labserve.batching.estimators import RateEstimator
 from labserve.batching.requests import Batch, Outcome, Request
 from labserve.config.batching import BatchingConfig
 from labserve.metrics.results import RunResult
+from labserve.sim.batch_cost import BatchCost
+from labserve.sim.handoff import delayed, handed_off, quantiles_s, restored
 
 __all__ = ["LinearCost", "simulate"]
 
@@ -58,12 +60,14 @@ class LinearCost:
         return (self.a_ms + self.b_ms * items) / 1000.0
 
 
-CostLike = LinearCost | tuple[float, float] | Callable[[int], float]
+CostLike = LinearCost | BatchCost | tuple[float, float] | Callable[[int], float]
 
 
 def _cost_function(cost: CostLike, seed: int) -> Callable[[int], float]:
     if isinstance(cost, tuple):
         cost = LinearCost(*cost)
+    if isinstance(cost, BatchCost):
+        return cost.timer(seed)
     if isinstance(cost, LinearCost):
         if cost.jitter == 0.0:
             return cost.seconds
@@ -74,7 +78,8 @@ def _cost_function(cost: CostLike, seed: int) -> Callable[[int], float]:
     if callable(cost):
         return cost
     raise TypeError(
-        f"cost must be LinearCost, (a_ms, b_ms) or a callable items -> seconds, got {cost!r}"
+        "cost must be LinearCost, BatchCost, (a_ms, b_ms) or a callable items -> seconds,"
+        f" got {cost!r}"
     )
 
 
@@ -85,7 +90,8 @@ def simulate(
     seed: int = 0,
     cost: CostLike = (2.0, 0.1),
     items_per_request: int = 1,
-    handoff_ms: float = 0.0,
+    handoff_ms: float | Sequence[float] = 0.0,
+    arrival_delay_ms: float | Sequence[float] = 0.0,
     label: str = "",
     input_len: Any = None,
     pad: Any = None,
@@ -112,6 +118,16 @@ def simulate(
     added to each served request's finish time and holds no batch slot, so batching is
     unchanged. Measure it on a real run (``finish_s`` minus its batch's end, plus the
     send lag): it is a property of the runtime and the machine, not of the model.
+    A sequence is that time's quantiles as measured (evenly spaced in probability, first
+    the minimum): each served request draws its own (seeded), so a run's tail of late
+    hand-offs (the loop busy when a batch ends) reaches the simulated p99 too.
+    ``arrival_delay_ms`` (a number or quantiles, one drawn per request) is how long after
+    its arrival a request reaches the queue (a load generator's send lag, the hop to the
+    loop): it moves the request's entry into the queue, not its answer (a request late into
+    a queue that holds it anyway, while a batch runs, loses nothing), and its latency and
+    queue wait still count from the arrival. :func:`labserve.calibrate`
+    measures it, the hand-off and ``cost`` on a live ``load_test``:
+    ``simulate(arrivals, **cal.simulate_kwargs())``.
 
     >>> r = simulate([0.0, 0.0005, 0.001], cost=(2.0, 0.1), strategy="greedy")
     >>> r.summary()["batches"]
@@ -131,14 +147,20 @@ def simulate(
         raise TypeError(f"items_per_request must be an integer >= 1, got {items_per_request!r}")
     if items_per_request < 1:
         raise ValueError(f"items_per_request must be an integer >= 1, got {items_per_request}")
-    if not isinstance(handoff_ms, (int, float)) or not 0.0 <= handoff_ms < math.inf:
-        raise ValueError(f"handoff_ms must be a finite number >= 0, got {handoff_ms!r}")
+    handoff_q = quantiles_s(handoff_ms, "handoff_ms")
+    delay_q = quantiles_s(arrival_delay_ms, "arrival_delay_ms")
     config = BatchingConfig(**batching)
+    queued, order = delayed(times, delay_q, seed)
     if input_len is not None:
-        return _simulate_ragged(times, duration_s, seed, cost, input_len, pad, config, label)
-    cost_s = _cost_function(cost, seed)
-    run = _Run(times, duration_s, cost_s, items_per_request, config, handoff_ms / 1000.0)
-    return run.go(label)
+        if isinstance(input_len, (list, tuple, np.ndarray)) and order is not None:
+            input_len = np.asarray(input_len)[order]  # each length stays with its request
+        result = _simulate_ragged(queued, duration_s, seed, cost, input_len, pad, config, label)
+    else:
+        cost_s = _cost_function(cost, seed)
+        # A latency target plans for the mean hand-off; each request gets its own after.
+        mean_s = float(np.mean(handoff_q))
+        result = _Run(queued, duration_s, cost_s, items_per_request, config, mean_s).go(label)
+    return handed_off(restored(result, times, order), handoff_q, seed)
 
 
 def _simulate_ragged(
@@ -163,8 +185,10 @@ def _simulate_ragged(
     if isinstance(cost, (tuple, LinearCost)) or not callable(cost):
         raise TypeError(
             "with input_len, cost must price (items, padded_tokens): a TokenCost"
-            f" (labserve.lab.surface) or a profiled CostSurface, got {cost!r}"
+            f" (labserve.lab.surface), a BatchCost or a profiled CostSurface, got {cost!r}"
         )
+    if isinstance(cost, BatchCost):
+        cost = cost.timer(seed)  # its spread drawn per batch
     return simulate_ragged(
         times, lengths, cost=cost, config=config, padding=pad, duration_s=duration_s, label=label
     )
@@ -183,7 +207,7 @@ class _Run:
         handoff_s: float,
     ) -> None:
         n = len(times)
-        self.handoff_s = handoff_s
+        self.handoff_s = handoff_s  # what a latency target expects (finishes: _handed_off)
         self.times = times
         self.duration_s = duration_s
         self.cost = cost
@@ -372,9 +396,9 @@ class _Run:
         if self.whole and last - first == len(done) - 1:
             # Handles rise through a batch: these are one run of requests, all started
             # with this batch.
-            self.runs.append((first, last + 1, batch.start_s, now + self.handoff_s))
+            self.runs.append((first, last + 1, batch.start_s, now))
         else:
-            self._record(done, SERVED, now + self.handoff_s)
+            self._record(done, SERVED, now)
 
     def _write_runs(self) -> None:
         if not self.runs:

@@ -55,7 +55,7 @@ import numpy.typing as npt
 from labserve.generation.results import GenerationResult, StepSeries
 from labserve.generation.sequence import StepRecord
 from labserve.generation.stats import GenerationSnapshot
-from labserve.lab._fit import fit_nonnegative
+from labserve.lab._fit import fit_robust
 from labserve.sim.generation import StepCost
 
 __all__ = [
@@ -262,7 +262,7 @@ def calibrate(
             series.num_context_tokens[ok],
         ]
     ).astype(np.float64)
-    coef, typical = _robust_fit(x, measured, cut)
+    coef, typical = fit_robust(x, measured, cut, MIN_STEPS)
     predicted = np.asarray(x @ coef, dtype=np.float64)
     typical_ms = np.maximum(predicted, 1e-9)
     ratio = measured / typical_ms
@@ -348,25 +348,6 @@ def _memory(ratio: F64, typical: F64, edges: tuple[float, ...]) -> float:
             break
         tau += 2.0 * r
     return min((tau - 1.0) / (tau + 1.0), 0.99)
-
-
-def _robust_fit(
-    x: npt.NDArray[np.float64], y: npt.NDArray[np.float64], cut: float
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
-    """Least squares (terms >= 0) refitted without the spans far from it, to a fixed point."""
-    keep = np.ones(len(y), np.bool_)
-    coef = fit_nonnegative(x, y)
-    floor = max(1e-6 * float(np.median(y)), 1e-9)  # exact data: no spread to scale by
-    for _ in range(10):  # converges in 2-4 rounds on live runs
-        r = y - x @ coef
-        mid = float(np.median(r[keep]))
-        scale = max(1.4826 * float(np.median(np.abs(r[keep] - mid))), floor)
-        new = np.abs(r - mid) <= cut * scale
-        if (new == keep).all() or int(new.sum()) < MIN_STEPS:
-            break
-        keep = new
-        coef = fit_nonnegative(x[keep], y[keep])
-    return coef, keep
 
 
 def _wake_ms(series: StepSeries, arrival_s: Sequence[float] | npt.NDArray[np.float64]) -> float:
