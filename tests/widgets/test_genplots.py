@@ -122,3 +122,23 @@ def test_search_plot_holds_every_setting_and_marks_the_frontier_and_best():
     assert front["user"] == sorted(front["user"])  # the line runs left to right
     assert len(front["rate"]) == len(found.frontier()) >= 1
     assert isinstance(plot_search(found), BokehModel)
+
+
+def test_search_plot_names_each_fleet_by_its_replicas_and_router():
+    from labserve.widgets import search_figure
+
+    import labserve
+
+    found = labserve.search_generation(
+        labserve.PoissonWorkload(8, 4),
+        "ttft:60 tpot:5",
+        grid={"replicas": [1, 2], "router": ["round_robin"]},
+        cost=StepCost(2.0, per_seq_ms=0.2),
+        duration_s=2.0,
+        warmup_s=0.5,
+    )
+    labels = sources(search_figure(found))["settings"].data["setting"]
+    assert [label.split(", ")[:2] for label in labels] == [
+        ["replicas=1", "router=round_robin"],
+        ["replicas=2", "router=round_robin"],
+    ]

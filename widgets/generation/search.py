@@ -2,8 +2,9 @@
 
 Each setting ``labserve.search_generation`` tried is a point at its highest rate within the
 targets; the frontier (no other setting faster on both axes) is joined by a line and the
-best setting (the highest rate) ringed. Only attributes are read (``rows``, ``frontier()``,
-``best``): the widgets layer uses labserve's public API only.
+best setting (the highest rate; for fleets, the most per replica) ringed. Only attributes
+are read (``rows``, ``frontier()``, ``best``): the widgets layer uses labserve's public API
+only.
 
 >>> plot_search(labserve.search_generation(...))   # doctest: +SKIP
 """
@@ -19,7 +20,14 @@ from ..chartwidget import in_a_widget
 
 __all__ = ["plot_search", "search_figure"]
 
-_KNOBS = ("strategy", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
+_KNOBS = (
+    "replicas",  # a fleet search's rows (replicas, router) come first
+    "router",
+    "strategy",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_chunked_prefill",
+)
 
 
 def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
@@ -67,7 +75,7 @@ def search_figure(
     fig.scatter("user", "replica", source=edge, size=8, color="firebrick")
     best = ColumnDataSource(_columns([result.best]), name="best")
     fig.scatter("user", "replica", source=best, size=16, fill_alpha=0, line_width=2,
-                color="navy", legend_label="best (highest rate)")  # fmt: skip
+                color="navy", legend_label="best")  # fmt: skip
     fig.add_tools(
         HoverTool(
             tooltips=[
