@@ -12,16 +12,16 @@ in tokens from the model's own ``encode`` and its ``max_model_len`` from the mod
 3. Comparison: Poisson runs at 25%, 50% and 80% of capacity, seeds 1-3, each run live
    ``--repeats`` times (the spread of live against itself), and replayed on virtual time
    (``replay_generation``, same arrivals and lengths, same GenerationConfig) on the
-   calibrated cost and, for TinyLM, on the shipped ``TINYLM_STEP_COST``. Live figures are the runner's own
-   (``stats()``, from admission; each run fits in its 10 s window).
+   calibrated cost and, for TinyLM, on the shipped ``TINYLM_STEP_COST``. Live figures are
+   the runner's own (``stats()``, from admission; each run fits in its 10 s window).
 
 Target: TTFT, ITL and TPOT at p50 and p99 within 10% of live, or within the spread of the live
 repeats where that is larger; the median over seeds. e2e is reported beside them. Beside the
 calibrated cost (its spread kept per step size, drawn afresh each step) the same runs are
 replayed on it with the spread's measured memory (``memory``), with one spread for every
-step (``one spread``, the calibration before), and on the shipped cost (TinyLM's only). The end prints a
-compact verdict (hits per load and cost, with the load average), and ``--out`` gets
-everything as JSON.
+step (``one spread``, the calibration before), and on the shipped cost (TinyLM's only). The
+end prints a compact verdict (hits per load and cost, with the load average), and ``--out``
+gets everything as JSON.
 
     .venv/bin/python benchmarks/generation/fidelity.py [--seconds 8] [--repeats 3]
         [--out benchmarks/generation/fidelity.json] [--model tinylm]

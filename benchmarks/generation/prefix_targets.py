@@ -27,9 +27,9 @@ import time
 from typing import Any
 
 import numpy as np
+from models import MODEL_HELP, model_class
 
 import labserve
-from models import MODEL_HELP, model_class
 
 PROMPT, SHARED, CACHED = 768, 691, 688  # CACHED: the shared prefix's full 16-token blocks
 
