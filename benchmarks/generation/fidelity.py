@@ -1,25 +1,30 @@
-"""Issue 35's fidelity target: the simulator, calibrated on one live run, against live TinyLM.
+"""Issue 35's fidelity target: the simulator, calibrated on one live run, against a live model.
+
+The model is TinyLM unless ``--model module:Class`` names another generative Runnable
+(``hf_folder:FolderLM``: the batched HF decoder on ``$LABSERVE_HF_FOLDER``; run from this
+folder). Each request's prompt is the same 32-character text; the simulation takes its length
+in tokens from the model's own ``encode`` and its ``max_model_len`` from the model.
 
 1. Capacity, measured: output tokens/s of 64 concurrent closed-loop streams (prompts of 32
-   tokens, outputs of OUTPUT, greedy, no end-of-sequence), divided by OUTPUT: requests/s.
+   characters, outputs of OUTPUT, greedy, no end-of-sequence), divided by OUTPUT: requests/s.
 2. Calibration: one live Poisson run (seed 0, 50% of capacity); ``labserve.calibrate`` fits a
    StepCost to its steps' start-to-next-start spans (the whole step, not the model alone).
 3. Comparison: Poisson runs at 25%, 50% and 80% of capacity, seeds 1-3, each run live
    ``--repeats`` times (the spread of live against itself), and replayed on virtual time
    (``replay_generation``, same arrivals and lengths, same GenerationConfig) on the
-   calibrated cost and on the shipped ``TINYLM_STEP_COST``. Live figures are the runner's own
-   (``stats()``, from admission; each run fits in its 10 s window).
+   calibrated cost and, for TinyLM, on the shipped ``TINYLM_STEP_COST``. Live figures are
+   the runner's own (``stats()``, from admission; each run fits in its 10 s window).
 
 Target: TTFT, ITL and TPOT at p50 and p99 within 10% of live, or within the spread of the live
 repeats where that is larger; the median over seeds. e2e is reported beside them. Beside the
 calibrated cost (its spread kept per step size, drawn afresh each step) the same runs are
 replayed on it with the spread's measured memory (``memory``), with one spread for every
-step (``one spread``, the calibration before), and on the shipped cost. The end prints a
-compact verdict (hits per load and cost, with the load average), and ``--out`` gets
-everything as JSON.
+step (``one spread``, the calibration before), and on the shipped cost (TinyLM's only). The
+end prints a compact verdict (hits per load and cost, with the load average), and ``--out``
+gets everything as JSON.
 
     .venv/bin/python benchmarks/generation/fidelity.py [--seconds 8] [--repeats 3]
-        [--out benchmarks/generation/fidelity.json]
+        [--out benchmarks/generation/fidelity.json] [--model tinylm]
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import time
 from typing import Any
 
 import numpy as np
+from models import MODEL_HELP, model_class
 
 import labserve
 from labserve.lab.demo import TINYLM_STEP_COST, TinyLM
@@ -156,16 +162,41 @@ def step_figures(snap: labserve.GenerationSnapshot, offsets: np.ndarray, start: 
     }
 
 
-def simulated(config: Any, cost: StepCost, offsets: np.ndarray, output: int) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Lengths:
+    """What the simulation takes from the live model: prompt lengths in its tokens, its context.
+
+    Attributes:
+        prompt_tokens: tokens of ``_prompt(i)`` by the model's ``encode`` (the same for every i:
+            the prompts differ only in digits).
+        max_model_len: the model's context, prompt plus outputs, in tokens.
+    """
+
+    prompt_tokens: int
+    max_model_len: int
+
+    @classmethod
+    def of(cls, model: Any) -> Lengths:
+        """Read both from a generative model (``runner.instance``); raises ValueError if the
+        prompts do not all encode to one length."""
+        sizes = {len(model.encode(_prompt(i))) for i in (0, 12_345_678, 99_999_999)}
+        if len(sizes) != 1:
+            raise ValueError(f"the prompts must encode to one length, got lengths {sorted(sizes)}")
+        return cls(prompt_tokens=sizes.pop(), max_model_len=int(model.max_model_len))
+
+
+def simulated(
+    config: Any, cost: StepCost, offsets: np.ndarray, output: int, lengths: Lengths
+) -> dict:
     """The same arrivals and lengths on virtual time: p50 and p99 of each metric, ms."""
     n = len(offsets)
     sim = replay_generation(
         config,
         cost,
         arrival_s=offsets,
-        prompt_lens=[PROMPT_LEN] * n,
+        prompt_lens=[lengths.prompt_tokens] * n,
         output_lens=[output] * n,
-        max_model_len=TinyLM().max_model_len,
+        max_model_len=lengths.max_model_len,
     )
     return {m: {q: sim.percentiles_ms(m)[q] for q in QUANTILES} for m in METRICS}
 
@@ -221,6 +252,7 @@ def compare(
 ) -> dict[str, Any]:
     """Every load x seed: live repeats and each simulation; the judged table per load."""
     config = runner.generate.config
+    lengths = Lengths.of(runner.instance)
     report: dict[str, Any] = {}
     for load in LOADS:
         rate = load * cap
@@ -237,7 +269,7 @@ def compare(
                 }
             )
             for name, cost in costs.items():
-                sims[name].append(simulated(config, cost, offsets, args.output))
+                sims[name].append(simulated(config, cost, offsets, args.output, lengths))
             print(f"  {load:.0%} seed {seed}: {steps[-1]}", flush=True)
         cells = judge(lives, sims)
         print_table(load, rate, cells, list(costs))
@@ -253,6 +285,7 @@ def main() -> None:
     parser.add_argument("--output", type=int, default=128, help="output tokens per request")
     parser.add_argument("--capacity-seconds", type=float, default=8.0)
     parser.add_argument("--out", default=str(HERE / "fidelity.json"))
+    parser.add_argument("--model", default="tinylm", help=MODEL_HELP)
     args = parser.parse_args()
     args.seeds = [int(s) for s in args.seeds.split(",")]
     report: dict[str, Any] = {
@@ -263,7 +296,8 @@ def main() -> None:
         "loadavg_before": os.getloadavg(),
         "args": {k: v for k, v in vars(args).items() if k != "out"},
     }
-    runner = labserve.Runner(TinyLM, name="tinylm")
+    cls = model_class(args.model)
+    runner = labserve.Runner(cls, name="tinylm" if cls is TinyLM else "lm")
     try:
         runner.generate.run("warm up", max_tokens=4)
         report["config"] = runner.generate.config.as_dict()
@@ -277,8 +311,9 @@ def main() -> None:
             "calibrated": cal.cost,
             "memory": dataclasses.replace(cal.cost, spread_memory=cal.memory),
             "one spread": one_spread(cal),
-            "shipped": TINYLM_STEP_COST,
         }
+        if cls is TinyLM:  # the shipped cost is TinyLM's; another model has none
+            costs["shipped"] = TINYLM_STEP_COST
         report |= {
             "capacity": cap,
             "calibration": {
@@ -291,7 +326,8 @@ def main() -> None:
                 "p90_error": cal.relative_error(90),
                 "table": cal.table(),
             },
-            "shipped": dataclasses.asdict(TINYLM_STEP_COST),
+            "lengths": dataclasses.asdict(Lengths.of(runner.instance)),
+            **({"shipped": dataclasses.asdict(TINYLM_STEP_COST)} if cls is TinyLM else {}),
             "loads": compare(runner, args, costs, cap["requests_per_s"]),
         }
     finally:
@@ -331,8 +367,9 @@ def print_verdict(report: dict[str, Any]) -> None:
     rows = report["verdict"]
     names = [n for n in next(iter(rows.values())) if n not in ("rate", "loadavg", "of")]
     cal = report["calibration"]
+    model = "" if report["args"]["model"] == "tinylm" else f"{report['args']['model']}, "
     print(
-        f"\nverdict ({report['date']}, {report['commit']}; capacity"
+        f"\nverdict ({model}{report['date']}, {report['commit']}; capacity"
         f" {report['capacity']['requests_per_s']:.1f} req/s; calibrated at load"
         f" {cal['loadavg']:.1f}): TTFT/ITL/TPOT p50+p99 within 10% or the live spread"
     )

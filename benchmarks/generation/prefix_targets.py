@@ -20,7 +20,6 @@ this one sends them as the issue asks: Poisson, so requests overlap and queue.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
@@ -28,9 +27,9 @@ import time
 from typing import Any
 
 import numpy as np
+from models import MODEL_HELP, model_class
 
 import labserve
-from labserve.lab.demo import TinyLM
 
 PROMPT, SHARED, CACHED = 768, 691, 688  # CACHED: the shared prefix's full 16-token blocks
 
@@ -113,14 +112,6 @@ def target_c(lm: Any, rounds: int, warmup: int) -> dict[str, Any]:
     }
 
 
-def model_class(spec: str) -> Any:
-    """TinyLM, or the class ``module:Class`` names."""
-    if spec == "tinylm":
-        return TinyLM
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -129,8 +120,7 @@ def main() -> None:
     parser.add_argument(
         "--model",
         default="tinylm",
-        help="tinylm, or module:Class of another generative model (hf_folder:FolderLM: the"
-        " batched HF decoder on the folder LABSERVE_HF_FOLDER names; run from this folder)",
+        help=MODEL_HELP,
     )
     parser.add_argument("--targets", default="a,c", help="which: a, c or both")
     parser.add_argument("--warmup", type=int, default=20, help="(c)'s uncounted bursts first")
