@@ -80,6 +80,7 @@ def main() -> None:
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
         ).stdout.strip(),
         "loadavg_before": os.getloadavg(),
+        "args": {"model": "tinylm", **{k: v for k, v in vars(args).items() if k != "out"}},
     }
     runner = labserve.Runner(TinyLM, name="tinylm")
     try:
@@ -90,6 +91,7 @@ def main() -> None:
         cal = labserve.calibrate(got["sent_snapshot"], arrival_s=got["start_s"] + offsets)
         print(f"capacity {cap:.1f} req/s; calibrated at speed {at_cal:.2f} ms: {cal!r}")
         config = runner.generate.config
+        lengths = F.Lengths.of(runner.instance)
         loads: dict[str, Any] = {}
         for load in F.LOADS:
             lives, sims, speeds, steps = [], {"calibrated": [], "speed-scaled": []}, [], []
@@ -100,10 +102,10 @@ def main() -> None:
                 speed = statistics.median(r[1] for r in reps)
                 speeds.append(speed)
                 steps.append({"loadavg": [r[0]["loadavg"] for r in reps]})
-                sims["calibrated"].append(F.simulated(config, cal.cost, offs, args.output))
+                sims["calibrated"].append(F.simulated(config, cal.cost, offs, args.output, lengths))
                 factor = speed / at_cal
                 sims["speed-scaled"].append(
-                    F.simulated(config, scaled(cal.cost, factor), offs, args.output)
+                    F.simulated(config, scaled(cal.cost, factor), offs, args.output, lengths)
                 )
                 print(f"  {load:.0%} seed {seed}: speed {speed:.2f} ms ({factor:.2f}x)", flush=True)
             cells = F.judge(lives, sims)
