@@ -9,10 +9,12 @@ shared machine some of its points stalled, and least squares would spread them o
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["fit_nonnegative", "fit_robust"]
+__all__ = ["Residuals", "fit_nonnegative", "fit_robust"]
 
 
 def fit_nonnegative(x: npt.ArrayLike, y: npt.ArrayLike) -> npt.NDArray[np.float64]:
@@ -64,3 +66,34 @@ def fit_robust(
         keep = new
         coef = fit_nonnegative(x[keep], y[keep])
     return coef, keep
+
+
+class Residuals:
+    """A calibration's residuals: its fit against each point that ran.
+
+    The dataclass that mixes this in holds ``measured_ms``, ``predicted_ms`` and ``typical``
+    (which points the typical cost was fitted on).
+    """
+
+    measured_ms: npt.NDArray[np.float64]
+    predicted_ms: npt.NDArray[np.float64]
+    typical: npt.NDArray[np.bool_]
+
+    @property
+    def residuals_ms(self) -> npt.NDArray[np.float64]:
+        """Measured minus predicted, per point (positive: it took longer than the fit)."""
+        return np.asarray(self.measured_ms - self.predicted_ms)
+
+    @property
+    def rms_ms(self) -> float:
+        """Root mean square of the residuals."""
+        r = self.residuals_ms
+        return float(np.sqrt(np.mean(r * r))) if r.size else math.nan
+
+    def relative_error(self, q: float = 50.0) -> float:
+        """The ``q``-th percentile of |residual| / measured over the typical points, a fraction."""
+        ok = self.typical
+        if not ok.any():
+            return math.nan
+        rel = np.abs(self.residuals_ms[ok]) / np.maximum(self.measured_ms[ok], 1e-12)
+        return float(np.percentile(rel, q))

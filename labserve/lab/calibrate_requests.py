@@ -47,7 +47,7 @@ import numpy.typing as npt
 
 from labserve.base.vocabulary import SERVED
 from labserve.config.batching import BatchingConfig
-from labserve.lab._fit import fit_robust
+from labserve.lab._fit import Residuals, fit_robust
 from labserve.metrics.results import RunResult
 from labserve.sim.batch_cost import BatchCost
 
@@ -77,7 +77,7 @@ _SIZES = ((1, 1), (2, 8), (9, 32), (33, 1 << 30))  # batch sizes the table group
 
 
 @dataclass(frozen=True)
-class RequestCalibration:
+class RequestCalibration(Residuals):
     """A request-batching run's batch cost and hand-off, and how well the cost fits it.
 
     ``simulate(arrivals, **cal.simulate_kwargs())`` replays arrivals on them under the
@@ -118,25 +118,6 @@ class RequestCalibration:
             **settings,
             **overrides,
         }
-
-    @property
-    def residuals_ms(self) -> F64:
-        """Measured minus typical, per batch (positive: the batch took longer than the fit)."""
-        return np.asarray(self.measured_ms - self.predicted_ms)
-
-    @property
-    def rms_ms(self) -> float:
-        """Root mean square of the residuals."""
-        r = self.residuals_ms
-        return float(np.sqrt(np.mean(r * r))) if r.size else math.nan
-
-    def relative_error(self, q: float = 50.0) -> float:
-        """The ``q``-th percentile of |residual| / measured over the typical batches."""
-        ok = self.typical
-        if not ok.any():
-            return math.nan
-        rel = np.abs(self.residuals_ms[ok]) / np.maximum(self.measured_ms[ok], 1e-12)
-        return float(np.percentile(rel, q))
 
     def table(self) -> str:
         """Measured against typical mean batch time, by items in the batch.

@@ -55,7 +55,7 @@ import numpy.typing as npt
 from labserve.generation.results import GenerationResult, StepSeries
 from labserve.generation.sequence import StepRecord
 from labserve.generation.stats import GenerationSnapshot
-from labserve.lab._fit import fit_robust
+from labserve.lab._fit import Residuals, fit_robust
 from labserve.sim.generation import StepCost
 
 __all__ = [
@@ -85,7 +85,7 @@ MIN_SIZE_STEPS = 50
 
 
 @dataclass(frozen=True)
-class Calibration:
+class Calibration(Residuals):
     """A StepCost fitted to a run's measured step spans, and how well it fits them.
 
     ``cost`` is what :func:`~labserve.sim.generation.replay_generation` and
@@ -109,25 +109,6 @@ class Calibration:
     rank: int
     """How many of the four terms the steps could tell apart (4: all; a run whose steps all
     decode one token each cannot separate per-sequence from per-token cost)."""
-
-    @property
-    def residuals_ms(self) -> F64:
-        """Measured minus predicted, per step (positive: the step took longer than the fit)."""
-        return np.asarray(self.measured_ms - self.predicted_ms)
-
-    @property
-    def rms_ms(self) -> float:
-        """Root mean square of the residuals."""
-        r = self.residuals_ms
-        return float(np.sqrt(np.mean(r * r))) if r.size else float("nan")
-
-    def relative_error(self, q: float = 50.0) -> float:
-        """The ``q``-th percentile of |residual| / measured over the typical steps, a fraction."""
-        ok = self.typical
-        if not ok.any():
-            return float("nan")
-        rel = np.abs(self.residuals_ms[ok]) / np.maximum(self.measured_ms[ok], 1e-12)
-        return float(np.percentile(rel, q))
 
     def table(self) -> str:
         """Measured against fitted mean step time, by sequences in the step.
