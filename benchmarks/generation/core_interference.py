@@ -26,9 +26,8 @@ import subprocess
 import sys
 import time
 
-import numpy as np
+from step_drift import decode8_times
 
-from labserve.generation.batch import SeqBatch
 from labserve.lab.demo import TinyLM
 
 NEIGHBOURS = {
@@ -61,21 +60,7 @@ def _measure(lm: TinyLM) -> dict[str, float]:
     with the share of the time this thread waited for its core (another process had it) and
     the machine's steal (its vCPUs' time the hypervisor gave to others), over the wall."""
     wall0, delay0, steal0 = _waits()
-    ids = tuple(range(1, 9))
-    prompt = np.arange(32, dtype=np.int64) % 90 + 32
-    lm.generate(SeqBatch(ids, tuple(prompt for _ in ids), (0,) * 8, (True,) * 8))
-    cpus = []
-    for pos in range(32, 92):
-        batch = SeqBatch(ids, tuple(np.array([65]) for _ in ids), (pos,) * 8, (True,) * 8)
-        c0 = time.thread_time()
-        lm.generate(batch)
-        cpus.append(time.thread_time() - c0)
-    lm.free_sequences(ids)
-    loops = []
-    for _ in range(5):
-        c0 = time.thread_time()
-        sum(range(1_000_000))
-        loops.append(time.thread_time() - c0)
+    _, cpus, loops = decode8_times(lm)
     wall1, delay1, steal1 = _waits()
     return {
         "decode8_cpu_ms": statistics.median(cpus) * 1e3,

@@ -82,13 +82,11 @@ def _core() -> int:
         return -1
 
 
-def _machine() -> dict[str, float]:
-    """The machine's speed now, without labserve's runtime: TinyLM's decode step of 8
-    sequences called directly on this thread (median of 60), and a pure-Python loop."""
+def decode8_times(lm: Any) -> tuple[list[float], list[float], list[float]]:
+    """TinyLM's decode step of 8 sequences called directly on this thread, 60 times (wall and
+    thread CPU seconds of each), and a pure-Python loop 5 times (thread CPU seconds)."""
     from labserve.generation.batch import SeqBatch
-    from labserve.lab.demo import TinyLM
 
-    lm = TinyLM()
     ids = tuple(range(1, 9))
     prompt = np.arange(32, dtype=np.int64) % 90 + 32
     lm.generate(SeqBatch(ids, tuple(prompt for _ in ids), (0,) * 8, (True,) * 8))
@@ -105,6 +103,15 @@ def _machine() -> dict[str, float]:
         c0 = time.thread_time()
         sum(range(1_000_000))
         loops.append(time.thread_time() - c0)
+    return walls, cpus, loops
+
+
+def _machine() -> dict[str, float]:
+    """The machine's speed now, without labserve's runtime: TinyLM's decode step of 8
+    sequences called directly on this thread (median of 60), and a pure-Python loop."""
+    from labserve.lab.demo import TinyLM
+
+    walls, cpus, loops = decode8_times(TinyLM())
     return {
         "decode8_wall_ms": statistics.median(walls) * 1e3,
         "decode8_cpu_ms": statistics.median(cpus) * 1e3,
