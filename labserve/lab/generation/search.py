@@ -463,9 +463,11 @@ def _search_fleet(
     """Each fleet's edge on the rate lattice, from its neighbour's scaled by the seats."""
     rows: list[dict[str, Any]] = []
     last: tuple[float, FleetSetting] | None = None
+    if not judges:
+        return rows, 0
+    first = judges[0]  # every judge has the search's sessions, seed and cost
+    scale = _Scale(*mean_lengths(first.sessions, first.seed), first.cost)
     for done, judge in enumerate(judges, start=1):
-        prompt, output = mean_lengths(judge.sessions, judge.seed)
-        scale = _Scale(prompt, output, judge.cost)
         setting = judge.setting
         if last is None:
             guess = 0.8 * scale.rate(setting.config) * setting.replicas
